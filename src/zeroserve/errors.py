@@ -1,0 +1,146 @@
+"""The zeroserve exception tree. Every error carries the HTTP answer it maps to.
+
+    ZeroserveError                 status 500 unless a subclass says otherwise
+    ├── ProtocolError              malformed HTTP; ``status`` is 400/413/414/417/431/501
+    ├── RequestError               400: the request is well-framed but its content is invalid
+    │   └── CapabilityError        400: the model lacks the capability the endpoint needs
+    ├── NotFound                   404: unknown route, model, version or output
+    │   └── ModelNotFound
+    ├── MethodNotAllowed           405, with the allowed methods
+    ├── PayloadTooLarge            413
+    ├── Overloaded                 429 (per model) or 503 (server), with ``retry_after`` seconds
+    ├── DeadlineExceeded           504
+    ├── WorkerError                500/503: a model worker crashed or failed mid-request
+    ├── UpstreamError              502: a remote upstream failed
+    └── Closed / Broken            "you closed it" vs "the peer broke it" (trio's naming)
+
+Each API renders these in its own error format (OpenAI, KServe, plain JSON); the
+``code`` is a short machine-readable identifier and ``param`` names the offending field.
+"""
+
+from __future__ import annotations
+
+
+class ZeroserveError(Exception):
+    """Base class. ``status`` is the HTTP status the error maps to."""
+
+    status: int = 500
+    code: str = "internal_error"
+    type: str = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.headers: list[tuple[bytes, bytes]] = headers or []
+
+
+class ProtocolError(ZeroserveError):
+    """The peer sent bytes that are not valid HTTP/1.1 (or exceed a limit).
+
+    ``close`` tells whether the connection must close after the error response:
+    true whenever the framing can no longer be trusted (RFC 9112 §6.3).
+    """
+
+    status = 400
+    code = "bad_request"
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, status: int = 400, close: bool = True) -> None:
+        super().__init__(message, status=status)
+        self.close = close
+
+
+class RequestError(ZeroserveError):
+    status = 400
+    code = "invalid_request"
+    type = "invalid_request_error"
+
+
+class CapabilityError(RequestError):
+    code = "unsupported_capability"
+
+
+class NotFound(ZeroserveError):
+    status = 404
+    code = "not_found"
+    type = "invalid_request_error"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class MethodNotAllowed(ZeroserveError):
+    status = 405
+    code = "method_not_allowed"
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, allow: list[str]) -> None:
+        super().__init__(message, headers=[(b"allow", ", ".join(allow).encode("ascii"))])
+        self.allow = allow
+
+
+class PayloadTooLarge(ZeroserveError):
+    status = 413
+    code = "payload_too_large"
+    type = "invalid_request_error"
+
+
+class Overloaded(ZeroserveError):
+    """Admission refused the request. 429 when one model is saturated, 503 for the server."""
+
+    status = 429
+    code = "overloaded"
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, *, status: int = 429, retry_after: float = 1.0) -> None:
+        seconds = max(1, int(retry_after + 0.999))
+        super().__init__(
+            message, status=status, headers=[(b"retry-after", str(seconds).encode("ascii"))]
+        )
+        self.retry_after = retry_after
+
+
+class DeadlineExceeded(ZeroserveError):
+    status = 504
+    code = "deadline_exceeded"
+    type = "timeout_error"
+
+
+class WorkerError(ZeroserveError):
+    status = 500
+    code = "worker_failed"
+
+
+class UpstreamError(ZeroserveError):
+    status = 502
+    code = "upstream_error"
+
+
+class Closed(ZeroserveError):
+    """This side closed the resource (a channel, the server) and then used it."""
+
+    code = "closed"
+
+
+class Broken(ZeroserveError):
+    """The other side went away (client disconnect, worker death)."""
+
+    code = "broken"
+
+
+class WouldBlock(Exception):
+    """Raised by ``*_nowait`` operations that would have had to wait."""

@@ -1,0 +1,137 @@
+"""Counters, histograms and the Prometheus exposition.
+
+Hot-path counters (copied bytes, payload bytes) are plain integers in a dict, bumped
+without locks or label lookups (a prometheus-client ``Counter.labels().inc()`` costs a
+lock and a dict walk per call); a custom collector exposes them at scrape time.
+Components with queues publish immutable ``statistics()`` snapshots through
+``register_source``; ``/metrics`` reads those snapshots and never reaches inside objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+REGISTRY = CollectorRegistry(auto_describe=False)
+
+_copied: defaultdict[str, int] = defaultdict(int)
+_payload: defaultdict[str, int] = defaultdict(int)
+_requests: defaultdict[tuple[str, str], int] = defaultdict(int)
+_sources: dict[str, Callable[[], Any]] = {}
+
+
+def count_copy(site: str, nbytes: int) -> None:
+    """Record that ``nbytes`` of payload were copied at ``site`` (a short stable name)."""
+    _copied[site] += nbytes
+
+
+def count_payload(direction: str, nbytes: int) -> None:
+    """Record payload bytes received (``"in"``) or sent (``"out"``)."""
+    _payload[direction] += nbytes
+
+
+def count_request(route: str, status: int) -> None:
+    _requests[(route, str(status))] += 1
+
+
+def copied_bytes(site: str | None = None) -> int:
+    return sum(_copied.values()) if site is None else _copied.get(site, 0)
+
+
+def payload_bytes(direction: str) -> int:
+    return _payload.get(direction, 0)
+
+
+def register_source(name: str, statistics: Callable[[], Any]) -> None:
+    """Publish a component's ``statistics()`` (a dataclass or a mapping of numbers, or a
+    mapping of label value -> such) as gauges named ``zeroserve_<name>_<field>``."""
+    _sources[name] = statistics
+
+
+def unregister_source(name: str) -> None:
+    _sources.pop(name, None)
+
+
+def _fields(snapshot: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(snapshot) and not isinstance(snapshot, type):
+        return dataclasses.asdict(snapshot)
+    if isinstance(snapshot, dict):
+        return snapshot
+    return {}
+
+
+class _Collector:
+    def collect(self) -> Iterator[Metric]:
+        c = CounterMetricFamily(
+            "zeroserve_copied_bytes", "Payload bytes copied inside the server, by site.",
+            labels=["site"],
+        )
+        for site, n in sorted(_copied.items()):
+            c.add_metric([site], n)
+        yield c
+        p = CounterMetricFamily(
+            "zeroserve_payload_bytes", "Payload bytes received and sent.", labels=["direction"]
+        )
+        for d in ("in", "out"):
+            p.add_metric([d], _payload.get(d, 0))
+        yield p
+        r = CounterMetricFamily(
+            "zeroserve_http_requests", "HTTP responses, by route and status.",
+            labels=["route", "status"],
+        )
+        for (route, status), n in sorted(_requests.items()):
+            r.add_metric([route, status], n)
+        yield r
+        for name, fn in list(_sources.items()):
+            yield from _gauges(name, fn())
+
+
+def _gauges(name: str, snapshot: Any) -> Iterable[Metric]:
+    fields = _fields(snapshot)
+    if not fields:
+        return
+    first = next(iter(fields.values()))
+    if isinstance(first, dict) or dataclasses.is_dataclass(first):
+        # label value -> snapshot (e.g. one per model)
+        families: dict[str, GaugeMetricFamily] = {}
+        for label, sub in fields.items():
+            for key, value in _fields(sub).items():
+                if isinstance(value, bool | int | float):
+                    fam = families.get(key)
+                    if fam is None:
+                        fam = families[key] = GaugeMetricFamily(
+                            f"zeroserve_{name}_{key}", f"{name} {key}", labels=["name"]
+                        )
+                    fam.add_metric([str(label)], float(value))
+        yield from families.values()
+        return
+    for key, value in fields.items():
+        if isinstance(value, bool | int | float):
+            yield GaugeMetricFamily(f"zeroserve_{name}_{key}", f"{name} {key}", value=float(value))
+
+
+REGISTRY.register(_Collector())  # type: ignore[arg-type]
+
+REQUEST_SECONDS = Histogram(
+    "zeroserve_request_seconds",
+    "Time from a request's complete head to its last response byte handed to the socket.",
+    ["route"],
+    registry=REGISTRY,
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+LOOP_LAG_SECONDS = Histogram(
+    "zeroserve_event_loop_lag_seconds",
+    "How late the event loop ran a timer scheduled for now: the HTTP stall users feel.",
+    registry=REGISTRY,
+    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
+
+
+def exposition() -> bytes:
+    """The Prometheus text format of every zeroserve metric."""
+    return generate_latest(REGISTRY)

@@ -1,0 +1,110 @@
+"""The Model API that users implement (DESIGN.md §3).
+
+A model implements only the capabilities it has; the server detects them by which
+methods a subclass overrides (``Model.capabilities()``). Every method may be sync or
+async: ``generate`` may return an iterator or an async iterator.
+
+Payload conventions (so the runtime can keep bytes in shared memory):
+
+* ``infer`` takes a *batch*: a list with one ``Inputs`` mapping per request, and returns
+  one ``Outputs`` mapping per request, in order. Values are ``numpy.ndarray`` (numeric
+  tensors, usually zero-copy views of the request body) or, for V2 ``BYTES`` tensors,
+  1-D ``numpy`` object arrays of ``bytes``. The raw endpoint passes one input named
+  ``"raw"``: a ``uint8`` view of the body, and expects ``"raw"`` back (any buffer).
+  When ``max_batch_size`` is 1 the batch always has one element.
+* ``generate`` takes a ``GenerateRequest`` and yields text pieces (``str``). A model may
+  also yield ``bytes``/``memoryview`` pieces when ``req.raw`` was given (raw streaming).
+* ``embed`` takes a list of strings and returns a float32 array of shape ``(n, dim)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+import msgspec
+import numpy as np
+
+ExecutorKind = Literal["inline", "thread", "process"]
+Inputs = Mapping[str, Any]
+Outputs = Mapping[str, Any]
+Piece = str | bytes | memoryview
+
+CAPABILITIES = ("infer", "generate", "embed")
+
+
+class GenerateRequest(msgspec.Struct, kw_only=True):
+    """What ``Model.generate`` receives. Sampling fields follow the OpenAI API."""
+
+    prompt: str = ""
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = []
+    # Raw streaming: the request body itself (a view of its lease). Models that can
+    # stream bytes may yield views of it; others read ``prompt``.
+    raw: Any = None
+
+
+class TensorSpec(msgspec.Struct, frozen=True):
+    """Metadata of one input or output (KServe V2 names; ``-1`` = variable dimension)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+class Model:
+    """Base class for every model served by zeroserve.
+
+    Class attributes are defaults; config can override them per model.
+    """
+
+    executor: ClassVar[ExecutorKind] = "inline"
+    max_batch_size: ClassVar[int] = 1
+    max_batch_delay_ms: ClassVar[float] = 5.0
+    workers: ClassVar[int] = 1
+    # Human-readable description shown by /v1/models and `zeroserve models`.
+    description: ClassVar[str] = ""
+    # Tokens per chat/completion context, for validation of max_tokens (None = unbounded).
+    context_length: ClassVar[int | None] = None
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def load(self) -> None:
+        """Load weights. Called once per worker (or once in-process) before serving."""
+
+    # -- capabilities (override what the model has) -------------------------------------
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        raise NotImplementedError
+
+    def generate(self, req: GenerateRequest) -> Iterator[Piece] | AsyncIterator[Piece]:
+        raise NotImplementedError
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    # -- optional helpers the API layers use --------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        """Number of model tokens in ``text`` (for ``usage``). Default: whitespace words."""
+        return len(text.split())
+
+    def chat_template(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """Render chat messages to a prompt. See docs/models.md for the default template."""
+        parts = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]
+        parts.append("<|assistant|>\n")
+        return "".join(parts)
+
+    def inputs(self) -> list[TensorSpec]:
+        """V2 input metadata. Default: one variable-length UINT8 tensor named ``raw``."""
+        return [TensorSpec("raw", "UINT8", (-1,))]
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec("raw", "UINT8", (-1,))]
+
+    @classmethod
+    def capabilities(cls) -> frozenset[str]:
+        return frozenset(c for c in CAPABILITIES if getattr(cls, c) is not getattr(Model, c))
