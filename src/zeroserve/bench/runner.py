@@ -1,0 +1,242 @@
+"""One measurement: a fresh server, a checked request, warm-up, then load under accounting.
+
+For each (case, server, round) the runner starts the server pinned to the server CPU,
+validates one request, warms up, snapshots CPU time (and /metrics for zeroserve), runs wrk
+pinned to the load CPU for the duration (plus the first-event probe for streams), then
+snapshots again and stops the server. Everything it starts it stops, by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import wrk
+from .procs import (
+    ServerFailed,
+    ServerProcess,
+    free_port,
+    http_get,
+    http_post,
+    pin_prefix,
+    start_server,
+)
+from .scenarios import Case
+from .servers import ServerSpec
+
+SERVER_CPU = 0
+LOAD_CPU = 1
+# strace write counting: a short run at low concurrency so partial streams at the edges
+# of the window are few; strace slows the server, so only the counts are used.
+STRACE_S = 2
+STRACE_CONNECTIONS = 4
+WRITE_SYSCALLS = ("write", "writev", "sendmsg", "sendto")
+PROBE_SLACK_S = 15.0
+
+_METRIC_LINE = re.compile(r'^(zeroserve_copied_bytes_total|zeroserve_payload_bytes_total)'
+                          r'\{(\w+)="([^"]*)"\}\s+(\S+)', re.M)
+
+
+@dataclass
+class Settings:
+    duration_s: int
+    warmup_s: int
+    results_dir: Path
+    server_cpu: int | None = SERVER_CPU
+    load_cpu: int | None = LOAD_CPU
+    count_writes: bool = True
+
+
+@dataclass
+class RunResult:
+    server: str
+    case: str
+    round: int
+    ok: bool
+    error: str = ""
+    requests: int = 0
+    duration_s: float = 0.0
+    rps: float = math.nan
+    events_per_s: float = math.nan
+    latency_pct_ms: dict[float, float] = field(default_factory=dict)
+    wrk_errors: int = 0
+    bytes_per_request: float = math.nan
+    cpu_ms_per_request: float = math.nan
+    idle_rss_mib: float = math.nan
+    peak_rss_mib: float = math.nan
+    rss_per_stream_kib: float = math.nan
+    first_event_ms: list[float] = field(default_factory=list)
+    probe_failures: int = 0
+    writes_per_stream: float = math.nan
+    copied: dict[str, float] = field(default_factory=dict)
+    payload: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def scrape(port: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(copied bytes by site, payload bytes by direction) from /metrics."""
+    status, text = http_get(port, "/metrics")
+    copied: dict[str, float] = {}
+    payload: dict[str, float] = {}
+    if status != 200:
+        return copied, payload
+    for name, _label, value, num in _METRIC_LINE.findall(text.decode("utf-8", "replace")):
+        (copied if name.startswith("zeroserve_copied") else payload)[value] = float(num)
+    return copied, payload
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def _work_dir(settings: Settings) -> Path:
+    d = settings.results_dir / "work"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def prepare(case: Case, settings: Settings) -> tuple[Path, Path]:
+    """Write the case's body file and wrk script once; return (body, script) paths."""
+    work = _work_dir(settings)
+    body = work / f"{case.key}.body"
+    if not body.exists() or body.read_bytes() != case.body:
+        body.write_bytes(case.body)
+    script = wrk.write_script(work / f"{case.key}.lua", body, case.headers)
+    return body, script
+
+
+def _start_probe(case: Case, port: int, body: Path, settings: Settings) -> subprocess.Popen[str]:
+    argv = [*pin_prefix(settings.load_cpu), sys.executable, "-m", "zeroserve.bench.probe",
+            "--port", str(port), "--path", case.path, "--body-file", str(body),
+            "--duration", str(max(0.5, settings.duration_s - 0.5)), "--delay", "0.25"]
+    for k, v in case.headers.items():
+        argv += ["--header", f"{k}: {v}"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish_probe(proc: subprocess.Popen[str], result: RunResult) -> None:
+    try:
+        out, err = proc.communicate(timeout=PROBE_SLACK_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        result.error = "first-event probe timed out"
+        return
+    try:
+        data = json.loads(out.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        result.error = f"first-event probe failed: {err[-500:]}"
+        return
+    result.first_event_ms = [float(x) for x in data["samples_ms"]]
+    result.probe_failures = int(data["failures"])
+
+
+def count_writes(server: ServerProcess, case: Case, script: Path, settings: Settings) -> float:
+    """Write syscalls per stream: strace -c on the server during a short wrk run."""
+    if shutil.which("strace") is None:
+        return math.nan
+    out = _work_dir(settings) / f"strace-{server.name}-{case.key}.txt"
+    argv = ["strace", "-c", "-f", "-e", "trace=" + ",".join(WRITE_SYSCALLS), "-o", str(out),
+            "-p", str(server.pid)]
+    tracer = subprocess.Popen([*pin_prefix(settings.load_cpu), *argv],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)  # attach
+        res = wrk.run(script, server.port, case.path, STRACE_CONNECTIONS, STRACE_S,
+                      settings.load_cpu)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            tracer.send_signal(signal.SIGINT)
+        try:
+            tracer.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            tracer.kill()
+            tracer.wait()
+    calls = 0
+    with contextlib.suppress(OSError):
+        for line in out.read_text().splitlines():
+            parts = line.split()
+            if parts and parts[-1] in WRITE_SYSCALLS:
+                # "% time  seconds  usecs/call  calls  [errors]  syscall"
+                nums = [p for p in parts[:-1] if p.replace(".", "").isdigit()]
+                if len(nums) >= 4:
+                    calls += int(nums[3])
+    return calls / res.requests if res.requests and calls else math.nan
+
+
+def measure(spec: ServerSpec, case: Case, rnd: int, settings: Settings) -> RunResult:
+    result = RunResult(server=spec.name, case=case.key, round=rnd, ok=False)
+    body_path, script = prepare(case, settings)
+    port = free_port()
+    try:
+        server = start_server(spec.name, spec.argv(port), port, settings.results_dir / "logs",
+                              settings.server_cpu)
+    except ServerFailed as exc:
+        result.error = f"start failed: {exc}"
+        return result
+    try:
+        status, headers, resp = http_post(port, case.path, case.body, case.headers)
+        problem = case.validate(status, headers, resp)
+        if problem is not None:
+            result.error = f"unsupported: {problem}"
+            return result
+        if settings.warmup_s > 0:
+            wrk.run(script, port, case.path, case.connections, settings.warmup_s,
+                    settings.load_cpu)
+        result.idle_rss_mib = server.usage().rss_kib / 1024
+        before = scrape(port) if spec.scrape_metrics else ({}, {})
+        probe = (_start_probe(case, port, body_path, settings)
+                 if case.probe_first_event else None)
+        u0 = server.usage()
+        server.start_sampling()
+        try:
+            res = wrk.run(script, port, case.path, case.connections, settings.duration_s,
+                          settings.load_cpu)
+        finally:
+            peak_kib = server.stop_sampling()
+            u1 = server.usage()
+            if probe is not None:
+                _finish_probe(probe, result)
+        if spec.scrape_metrics:
+            after = scrape(port)
+            result.copied = _delta(after[0], before[0])
+            result.payload = _delta(after[1], before[1])
+        result.requests = res.requests
+        result.duration_s = res.duration_s
+        result.rps = res.rps
+        result.events_per_s = res.rps * case.events_per_request
+        result.latency_pct_ms = res.latency_pct_ms
+        result.wrk_errors = res.error_count
+        result.bytes_per_request = res.bytes / res.requests if res.requests else math.nan
+        result.cpu_ms_per_request = ((u1.cpu_s - u0.cpu_s) * 1000 / res.requests
+                                     if res.requests else math.nan)
+        result.peak_rss_mib = max(peak_kib, u1.hwm_kib) / 1024
+        if case.kind == "stream":
+            result.rss_per_stream_kib = (
+                (peak_kib / 1024 - result.idle_rss_mib) * 1024 / case.connections)
+        if case.count_writes and settings.count_writes and rnd == 0:
+            result.writes_per_stream = count_writes(server, case, script, settings)
+        if not server.alive():
+            result.error = f"server died: {server.log_tail()}"
+            return result
+        result.ok = res.requests > 0
+        if not result.ok:
+            result.error = "no request completed"
+        return result
+    except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    finally:
+        server.stop()
