@@ -38,5 +38,13 @@ bench-tools:
 bench: install bench-tools
 	$(VENV)/bin/zeroserve bench
 
+# Retrain the embedded demo model (tools/train_tinyllm.py, ~8 min on one core) and rewrite
+# src/zeroserve/models/tinyllm/{weights.safetensors,tokenizer.json,config.json}. torch lives
+# only in .venv-train; torch==2.13.0 exactly, so pip takes the local CPU wheel.
+model:
+	test -x .venv-train/bin/python || $(PYTHON) -m venv .venv-train
+	.venv-train/bin/python -m pip install -q torch==2.13.0 tokenizers==0.23.3 safetensors==0.8.0 numpy==2.4.6
+	.venv-train/bin/python tools/train_tinyllm.py
+
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
