@@ -30,6 +30,7 @@ READY_POLL_S = 0.05
 STOP_GRACE_S = 5.0
 # RSS sampling period while a load runs; peak RSS is the max of the samples and VmHWM.
 RSS_SAMPLE_S = 0.1
+TREE_SCAN_S = 1.0
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -152,8 +153,12 @@ class ServerProcess:
         self._sampling.set()
 
         def loop() -> None:
+            # A /proc scan for new descendants costs more than reading RSS; do it ~1/s.
+            pids, scanned = self.tree(), time.monotonic()
             while self._sampling.is_set():
-                rss = sum(_status_kib(p, "VmRSS") for p in self.tree())
+                if time.monotonic() - scanned > TREE_SCAN_S:
+                    pids, scanned = self.tree(), time.monotonic()
+                rss = sum(_status_kib(p, "VmRSS") for p in pids)
                 self._peak_rss_kib = max(self._peak_rss_kib, rss)
                 time.sleep(RSS_SAMPLE_S)
 
