@@ -96,8 +96,13 @@ def _machine() -> list[str]:
         out = subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False)
         wrk_v = (out.stdout or out.stderr).splitlines()[0].split(" Copyright")[0] if (
             out.stdout or out.stderr) else ""
+    try:
+        load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        load = "?"
     return [
-        f"Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; "
+        f"load average at the end {load} (background load skews absolute numbers)",
         f"Machine: {cpu}, {cpu_count()} CPUs available{mem}; {platform.system()} "
         f"{platform.release()}; Python {platform.python_version()}",
         "Software: " + ", ".join(versions) + (f"; {wrk_v}" if wrk_v else ""),

@@ -120,7 +120,8 @@ def prepare(case: Case, settings: Settings) -> tuple[Path, Path]:
 def _start_probe(case: Case, port: int, body: Path, settings: Settings) -> subprocess.Popen[str]:
     argv = [*pin_prefix(settings.load_cpu), sys.executable, "-m", "zeroserve.bench.probe",
             "--port", str(port), "--path", case.path, "--body-file", str(body),
-            "--duration", str(max(0.5, settings.duration_s - 0.5)), "--delay", "0.25"]
+            "--duration", str(max(0.5, max(settings.duration_s, case.min_duration_s) - 0.5)),
+            "--delay", "0.25"]
     for k, v in case.headers.items():
         argv += ["--header", f"{k}: {v}"]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -148,8 +149,9 @@ def count_writes(server: ServerProcess, case: Case, script: Path, settings: Sett
     if shutil.which("strace") is None:
         return math.nan
     out = _work_dir(settings) / f"strace-{server.name}-{case.key}.txt"
-    argv = ["strace", "-c", "-f", "-e", "trace=" + ",".join(WRITE_SYSCALLS), "-o", str(out),
-            "-p", str(server.pid)]
+    argv = ["strace", "-c", "-f", "-e", "trace=" + ",".join(WRITE_SYSCALLS), "-o", str(out)]
+    for pid in server.tree():  # every process of the server (granian writes from a worker)
+        argv += ["-p", str(pid)]
     tracer = subprocess.Popen([*pin_prefix(settings.load_cpu), *argv],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -202,8 +204,8 @@ def measure(spec: ServerSpec, case: Case, rnd: int, settings: Settings) -> RunRe
         u0 = server.usage()
         server.start_sampling()
         try:
-            res = wrk.run(script, port, case.path, case.connections, settings.duration_s,
-                          settings.load_cpu)
+            res = wrk.run(script, port, case.path, case.connections,
+                          max(settings.duration_s, case.min_duration_s), settings.load_cpu)
         finally:
             peak_kib = server.stop_sampling()
             u1 = server.usage()

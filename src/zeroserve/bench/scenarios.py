@@ -43,6 +43,7 @@ class Case:
     count_writes: bool = False
     in_quick: bool = True
     group: str = ""               # cases on one throughput-vs-concurrency curve
+    min_duration_s: int = 1       # at least this much load, even in --quick
     extra: dict[str, object] = field(default_factory=dict)
 
 
@@ -104,14 +105,16 @@ def _openai_validator(tokens: list[str]) -> Validator:
 
 def _w1() -> list[Case]:
     cases = []
-    for size, label, conns in ((64 * KiB, "64 KiB", 32), (1 * MiB, "1 MiB", 32),
-                               (8 * MiB, "8 MiB", 32)):
+    # (size, label, connections, minimum seconds: a slow peer needs ~2 s per 8 MiB echo at
+    # 32 connections, so a shorter window completes no request at all)
+    for size, label, conns, min_s in ((64 * KiB, "64 KiB", 32, 1), (1 * MiB, "1 MiB", 32, 1),
+                                      (8 * MiB, "8 MiB", 32, 4)):
         body = os.urandom(size)
         cases.append(Case(
             key=f"W1-{label.replace(' ', '')}", scenario="W1", label=f"{label} x{conns}",
             kind="echo", path="/v1/raw/echo", body=body,
             headers={"Content-Type": "application/octet-stream"}, connections=conns,
-            validate=_echo_validator(body), extra={"body_bytes": size},
+            validate=_echo_validator(body), extra={"body_bytes": size}, min_duration_s=min_s,
         ))
     return cases
 

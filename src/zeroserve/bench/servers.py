@@ -61,5 +61,6 @@ def all_servers(zeroserve_args: list[str]) -> list[ServerSpec]:
                    scrape_metrics=True),
         ServerSpec(BASELINE, "FastAPI+uvicorn", _peer_argv("fastapi_app"),
                    ("fastapi", "uvicorn", "uvloop", "httptools")),
+        ServerSpec("granian", "granian RSGI", _peer_argv("granian_app"), ("granian",)),
         ServerSpec("aiohttp", "aiohttp", _peer_argv("aiohttp_app"), ("aiohttp",)),
     ]

@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 
-from aiohttp import web
+from aiohttp import web  # type: ignore[import-not-found]
 
 from ._echo import echo_tokens
 
