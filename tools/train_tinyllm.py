@@ -73,8 +73,19 @@ OUT_DIR = Path(__file__).resolve().parents[1] / "src" / "zeroserve" / "models" /
 
 # Stdlib folders that are tests, demos or vendored tools rather than library docs.
 _SKIP_DIRS = {
-    "test", "tests", "idle_test", "idlelib", "lib2to3", "turtledemo", "ensurepip",
-    "site-packages", "dist-packages", "__pycache__", "pydoc_data", "tkinter", "venv",
+    "test",
+    "tests",
+    "idle_test",
+    "idlelib",
+    "lib2to3",
+    "turtledemo",
+    "ensurepip",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "pydoc_data",
+    "tkinter",
+    "venv",
 }
 
 
@@ -143,7 +154,9 @@ def rope_tables(head_dim: int, n: int, theta: float) -> tuple[torch.Tensor, torc
     inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     ang = np.outer(np.arange(n, dtype=np.float64), inv)
     ang = np.concatenate([ang, ang], axis=-1)
-    return torch.tensor(np.cos(ang), dtype=torch.float32), torch.tensor(np.sin(ang), dtype=torch.float32)
+    return torch.tensor(np.cos(ang), dtype=torch.float32), torch.tensor(
+        np.sin(ang), dtype=torch.float32
+    )
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -197,8 +210,9 @@ class TinyLlama(nn.Module):
         self.embed = nn.Embedding(int(c["vocab_size"]), d)
         self.layers = nn.ModuleList(Block(c) for _ in range(int(c["num_layers"])))
         self.norm = RMSNorm(d, float(c["rms_norm_eps"]))
-        cos, sin = rope_tables(d // int(c["num_heads"]), int(c["max_position_embeddings"]),
-                               float(c["rope_theta"]))
+        cos, sin = rope_tables(
+            d // int(c["num_heads"]), int(c["max_position_embeddings"]), float(c["rope_theta"])
+        )
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self.apply(self._init)
@@ -243,11 +257,12 @@ def evaluate(model: TinyLlama, val: torch.Tensor) -> float:
     total, count = 0.0, 0
     n = (len(val) - 1) // SEQ_LEN
     for i in range(0, n, BATCH):
-        rows = [val[j * SEQ_LEN:(j + 1) * SEQ_LEN + 1] for j in range(i, min(n, i + BATCH))]
+        rows = [val[j * SEQ_LEN : (j + 1) * SEQ_LEN + 1] for j in range(i, min(n, i + BATCH))]
         xb = torch.stack(rows)
         logits = model(xb[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), xb[:, 1:].reshape(-1),
-                               reduction="sum")
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), xb[:, 1:].reshape(-1), reduction="sum"
+        )
         total += float(loss)
         count += xb[:, 1:].numel()
     model.train()
@@ -276,8 +291,11 @@ def main() -> None:
     corpus_sha = hashlib.sha256("".join(docs).encode()).hexdigest()
     train_docs = [d for i, d in enumerate(docs) if i % VAL_EVERY != VAL_EVERY - 1]
     val_docs = [d for i, d in enumerate(docs) if i % VAL_EVERY == VAL_EVERY - 1]
-    print(f"corpus: {len(docs)} docs, {sum(map(len, docs)) / 1e6:.2f} M chars, "
-          f"sha256 {corpus_sha[:16]}", flush=True)
+    print(
+        f"corpus: {len(docs)} docs, {sum(map(len, docs)) / 1e6:.2f} M chars, "
+        f"sha256 {corpus_sha[:16]}",
+        flush=True,
+    )
 
     tok = train_tokenizer(train_docs)
     eos = tok.token_to_id(EOS)
@@ -291,27 +309,37 @@ def main() -> None:
     train_ids, val_ids = encode(train_docs), encode(val_docs)
     # Characters per validation token; a special token counts as one character, not as
     # its literal spelling, so the template does not flatter the bits/char figure.
-    val_chars = sum(len(d) - sum(d.count(s) * (len(s) - 1) for s in SPECIAL_TOKENS)
-                    for d in val_docs)
+    val_chars = sum(
+        len(d) - sum(d.count(s) * (len(s) - 1) for s in SPECIAL_TOKENS) for d in val_docs
+    )
     chars_per_token = val_chars / len(val_ids)
-    print(f"tokens: train {len(train_ids)}, val {len(val_ids)}, "
-          f"{chars_per_token:.2f} chars/token ({time.monotonic() - t0:.1f}s)", flush=True)
+    print(
+        f"tokens: train {len(train_ids)}, val {len(val_ids)}, "
+        f"{chars_per_token:.2f} chars/token ({time.monotonic() - t0:.1f}s)",
+        flush=True,
+    )
 
     model = TinyLlama(CONFIG)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"parameters: {n_params}", flush=True)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": WEIGHT_DECAY},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=LR,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     gen = torch.Generator().manual_seed(SEED)
     t_train = time.monotonic()
     for step in range(args.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps)
         starts = torch.randint(0, len(train_ids) - SEQ_LEN - 1, (BATCH,), generator=gen)
-        xb = torch.stack([train_ids[s:s + SEQ_LEN + 1] for s in starts.tolist()])
+        xb = torch.stack([train_ids[s : s + SEQ_LEN + 1] for s in starts.tolist()])
         logits = model(xb[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), xb[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -319,38 +347,48 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 100 == 0 or step == args.steps - 1:
-            print(f"step {step:5d} loss {loss.item():.3f} "
-                  f"({time.monotonic() - t_train:.0f}s)", flush=True)
+            print(
+                f"step {step:5d} loss {loss.item():.3f} ({time.monotonic() - t_train:.0f}s)",
+                flush=True,
+            )
 
     val_nats = evaluate(model, val_ids)
     bits_per_char = val_nats / math.log(2) / chars_per_token
     train_s = time.monotonic() - t_train
-    print(f"validation: {val_nats:.3f} nats/token = {bits_per_char:.3f} bits/char "
-          f"(training {train_s:.0f}s)", flush=True)
+    print(
+        f"validation: {val_nats:.3f} nats/token = {bits_per_char:.3f} bits/char "
+        f"(training {train_s:.0f}s)",
+        flush=True,
+    )
 
     args.out.mkdir(parents=True, exist_ok=True)
     tensors = export(model)
     save_file(tensors, str(args.out / "weights.safetensors"), metadata={"format": "np"})
     tok.save(str(args.out / "tokenizer.json"))
     config = dict(CONFIG)
-    config.update({
-        "model_type": "tinyllm",
-        "eos_token": EOS,
-        "eos_token_id": eos,
-        "special_tokens": SPECIAL_TOKENS,
-        "parameters": n_params,
-        "training": {
-            "corpus": "CPython pydoc_data.topics + stdlib docstrings (PSF-2.0)",
-            "corpus_sha256": corpus_sha,
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "steps": args.steps, "batch": BATCH, "seq_len": SEQ_LEN, "seed": SEED,
-            "train_tokens": int(len(train_ids)),
-            "train_seconds": round(train_s),
-            "val_nats_per_token": round(val_nats, 4),
-            "val_bits_per_char": round(bits_per_char, 4),
-        },
-    })
+    config.update(
+        {
+            "model_type": "tinyllm",
+            "eos_token": EOS,
+            "eos_token_id": eos,
+            "special_tokens": SPECIAL_TOKENS,
+            "parameters": n_params,
+            "training": {
+                "corpus": "CPython pydoc_data.topics + stdlib docstrings (PSF-2.0)",
+                "corpus_sha256": corpus_sha,
+                "python": sys.version.split()[0],
+                "torch": torch.__version__,
+                "steps": args.steps,
+                "batch": BATCH,
+                "seq_len": SEQ_LEN,
+                "seed": SEED,
+                "train_tokens": len(train_ids),
+                "train_seconds": round(train_s),
+                "val_nats_per_token": round(val_nats, 4),
+                "val_bits_per_char": round(bits_per_char, 4),
+            },
+        }
+    )
     (args.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     size = os.path.getsize(args.out / "weights.safetensors")
     print(f"wrote {args.out} (weights {size / 1e6:.2f} MB)", flush=True)

