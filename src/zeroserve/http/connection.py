@@ -1,0 +1,464 @@
+"""HTTP/1.1 request side of one connection, without I/O (sans-I/O).
+
+Strategy
+--------
+The I/O layer asks ``next_buffer()`` where to ``recv_into`` and reports the byte count
+with ``buffer_updated(n)``. Heads are read into a small per-connection buffer whose
+receive window starts at ``head_window_bytes`` and doubles while no blank line is found,
+so body bytes that arrive with the head (and must be copied into the body buffer) stay
+a small share of the body. Only the head, through its blank line, is fed to httptools
+(llhttp), which then fires ``on_headers_complete`` and waits: the body is ours to place.
+
+A Content-Length body is received straight into the view the I/O layer passes to
+``receive_into()`` (an arena lease of exactly that size), so no user-space copy takes
+place apart from the head-overflow bytes. A chunked body is decoded here from the head
+buffer (used as scratch) into the ``BodySink`` the I/O layer passes to
+``receive_chunked()``: one copy, which the sink counts.
+
+Invariants
+----------
+* One request at a time: after a request's body is complete the connection is in
+  ``HANDLING`` and bytes that arrive (pipelined requests, or EOF) are buffered, never
+  parsed, until ``response_complete()``. Responses therefore leave in request order.
+* Every limit is checked before the bytes it guards are stored: the head against
+  ``max_head_bytes`` (431) and ``max_uri_bytes`` (414) while it is still incomplete, the
+  Content-Length against ``max_body_bytes`` (413) before any body byte is read.
+* No request is processed with an ambiguous length (RFC 9112 §6.3): both Content-Length
+  and Transfer-Encoding, duplicate Content-Length, a transfer coding other than a single
+  final ``chunked``, or Transfer-Encoding in HTTP/1.0 are 400 and close the connection.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import unquote
+
+import httptools
+
+from ..errors import ProtocolError
+from .limits import MAX_CHUNK_LINE_BYTES, HttpLimits
+
+__all__ = ["BodyComplete", "BodySink", "HttpConnection", "RequestHead", "State"]
+
+
+class State(enum.Enum):
+    HEAD = "head"  # waiting for (more of) a request head
+    BODY = "body"  # receiving a Content-Length body into the given view
+    CHUNKED = "chunked"  # decoding a chunked body into the sink
+    AWAIT_BODY = "await_body"  # head parsed; the I/O layer must call receive_*()
+    HANDLING = "handling"  # request complete; waiting for response_complete()
+    CLOSED = "closed"
+
+
+class BodySink(Protocol):
+    """Where a chunked body is decoded to. ``write`` copies ``data`` (a transient view)."""
+
+    def write(self, data: memoryview) -> None: ...
+
+
+@dataclass(slots=True)
+class RequestHead:
+    method: str
+    target: bytes
+    path: str
+    query: str
+    version: str
+    headers: list[tuple[bytes, bytes]]  # names lower-cased, values as received
+    content_length: int | None
+    chunked: bool
+    keep_alive: bool
+    expect_continue: bool
+    head_bytes: int
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def header(self, name: bytes) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+
+@dataclass(slots=True, frozen=True)
+class BodyComplete:
+    size: int
+
+
+# RFC 9110 §7.2 / RFC 3986 §3.2.2: host = IP-literal / IPv4address / reg-name, then [":" port].
+_HOST_RE = re.compile(rb"(\[[0-9A-Fa-f:.vV]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]*)?")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_MAX_CHUNK_SIZE_DIGITS = 16  # 2**64 - 1; anything longer is an overflow attempt
+
+
+class _HeadCollector:
+    """httptools callbacks for one head. Reused; ``reset()`` between requests."""
+
+    __slots__ = ("complete", "headers", "max_headers", "too_many", "url")
+
+    def __init__(self, max_headers: int) -> None:
+        self.max_headers = max_headers
+        self.reset()
+
+    def reset(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False
+        self.too_many = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= self.max_headers:
+            self.too_many = True
+            return
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.complete = True
+
+
+class HttpConnection:
+    """The request-parsing state machine of one HTTP/1.1 connection."""
+
+    def __init__(self, limits: HttpLimits | None = None) -> None:
+        self.limits = limits or HttpLimits()
+        self._buf = bytearray(self.limits.max_head_bytes)
+        self._mv = memoryview(self._buf)
+        self._start = 0  # first unconsumed byte in _buf
+        self._end = 0  # end of received bytes in _buf
+        self._scan = 0  # where the search for the blank line resumes
+        self._window = self.limits.head_window_bytes
+        self._collector = _HeadCollector(self.limits.max_headers)
+        self.state = State.HEAD
+        self.head: RequestHead | None = None
+        self._body: memoryview | None = None
+        self._body_pos = 0
+        self._sink: BodySink | None = None
+        self._chunk_left = 0  # bytes left in the current chunk's data
+        self._chunk_phase = 0  # 0 size line, 1 data, 2 data CRLF, 3 trailers
+        self._chunked_total = 0
+        self._trailer_bytes = 0
+        self.overflow_copied = 0  # body bytes copied from the head buffer (accounting)
+        self.eof = False
+
+    # -- what the I/O layer asks ----------------------------------------------------------
+    def next_buffer(self) -> memoryview:
+        """The writable view the next ``recv_into`` must fill (never empty while reading)."""
+        if self.state is State.BODY:
+            assert self._body is not None
+            return self._body[self._body_pos :]
+        if self._start and self._start == self._end:
+            self._start = self._end = self._scan = 0
+        elif self._start and self.state is not State.HANDLING:
+            # Move the pending bytes (a partial head or chunk line) to the front. Small:
+            # bounded by the head limit, and usually zero bytes.
+            n = self._end - self._start
+            self._buf[0:n] = self._mv[self._start : self._end]
+            self._scan = max(0, self._scan - self._start)
+            self._start, self._end = 0, n
+        if self.state is State.HEAD:
+            stop = min(len(self._buf), self._start + self._window)
+            if stop <= self._end:
+                stop = len(self._buf)
+            return self._mv[self._end : stop]
+        return self._mv[self._end :]
+
+    @property
+    def reading_blocked(self) -> bool:
+        """True when the I/O layer must pause reading (no room until a response ends)."""
+        return self.state in (State.HANDLING, State.AWAIT_BODY) and self._end >= len(self._buf)
+
+    @property
+    def idle(self) -> bool:
+        """Between requests with nothing buffered (safe to close for keep-alive/drain)."""
+        return self.state is State.HEAD and self._start == self._end
+
+    @property
+    def buffered(self) -> int:
+        return self._end - self._start
+
+    def buffer_updated(self, nbytes: int) -> RequestHead | BodyComplete | None:
+        """``nbytes`` were received into the last ``next_buffer()``. Returns the event it
+        completes, if any. Raises ``ProtocolError`` with the status to answer."""
+        state = self.state
+        if state is State.BODY:
+            self._body_pos += nbytes
+            assert self._body is not None
+            if self._body_pos >= len(self._body):
+                self.state = State.HANDLING
+                return BodyComplete(self._body_pos)
+            return None
+        if state is State.CLOSED:
+            return None
+        self._end += nbytes
+        if state is State.HEAD:
+            return self._parse_head()
+        if state is State.CHUNKED:
+            return self._decode_chunked()
+        return None  # HANDLING / AWAIT_BODY: keep the bytes for later
+
+    def receive_into(self, body: memoryview) -> BodyComplete | None:
+        """Receive the current request's Content-Length body into ``body`` (exact size).
+        Body bytes already read with the head are copied in first (counted)."""
+        if self.state is not State.AWAIT_BODY or self.head is None or self.head.chunked:
+            raise RuntimeError("receive_into() without a Content-Length body pending")
+        if len(body) != self.head.content_length:
+            raise ValueError("body buffer must be exactly Content-Length bytes")
+        take = min(len(body), self._end - self._start)
+        if take:
+            body[:take] = self._mv[self._start : self._start + take]
+            self._start += take
+            self.overflow_copied += take
+        self._body = body
+        self._body_pos = take
+        if take == len(body):
+            self.state = State.HANDLING
+            return BodyComplete(take)
+        self.state = State.BODY
+        return None
+
+    def receive_chunked(self, sink: BodySink) -> BodyComplete | None:
+        """Decode the current request's chunked body into ``sink``."""
+        if self.state is not State.AWAIT_BODY or self.head is None or not self.head.chunked:
+            raise RuntimeError("receive_chunked() without a chunked body pending")
+        self._sink = sink
+        self._chunk_phase = 0
+        self._chunked_total = 0
+        self._trailer_bytes = 0
+        self.state = State.CHUNKED
+        return self._decode_chunked()
+
+    def response_complete(self, *, keep_alive: bool) -> RequestHead | None:
+        """The response to the current request has been handed to the transport. Returns
+        the next pipelined head if one is already buffered (or ``None``)."""
+        self.head = None
+        self._body = None
+        self._sink = None
+        if not keep_alive or self.state is State.CLOSED:
+            self.state = State.CLOSED
+            return None
+        self.state = State.HEAD
+        self._window = self.limits.head_window_bytes
+        self._scan = self._start
+        if self._end > self._start:
+            return self._parse_head()
+        return None
+
+    def close(self) -> None:
+        self.state = State.CLOSED
+
+    # -- head ---------------------------------------------------------------------------
+    def _parse_head(self) -> RequestHead | None:
+        buf, limits = self._buf, self.limits
+        # RFC 9112 §2.2: ignore empty lines received before a request line.
+        while self._end - self._start >= 2 and buf[self._start] == 13 and buf[self._start + 1] == 10:
+            self._start += 2
+        if self._scan < self._start:
+            self._scan = self._start
+        idx = buf.find(b"\r\n\r\n", self._scan, self._end)
+        if idx < 0:
+            pending = self._end - self._start
+            # Bare LF line endings never complete a head: refuse them now rather than
+            # waiting for a timeout (RFC 9112 §2.2 lets us reject them).
+            lf = buf.find(b"\n", self._start, self._end)
+            if lf >= 0 and (lf == self._start or buf[lf - 1] != 13):
+                raise ProtocolError("bare LF in request head")
+            if buf.find(b"\n\n", self._start, self._end) >= 0:
+                raise ProtocolError("bare LF in request head")
+            if buf.find(b"\r\n", self._start, self._end) < 0 and pending > limits.max_uri_bytes + 32:
+                raise ProtocolError("request URI too long", status=414)
+            if pending >= limits.max_head_bytes:
+                raise ProtocolError("request head too large", status=431)
+            self._scan = max(self._start, self._end - 3)
+            if pending >= self._window:
+                self._window = min(self._window * 2, limits.max_head_bytes)
+            return None
+        head_end = idx + 4
+        if buf.find(b"\r\n", self._start, head_end) - self._start > limits.max_uri_bytes + 32:
+            raise ProtocolError("request URI too long", status=414)
+        c = self._collector
+        c.reset()
+        parser = httptools.HttpRequestParser(c)
+        try:
+            parser.feed_data(self._mv[self._start : head_end])
+        except httptools.HttpParserUpgrade:
+            pass  # no protocol upgrades; the request is served as plain HTTP/1.1
+        except httptools.HttpParserInvalidMethodError as exc:
+            raise ProtocolError(f"unsupported method: {exc}", status=501) from None
+        except httptools.HttpParserInvalidURLError as exc:
+            raise ProtocolError(f"invalid request target: {exc}") from None
+        except httptools.HttpParserError as exc:
+            raise ProtocolError(f"malformed request: {exc}") from None
+        if not c.complete:
+            raise ProtocolError("malformed request head")
+        if c.too_many:
+            raise ProtocolError("too many header fields", status=431)
+        if len(c.url) > limits.max_uri_bytes:
+            raise ProtocolError("request URI too long", status=414)
+        head_bytes = head_end - self._start
+        self._start = self._scan = head_end
+        head = self._validate(parser, c.url, c.headers, head_bytes)
+        self.head = head
+        if head.has_body:
+            self.state = State.AWAIT_BODY
+        else:
+            self.state = State.HANDLING
+        return head
+
+    def _validate(
+        self, parser: httptools.HttpRequestParser, url: bytes,
+        headers: list[tuple[bytes, bytes]], head_bytes: int,
+    ) -> RequestHead:
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise ProtocolError(f"HTTP version {version} not supported", status=505)
+        content_length: int | None = None
+        chunked = False
+        host_count = 0
+        host = b""
+        conn_tokens: list[bytes] = []
+        expect: bytes | None = None
+        te_values: list[bytes] = []
+        for name, value in headers:
+            if name == b"content-length":
+                if content_length is not None:
+                    raise ProtocolError("duplicate Content-Length")
+                v = value.strip(b" \t")
+                if not v.isdigit() or len(v) > 19:
+                    raise ProtocolError("invalid Content-Length")
+                content_length = int(v)
+            elif name == b"transfer-encoding":
+                te_values.extend(t.strip(b" \t").lower() for t in value.split(b","))
+            elif name == b"host":
+                host_count += 1
+                host = value.strip(b" \t")
+            elif name == b"connection":
+                conn_tokens.extend(t.strip(b" \t").lower() for t in value.split(b","))
+            elif name == b"expect":
+                expect = value.strip(b" \t").lower()
+        if te_values:
+            if version == "1.0":
+                raise ProtocolError("Transfer-Encoding in an HTTP/1.0 request")
+            if content_length is not None:
+                raise ProtocolError("both Content-Length and Transfer-Encoding")
+            if te_values != [b"chunked"]:
+                raise ProtocolError("unsupported transfer coding")
+            chunked = True
+        if version == "1.1" and host_count != 1:
+            raise ProtocolError("missing Host header" if not host_count else "duplicate Host header")
+        if host_count > 1 or (host and not _HOST_RE.fullmatch(host)):
+            raise ProtocolError("invalid Host header")
+        if content_length is not None and content_length > self.limits.max_body_bytes:
+            raise ProtocolError(
+                f"request body of {content_length} bytes exceeds the limit of "
+                f"{self.limits.max_body_bytes} bytes",
+                status=413,
+            )
+        expect_continue = False
+        if expect is not None:
+            if expect != b"100-continue":
+                raise ProtocolError("unsupported Expect header", status=417, close=False)
+            expect_continue = version == "1.1"
+        if version == "1.1":
+            keep_alive = b"close" not in conn_tokens
+        else:
+            keep_alive = b"keep-alive" in conn_tokens
+        path, query = _split_target(url)
+        return RequestHead(
+            method=parser.get_method().decode("ascii"),
+            target=url,
+            path=path,
+            query=query,
+            version=version,
+            headers=headers,
+            content_length=content_length,
+            chunked=chunked,
+            keep_alive=keep_alive,
+            expect_continue=expect_continue,
+            head_bytes=head_bytes,
+        )
+
+    # -- chunked body -------------------------------------------------------------------
+    def _decode_chunked(self) -> BodyComplete | None:
+        buf, mv = self._buf, self._mv
+        sink = self._sink
+        assert sink is not None
+        while True:
+            phase = self._chunk_phase
+            if phase == 1:  # data
+                take = min(self._chunk_left, self._end - self._start)
+                if not take:
+                    return None
+                sink.write(mv[self._start : self._start + take])
+                self._start += take
+                self._chunk_left -= take
+                if self._chunk_left == 0:
+                    self._chunk_phase = 2
+                continue
+            if phase == 2:  # CRLF after data
+                if self._end - self._start < 2:
+                    return None
+                if buf[self._start] != 13 or buf[self._start + 1] != 10:
+                    raise ProtocolError("missing CRLF after chunk data")
+                self._start += 2
+                self._chunk_phase = 0
+                continue
+            nl = buf.find(b"\r\n", self._start, self._end)
+            if nl < 0:
+                if self._end - self._start >= min(MAX_CHUNK_LINE_BYTES, len(buf) - 2):
+                    if phase == 3:
+                        raise ProtocolError("chunked trailer line too long", status=431)
+                    raise ProtocolError("chunk line too long")
+                return None
+            line = bytes(mv[self._start : nl])
+            self._start = nl + 2
+            if phase == 3:  # trailers: skipped, bounded by the head limit
+                if not line:
+                    self.state = State.HANDLING
+                    return BodyComplete(self._chunked_total)
+                self._trailer_bytes += len(line) + 2
+                if self._trailer_bytes > self.limits.max_head_bytes:
+                    raise ProtocolError("chunked trailers too large", status=431)
+                continue
+            size_field = line.split(b";", 1)[0].rstrip(b" \t")
+            if not size_field or len(size_field) > _MAX_CHUNK_SIZE_DIGITS or not _HEX.issuperset(size_field):
+                raise ProtocolError("invalid chunk size")
+            size = int(size_field, 16)
+            if size == 0:
+                self._chunk_phase = 3
+                continue
+            self._chunked_total += size
+            if self._chunked_total > self.limits.max_body_bytes:
+                raise ProtocolError(
+                    f"request body exceeds the limit of {self.limits.max_body_bytes} bytes",
+                    status=413,
+                )
+            self._chunk_left = size
+            self._chunk_phase = 1
+
+
+def _split_target(url: bytes) -> tuple[str, str]:
+    if url.startswith(b"/"):
+        raw_path, _, raw_query = url.partition(b"?")
+    elif url == b"*":
+        return "*", ""
+    else:  # absolute-form (RFC 9112 §3.2.2)
+        try:
+            parsed = httptools.parse_url(url)
+        except httptools.HttpParserInvalidURLError:
+            raise ProtocolError("invalid request target") from None
+        raw_path = parsed.path or b"/"
+        raw_query = parsed.query or b""
+    path = raw_path.decode("latin-1")
+    if "%" in path:
+        try:
+            path = unquote(path, errors="strict")
+        except UnicodeDecodeError:
+            raise ProtocolError("request path is not valid percent-encoded UTF-8") from None
+    return path, raw_query.decode("latin-1")
