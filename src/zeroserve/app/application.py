@@ -1,0 +1,35 @@
+"""The application: routes requests to endpoint handlers. No sockets here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..http.connection import RequestHead
+from .endpoints import ops, raw
+from .problems import ErrorFormat
+from .request import Request
+from .router import Router
+
+
+class App:
+    """Routes a request at its head (so 404/405/429 are answered before the body is
+    read) and hands the complete request to its handler."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.router = Router()
+        ops.register(self.router, engine)
+        raw.register(self.router, engine)
+
+    def on_head(self, head: RequestHead) -> Request:
+        route, params = self.router.match(head.method, head.path)
+        req = Request(head, params, route)
+        if route.on_head is not None:
+            route.on_head(req)
+        return req
+
+    def handle(self, req: Request) -> Any:
+        return req.route.handler(req)
+
+    def error_format(self, path: str) -> ErrorFormat:
+        return self.router.route_errors(path)

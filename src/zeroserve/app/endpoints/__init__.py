@@ -1,0 +1,1 @@
+"""HTTP endpoints, one module per API: ops (health, readiness, metrics), raw, OpenAI, KServe V2."""

@@ -1,0 +1,69 @@
+"""``POST /v1/raw/{model}``: any bytes in, bytes (or a stream of bytes) out, no decoding.
+
+The body reaches the model as a ``uint8`` numpy view of its lease (input ``"raw"``) and
+the model's ``"raw"`` output is sent from its own memory: for ``echo`` that is the very
+buffer the body was received into.
+
+Streaming (models with ``generate``): ``Accept: text/event-stream`` gives one SSE event
+per piece; ``?stream=1`` or a model without ``infer`` gives a chunked
+``application/octet-stream`` body of the pieces. ``?max_tokens=N`` bounds the stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...errors import CapabilityError, RequestError
+from ...models.base import GenerateRequest
+from ..request import Request
+from ..response import EVENT_STREAM, OCTET, Response, StreamResponse
+from ..router import Router
+
+_TRUE = frozenset(("1", "true", "yes"))
+
+
+def register(router: Router, engine: Any) -> None:
+    def on_head(req: Request) -> None:
+        handle = engine.model(req.params["model"])
+        req.state["handle"] = handle
+        req.state["ticket"] = handle.admit()
+
+    async def raw(req: Request) -> Response | StreamResponse:
+        handle = req.state["handle"]
+        caps = handle.capabilities
+        sse = req.accepts(EVENT_STREAM)
+        want_stream = sse or req.query.get("stream", "").lower() in _TRUE or "infer" not in caps
+        if want_stream:
+            if "generate" not in caps:
+                raise CapabilityError(f"model {handle.name!r} cannot stream")
+            gen = GenerateRequest(raw=req.body, max_tokens=_max_tokens(req))
+            stream = handle.generate(req.state.pop("ticket"), gen, deadline=None)
+            return StreamResponse(stream, framing="sse" if sse else "chunked")
+        if "infer" not in caps:
+            raise CapabilityError(f"model {handle.name!r} has no raw inference")
+        inputs = {"raw": np.frombuffer(req.body, dtype=np.uint8)}
+        result = await handle.infer(req.state.pop("ticket"), inputs, deadline=None)
+        out = result.outputs.get("raw")
+        if out is None:
+            raise RequestError(f"model {handle.name!r} returned no 'raw' output")
+        view = memoryview(out).cast("B") if not isinstance(out, bytes) else out
+        return Response(
+            200, [view], content_type=OCTET, release=[lease.release for lease in result.leases]
+        )
+
+    router.add("POST", "/v1/raw/{model}", raw, on_head=on_head)
+
+
+def _max_tokens(req: Request) -> int | None:
+    value = req.query.get("max_tokens")
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise RequestError("max_tokens must be an integer", param="max_tokens") from None
+    if n < 0:
+        raise RequestError("max_tokens must be >= 0", param="max_tokens")
+    return n

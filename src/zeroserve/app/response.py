@@ -1,0 +1,79 @@
+"""Response types the app hands to the server. Bodies are buffer lists, never joined."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Literal
+
+import msgspec
+
+Buffer = bytes | bytearray | memoryview
+Headers = list[tuple[bytes, bytes]]
+
+JSON = b"application/json"
+TEXT = b"text/plain; charset=utf-8"
+OCTET = b"application/octet-stream"
+EVENT_STREAM = b"text/event-stream"
+
+_json_encoder = msgspec.json.Encoder()
+
+
+class Response:
+    """A complete response. ``body`` buffers go to ``writelines`` as they are; ``release``
+    callbacks run once the transport has sent them (e.g. returning arena leases)."""
+
+    __slots__ = ("body", "headers", "release", "status")
+
+    def __init__(
+        self,
+        status: int = 200,
+        body: Sequence[Buffer] = (),
+        *,
+        content_type: bytes | None = None,
+        headers: Headers | None = None,
+        release: Sequence[Callable[[], None]] = (),
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers: Headers = headers if headers is not None else []
+        if content_type is not None:
+            self.headers.append((b"content-type", content_type))
+        self.release = release
+
+
+class StreamResponse:
+    """A streamed response. ``pieces`` yields buffers (or lists of buffers, sent as one
+    write); ``framing`` is ``"chunked"`` (raw pieces) or ``"sse"`` (one ``data:`` event
+    per piece; the piece must not contain the event terminator). ``aclose`` is awaited
+    when the stream ends for any reason, including a client disconnect."""
+
+    __slots__ = ("aclose", "framing", "headers", "pieces", "status")
+
+    def __init__(
+        self,
+        pieces: AsyncIterator[Any],
+        *,
+        framing: Literal["chunked", "sse"] = "chunked",
+        status: int = 200,
+        content_type: bytes | None = None,
+        headers: Headers | None = None,
+        aclose: Callable[[], Any] | None = None,
+    ) -> None:
+        self.pieces = pieces
+        self.framing = framing
+        self.status = status
+        self.headers: Headers = headers if headers is not None else []
+        ct = content_type or (EVENT_STREAM if framing == "sse" else OCTET)
+        self.headers.append((b"content-type", ct))
+        if framing == "sse":
+            self.headers.append((b"cache-control", b"no-cache"))
+        self.aclose = aclose
+
+
+def json_response(obj: Any, status: int = 200, headers: Headers | None = None) -> Response:
+    return Response(status, [_json_encoder.encode(obj)], content_type=JSON, headers=headers)
+
+
+def text_response(text: str | bytes, status: int = 200, content_type: bytes = TEXT) -> Response:
+    data = text.encode() if isinstance(text, str) else text
+    return Response(status, [data], content_type=content_type)

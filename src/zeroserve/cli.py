@@ -1,0 +1,120 @@
+"""The ``zeroserve`` command: ``serve``, ``models`` and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .config import Config, ConfigError, load_config
+from .errors import ZeroserveError
+from .models.loader import ModelSpec, parse_spec
+
+log = logging.getLogger("zeroserve")
+
+DEFAULT_MODELS = ("echo", "tinyllm", "minilm")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="zeroserve",
+        description="A zero-copy Python AI-inference server (OpenAI, KServe V2 and raw APIs).",
+    )
+    p.add_argument("--version", action="version", version=f"zeroserve {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve models over HTTP",
+        description=(
+            "Serve models over HTTP/1.1. With no --model, serves the embedded default models "
+            "(echo, tinyllm: a demo generative model, minilm: all-MiniLM-L6-v2 embeddings). "
+            "Configuration: defaults < --config TOML < ZEROSERVE_* environment < flags."
+        ),
+    )
+    _common(serve)
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default 8000; 0 = any free port)")
+    serve.add_argument("--workers", type=int, help="HTTP worker processes sharing the port (default 1)")
+    serve.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], help="event loop (default auto: uvloop if installed)")
+    serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (413 beyond)")
+    serve.add_argument("--arena-bytes", type=int, help="payload bytes in flight before 503")
+    serve.add_argument("--log-level", help="debug, info, warning, error")
+
+    models = sub.add_parser("models", help="list the models a configuration serves, with capabilities")
+    _common(models)
+
+    bench = sub.add_parser("bench", help="run the benchmark suite (see BENCHMARKS.md)", add_help=False)
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", action="append", dest="models", metavar="SPEC",
+        help="model to serve, repeatable: NAME=module:Class, a built-in (echo, tinyllm, minilm), "
+        "NAME=onnx:/path/model.onnx, NAME=remote:URL[,URL...]; options after '?', e.g. "
+        "'mine=my_model:MyModel?executor=process&workers=2'",
+    )
+    p.add_argument("--config", help="TOML configuration file")
+
+
+def model_specs(cfg: Config) -> list[ModelSpec]:
+    texts = list(cfg.models)
+    if not texts and cfg.default_models:
+        texts = list(DEFAULT_MODELS)
+    specs = [parse_spec(t) for t in texts]
+    names = [s.name for s in specs]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ConfigError(f"model names must be unique: {', '.join(sorted(dupes))}")
+    return specs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        from .bench import main as bench_main
+
+        return int(bench_main(list(args.args)) or 0)
+    overrides: dict[str, Any] = {"models": args.models}
+    if args.command == "serve":
+        overrides.update(
+            host=args.host, port=args.port, workers=args.workers, loop=args.loop,
+            arena_bytes=args.arena_bytes, log_level=args.log_level,
+        )
+        if args.max_body_bytes is not None:
+            overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
+    try:
+        cfg = load_config(args.config, overrides=overrides)
+        logging.basicConfig(
+            level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        specs = model_specs(cfg)
+        if args.command == "models":
+            return _list_models(specs)
+        from .server.run import serve
+
+        return serve(cfg, specs)
+    except ZeroserveError as exc:
+        print(f"zeroserve: error: {exc.message}", file=sys.stderr)
+        return 2
+
+
+def _list_models(specs: list[ModelSpec]) -> int:
+    for spec in specs:
+        cls = spec.load_class()
+        caps = ", ".join(sorted(cls.capabilities())) or "-"
+        executor = spec.runtime.get("executor", cls.executor)
+        print(f"{spec.name:<16} {caps:<24} executor={executor:<8} {cls.description}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+__all__ = ["main"]

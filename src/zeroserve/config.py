@@ -1,0 +1,147 @@
+"""One configuration, built from defaults < TOML file < ``ZEROSERVE_*`` env < CLI flags.
+
+TOML layout (every key optional)::
+
+    host = "127.0.0.1"
+    port = 8000
+    workers = 1                 # HTTP processes (SO_REUSEPORT)
+    loop = "auto"               # auto | uvloop | asyncio
+    arena_bytes = 1073741824    # payload bytes in flight (503 beyond)
+    models = ["echo", "mine=my_model:MyModel?executor=process"]
+    default_models = true       # serve the embedded models when no model is given
+    log_level = "info"
+
+    [limits]   # max_head_bytes, max_headers, max_uri_bytes, max_body_bytes
+    [timeouts] # head, body, keepalive, write, graceful (seconds)
+
+Environment variables use the key in upper case, nested keys joined by ``__``:
+``ZEROSERVE_PORT=9000``, ``ZEROSERVE_LIMITS__MAX_BODY_BYTES=1048576``,
+``ZEROSERVE_MODELS="echo,mine=my_model:MyModel"``. Errors name the key at fault.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import ZeroserveError
+from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
+from .runtime.arena import DEFAULT_BUDGET_BYTES
+from .server import options as so
+
+ENV_PREFIX = "ZEROSERVE_"
+
+
+class ConfigError(ZeroserveError):
+    code = "invalid_config"
+
+
+class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    max_head_bytes: int = MAX_HEAD_BYTES
+    max_headers: int = MAX_HEADERS
+    max_uri_bytes: int = MAX_URI_BYTES
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    head: float = so.HEAD_TIMEOUT_S
+    body: float = so.BODY_TIMEOUT_S
+    keepalive: float = so.KEEPALIVE_TIMEOUT_S
+    write: float = so.WRITE_TIMEOUT_S
+    graceful: float = so.GRACEFUL_TIMEOUT_S
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    arena_bytes: int = DEFAULT_BUDGET_BYTES
+    max_connections: int = so.MAX_CONNECTIONS
+    models: list[str] = []
+    default_models: bool = True
+    log_level: str = "info"
+    limits: Limits = msgspec.field(default_factory=Limits)
+    timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+
+    def http_limits(self) -> HttpLimits:
+        lim = self.limits
+        return HttpLimits(
+            max_head_bytes=lim.max_head_bytes,
+            max_headers=lim.max_headers,
+            max_uri_bytes=lim.max_uri_bytes,
+            max_body_bytes=lim.max_body_bytes,
+        )
+
+    def server_options(self) -> so.ServerOptions:
+        t = self.timeouts
+        return so.ServerOptions(
+            host=self.host,
+            port=self.port,
+            http=self.http_limits(),
+            head_timeout=t.head,
+            body_timeout=t.body,
+            keepalive_timeout=t.keepalive,
+            write_timeout=t.write,
+            graceful_timeout=t.graceful,
+            max_connections=self.max_connections,
+            reuse_port=self.workers > 1,
+        )
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Merge the layers and validate. Raises ``ConfigError`` naming the offending key."""
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    _merge(data, _from_env(os.environ if env is None else env))
+    _merge(data, {k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return msgspec.convert(data, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {_name_key(str(exc))}") from None
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX) or key.startswith(ENV_PREFIX + "TEST"):
+            continue
+        parts = key[len(ENV_PREFIX) :].lower().split("__")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        leaf = parts[-1]
+        node[leaf] = [s for s in value.split(",") if s] if leaf == "models" else value
+    return out
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def _name_key(message: str) -> str:
+    # msgspec says "... - at `$.limits.max_body_bytes`"; say it as a config key.
+    if "- at `$." in message:
+        text, _, where = message.rpartition(" - at `$.")
+        return f"key '{where.rstrip('`')}': {text}"
+    return message

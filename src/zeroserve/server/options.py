@@ -1,0 +1,55 @@
+"""Server options: timeouts and connection limits, each a named constant with its reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..http.limits import HttpLimits
+
+# Seconds to receive a complete request head, counted from its first byte (or from the
+# connection's start for its first request). Defeats slow-loris; nginx allows 60 s, but a
+# head is a few hundred bytes and no honest client needs more than a few seconds.
+HEAD_TIMEOUT_S = 10.0
+# Seconds without a single body byte before a partly sent body is abandoned (nginx's
+# client_body_timeout is 60 s between reads; we are stricter, bodies go to a model).
+BODY_TIMEOUT_S = 30.0
+# Seconds an idle keep-alive connection is kept (uvicorn's default is 5 s).
+KEEPALIVE_TIMEOUT_S = 5.0
+# Seconds a client may leave our send buffer full without reading before we drop it
+# (nginx send_timeout is 60 s). Bounds how long a stalled reader pins a stream.
+WRITE_TIMEOUT_S = 60.0
+# Seconds in-flight requests get to finish after SIGTERM/SIGINT before connections close.
+GRACEFUL_TIMEOUT_S = 30.0
+# Open connections per HTTP process; past it new connections get a 503 and are closed.
+# Each costs a 16 KiB head buffer plus kernel socket buffers.
+MAX_CONNECTIONS = 4096
+# Transport write buffer watermarks, bytes. Above HIGH the writer stops producing (the
+# streaming backpressure); it resumes once the kernel took everything (LOW 0), which is
+# also when leases referenced by the transport are released.
+WRITE_HIGH_WATER = 256 * 1024
+WRITE_LOW_WATER = 0
+# Stream writer: at most this many pieces or bytes are gathered before a write and a
+# yield to the loop, so a producer that never awaits cannot starve other connections.
+STREAM_BATCH_PIECES = 64
+STREAM_BATCH_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    http: HttpLimits = field(default_factory=HttpLimits)
+    head_timeout: float = HEAD_TIMEOUT_S
+    body_timeout: float = BODY_TIMEOUT_S
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT_S
+    write_timeout: float = WRITE_TIMEOUT_S
+    graceful_timeout: float = GRACEFUL_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
+    backlog: int = 2048
+    reuse_port: bool = False
+
+    @property
+    def tick(self) -> float:
+        """How often timeouts are checked: fine enough for the smallest timeout."""
+        smallest = min(self.head_timeout, self.body_timeout, self.keepalive_timeout, self.write_timeout)
+        return max(0.02, min(1.0, smallest / 4))

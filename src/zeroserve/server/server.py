@@ -1,0 +1,117 @@
+"""Listening, timeouts, signals and graceful drain for one HTTP process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from typing import Any
+
+from .. import metrics
+from .options import ServerOptions
+from .protocol import HttpProtocol
+
+log = logging.getLogger("zeroserve.server")
+
+
+class Server:
+    """Serves ``app`` on ``options.host:options.port``.
+
+    ``app`` provides ``on_head(head) -> Request``, ``handle(request)`` and
+    ``error_format(path)``; ``arena`` provides ``allocate(n) -> Lease``.
+    """
+
+    def __init__(self, app: Any, arena: Any, options: ServerOptions | None = None) -> None:
+        self.app = app
+        self.arena = arena
+        self.options = options or ServerOptions()
+        self.connections: set[HttpProtocol] = set()
+        self.draining = False
+        self.loop: asyncio.AbstractEventLoop = asyncio.get_event_loop()
+        self._server: asyncio.base_events.Server | None = None
+        self._ticker: asyncio.TimerHandle | None = None
+        self._lag_probe: asyncio.TimerHandle | None = None
+        self._stopped = asyncio.Event()
+        self.port = self.options.port
+
+    async def start(self, sock: socket.socket | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        if sock is None:
+            sock = bind_socket(self.options.host, self.options.port, reuse_port=self.options.reuse_port)
+        self._server = await self.loop.create_server(
+            lambda: HttpProtocol(self), sock=sock, backlog=self.options.backlog
+        )
+        self.port = sock.getsockname()[1]
+        self._ticker = self.loop.call_later(self.options.tick, self._tick)
+        self._probe_lag()
+        metrics.register_source("connections", lambda: {"open": len(self.connections)})
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        for conn in list(self.connections):
+            conn.check_timeout(now)
+        self._ticker = self.loop.call_later(self.options.tick, self._tick)
+
+    def _probe_lag(self) -> None:
+        # How late a timer due "now + 0.1 s" actually fires: the event-loop stall.
+        due = self.loop.time() + 0.1
+
+        def fire() -> None:
+            metrics.LOOP_LAG_SECONDS.observe(max(0.0, self.loop.time() - due))
+            self._probe_lag()
+
+        self._lag_probe = self.loop.call_at(due, fire)
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                self.loop.add_signal_handler(sig, self.request_shutdown)
+
+    def request_shutdown(self) -> None:
+        if not self.draining:
+            log.info("shutting down: draining in-flight requests")
+            self.loop.create_task(self.shutdown())
+
+    async def shutdown(self) -> None:
+        """Stop accepting, let in-flight requests finish within the grace period, close."""
+        if self.draining:
+            await self._stopped.wait()
+            return
+        self.draining = True
+        if self._server is not None:
+            self._server.close()
+        deadline = self.loop.time() + self.options.graceful_timeout
+        while self.connections and self.loop.time() < deadline:
+            for conn in list(self.connections):
+                if conn.close_if_idle():
+                    self.connections.discard(conn)
+            if not self.connections:
+                break
+            await asyncio.sleep(min(0.05, self.options.tick))
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        self.connections.clear()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if self._lag_probe is not None:
+            self._lag_probe.cancel()
+        metrics.unregister_source("connections")
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.setblocking(False)
+    sock.set_inheritable(True)
+    return sock
