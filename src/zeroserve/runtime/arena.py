@@ -5,7 +5,7 @@ Strategy
 One ``memfd_create`` file, mapped once (``MAP_SHARED``) in the server and again in each
 worker process, which receives the file descriptor at spawn. Being an anonymous file, a
 crash leaves nothing behind in ``/dev/shm``. The mapping is *sparse*: address space is
-reserved up front (``VIRTUAL_FACTOR`` × the budget) and pages are only backed once touched.
+reserved up front (``VIRTUAL_FACTOR`` x the budget) and pages are only backed once touched.
 
 Blocks come in size classes: powers of two split into four steps (like jemalloc's), so
 internal waste is at most 25 %. A freed block goes to its class's LIFO free list, so the
@@ -23,10 +23,14 @@ Invariants
   reading it) ``retain()`` first and ``release()`` when done.
 * The arena is used from the event-loop thread and from executor threads; a lock guards
   the free lists (never held across I/O).
+* Live leases are indexed by offset (``lease_containing``), so memory handed back by a
+  worker or a model as a bare address range is tied to the lease that owns it.
 """
 
 from __future__ import annotations
 
+import bisect
+import ctypes
 import mmap
 import os
 import threading
@@ -50,7 +54,7 @@ _ALIGN = 64  # cache-line alignment of every block start, good for numpy views
 
 
 def size_class(nbytes: int) -> int:
-    """The block size used for a request of ``nbytes``: 2^k × {1, 1.25, 1.5, 1.75}."""
+    """The block size used for a request of ``nbytes``: 2^k x {1, 1.25, 1.5, 1.75}."""
     n = max(nbytes, MIN_BLOCK)
     top = 1 << (n - 1).bit_length()  # next power of two >= n
     base = top >> 1
@@ -135,6 +139,13 @@ class Arena:
         os.ftruncate(self.fd, self.size)
         self._mm = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED)
         self.view = memoryview(self._mm)
+        # The mapping's address, to tell whether an array is a view into the arena. The
+        # ctypes export is dropped at once so close() can still unmap.
+        probe = ctypes.c_char.from_buffer(self._mm)
+        self.address: int = ctypes.addressof(probe)
+        del probe
+        self._live: dict[int, Lease] = {}
+        self._starts: list[int] = []
         self._lock = threading.Lock()
         self._free: dict[int, list[int]] = {}
         self._top = 0
@@ -153,9 +164,7 @@ class Arena:
             if self._closed:
                 raise RuntimeError("arena is closed")
             if self._used + block > self.budget:
-                raise Overloaded(
-                    "server is at its limit of payload bytes in flight", status=503
-                )
+                raise Overloaded("server is at its limit of payload bytes in flight", status=503)
             free = self._free.get(block)
             if free:
                 offset = free.pop()
@@ -170,11 +179,27 @@ class Arena:
             self._allocations += 1
             if self._used > self._peak:
                 self._peak = self._used
-        return Lease(self, offset, block, nbytes)
+            lease = Lease(self, offset, block, nbytes)
+            self._live[offset] = lease
+            bisect.insort(self._starts, offset)
+        return lease
+
+    def lease_containing(self, offset: int, length: int = 0) -> Lease | None:
+        """The live lease whose block holds ``[offset, offset + length)``, if any."""
+        with self._lock:
+            i = bisect.bisect_right(self._starts, offset) - 1
+            if i < 0:
+                return None
+            lease = self._live[self._starts[i]]
+            if offset + length <= lease.offset + lease.block:
+                return lease
+            return None
 
     def _free_locked(self, offset: int, block: int) -> None:
         self._used -= block
         self._leases -= 1
+        del self._live[offset]
+        del self._starts[bisect.bisect_left(self._starts, offset)]
         if self._closed:
             return
         if self._warm + block > self.warm_limit and block >= mmap.PAGESIZE:

@@ -1,0 +1,158 @@
+"""Types shared by the engine and its executors (private; the public names are re-exported
+from ``zeroserve.runtime``)."""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import WorkerError, ZeroserveError
+from ..models.base import ExecutorKind, GenerateRequest, Model
+from .arena import Arena, Lease
+from .channel import Channel
+from .tensors import arena_offset
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded at start (its ``load`` raised, or it timed out)."""
+
+    def __init__(self, model: str, cause: str) -> None:
+        super().__init__(f"model {model!r} failed to load: {cause}")
+        self.model = model
+        self.cause = cause
+
+
+@dataclass(slots=True)
+class InferResult:
+    """One request's outputs. ``leases`` keep the outputs' shared memory alive: release
+    each once the response has been sent (or the outputs are no longer needed)."""
+
+    outputs: dict[str, Any]
+    leases: list[Lease] = field(default_factory=list)
+
+    def release(self) -> None:
+        leases, self.leases = self.leases, []
+        for lease in leases:
+            lease.release()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatistics:
+    executor: str
+    workers: int
+    ready: int
+    busy: int
+    streams: int
+    restarts: int
+    crashes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A model's configuration with every default resolved."""
+
+    name: str
+    factory: Callable[..., Model]
+    options: Mapping[str, Any]
+    executor: ExecutorKind
+    max_batch_size: int
+    max_batch_delay_ms: float
+    workers: int
+    queue_depth: int
+    capabilities: frozenset[str]
+
+
+def make_model(factory: Callable[..., Model], options: Mapping[str, Any]) -> Model:
+    """Instantiate a model: a Model class gets ``options`` as keyword arguments; any
+    other callable is called with them if there are any, else with none."""
+    if isinstance(factory, type) or options:
+        return factory(**options)
+    return factory()
+
+
+async def maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def model_failure(name: str, exc: BaseException) -> ZeroserveError:
+    """A model's exception as the error the caller gets: ours pass through, others 500."""
+    if isinstance(exc, ZeroserveError):
+        return exc
+    return WorkerError(f"model {name!r} failed: {type(exc).__name__}: {exc}")
+
+
+def output_leases(arena: Arena, outputs: Mapping[str, Any]) -> list[Lease]:
+    """Retain the arena leases that back any output arrays (an echo returns its input's
+    own memory), so the caller may release the request body independently."""
+    leases: list[Lease] = []
+    for value in outputs.values():
+        if not isinstance(value, np.ndarray):
+            continue
+        off = arena_offset(value, arena.address, arena.size)
+        if off is None:
+            continue
+        lease = arena.lease_containing(off, value.nbytes)
+        if lease is not None and all(lease is not x for x in leases):
+            leases.append(lease.retain())
+    return leases
+
+
+def check_outputs(name: str, batch_size: int, outputs: Any) -> Sequence[Mapping[str, Any]]:
+    if not isinstance(outputs, Sequence) or len(outputs) != batch_size:
+        got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
+        raise WorkerError(f"model {name!r} returned {got} outputs for a batch of {batch_size}")
+    return outputs
+
+
+class Producer(abc.ABC):
+    """A running generation feeding a channel."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Stop generating as soon as possible (the model's generator is closed)."""
+
+
+class Executor(abc.ABC):
+    """Runs one model's work: batches of infer/embed on slots, and generations."""
+
+    kind: str
+
+    def __init__(self, spec: ModelSpec, arena: Arena) -> None:
+        self.spec = spec
+        self.arena = arena
+
+    @abc.abstractmethod
+    async def start(self, timeout: float) -> None: ...
+
+    @abc.abstractmethod
+    def ready(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def acquire(self) -> Any: ...
+
+    @abc.abstractmethod
+    def release(self, slot: Any) -> None: ...
+
+    @abc.abstractmethod
+    async def infer(
+        self, slot: Any, batch: list[Mapping[str, Any]]
+    ) -> list[InferResult | BaseException]: ...
+
+    @abc.abstractmethod
+    async def embed(self, slot: Any, texts: list[str]) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def generate(self, req: GenerateRequest, channel: Channel) -> Producer: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...
+
+    @abc.abstractmethod
+    def statistics(self) -> WorkerStatistics: ...

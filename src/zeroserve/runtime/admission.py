@@ -1,0 +1,170 @@
+"""Admission: refuse work at the request head, before its body is read.
+
+Strategy
+--------
+* Per model, by queue depth: every admitted request holds a :class:`Ticket` until the
+  engine finishes with it (queued + running). At ``depth`` tickets the next ``admit()``
+  raises ``Overloaded(429)``.
+* Global, by bytes in flight: the arena's budget. ``Arena.allocate`` raises
+  ``Overloaded(503)`` itself; :func:`check_bytes` lets the head decide before allocating.
+* ``Retry-After`` is computed from the measured drain rate: completions per second over
+  a sliding window of the injected clock. "You are N behind a queue draining at R/s"
+  means "come back in N/R seconds". With no measurement yet, a default is used.
+
+Invariants
+----------
+* ``in_flight`` equals the number of unreleased tickets; ``Ticket.release()`` is
+  idempotent, so the engine and the app may both release safely.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ..errors import Overloaded
+from .arena import Arena, size_class
+from .clock import Clock
+
+# Admitted-but-unfinished requests per model. 64 keeps a batching model (batch 16-32)
+# fed two batches deep while bounding queueing delay; W7 needs rejections to be fast, not
+# queued behind minutes of work.
+DEFAULT_QUEUE_DEPTH = 64
+# Drain rate is measured over the last 10 s of completions: long enough to smooth one
+# slow batch, short enough to follow a change of load.
+DRAIN_WINDOW_S = 10.0
+# Completions remembered for the drain rate (bounds memory under any load).
+DRAIN_SAMPLES = 1024
+# Retry-After when nothing has completed yet (cold start, or a stalled model).
+DEFAULT_RETRY_AFTER_S = 1.0
+# Never ask a client to wait longer than this; past it the estimate is noise.
+MAX_RETRY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStatistics:
+    depth: int
+    in_flight: int
+    admitted: int
+    rejected: int
+    completed: int
+    drain_rate: float
+
+
+class DrainMeter:
+    """Completions per second over a sliding window of the injected clock."""
+
+    def __init__(self, clock: Clock, window: float = DRAIN_WINDOW_S) -> None:
+        self._clock = clock
+        self._window = window
+        self._times: deque[float] = deque(maxlen=DRAIN_SAMPLES)
+
+    def record(self) -> None:
+        self._times.append(self._clock())
+
+    def rate(self) -> float:
+        now = self._clock()
+        times = self._times
+        while times and now - times[0] > self._window:
+            times.popleft()
+        if len(times) < 2:
+            return 0.0
+        span = max(now - times[0], 1e-6)
+        return len(times) / span
+
+    def retry_after(self, backlog: int) -> float:
+        rate = self.rate()
+        if rate <= 0.0:
+            return DEFAULT_RETRY_AFTER_S
+        return min(MAX_RETRY_AFTER_S, max(backlog, 1) / rate)
+
+
+class Ticket:
+    """One admitted request's place in its model's queue. Released exactly once."""
+
+    __slots__ = ("_admission", "admitted_at", "model")
+
+    def __init__(self, admission: Admission, model: str, admitted_at: float) -> None:
+        self._admission: Admission | None = admission
+        self.model = model
+        self.admitted_at = admitted_at
+
+    @property
+    def released(self) -> bool:
+        return self._admission is None
+
+    def release(self) -> None:
+        admission, self._admission = self._admission, None
+        if admission is not None:
+            admission._release()
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<Ticket model={self.model!r} released={self.released}>"
+
+
+class Admission:
+    """Per-model admission by queue depth."""
+
+    def __init__(self, model: str, depth: int, clock: Clock) -> None:
+        if depth < 1:
+            raise ValueError("queue depth must be at least 1")
+        self.model = model
+        self.depth = depth
+        self._clock = clock
+        self.meter = DrainMeter(clock)
+        self._in_flight = 0
+        self._admitted = 0
+        self._rejected = 0
+        self._completed = 0
+
+    def admit(self) -> Ticket:
+        """A ticket, or ``Overloaded(429)`` with ``retry_after`` from the drain rate."""
+        if self._in_flight >= self.depth:
+            self._rejected += 1
+            raise Overloaded(
+                f"model {self.model!r} is at its queue depth ({self.depth})",
+                status=429,
+                retry_after=self.meter.retry_after(self._in_flight),
+            )
+        self._in_flight += 1
+        self._admitted += 1
+        return Ticket(self, self.model, self._clock())
+
+    def _release(self) -> None:
+        self._in_flight -= 1
+        self._completed += 1
+        self.meter.record()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def statistics(self) -> AdmissionStatistics:
+        return AdmissionStatistics(
+            depth=self.depth,
+            in_flight=self._in_flight,
+            admitted=self._admitted,
+            rejected=self._rejected,
+            completed=self._completed,
+            drain_rate=self.meter.rate(),
+        )
+
+
+def check_bytes(arena: Arena, nbytes: int, *, retry_after: float = DEFAULT_RETRY_AFTER_S) -> None:
+    """Raise ``Overloaded(503)`` if a lease of ``nbytes`` would not fit the arena budget now.
+
+    A head-of-request decision: the body is refused before a byte of it is read.
+    """
+    stats = arena.statistics()
+    if stats.used + size_class(nbytes) > stats.budget:
+        raise Overloaded(
+            "server is at its limit of payload bytes in flight",
+            status=503,
+            retry_after=retry_after,
+        )

@@ -1,0 +1,287 @@
+"""The in-process executors: ``inline`` (on the event loop) and ``thread`` (a pool).
+
+Strategy
+--------
+* ``inline`` calls the model on the loop. Async methods are awaited; sync ones run to
+  completion on the loop, which is the point of ``inline`` (async or trivial models).
+  A sync generator is pulled on the loop, but the pump yields to the loop whenever the
+  channel is full (it awaits room) and every ``yield_every`` pieces regardless, so a fast
+  generator under the ``coalesce`` policy (which never blocks) cannot starve the loop.
+* ``thread`` runs sync methods in a pool of ``workers`` threads, for models that release
+  the GIL (numpy, onnxruntime, torch). A sync generator is stepped one ``next()`` per
+  pool call, and only once the channel has room, so a slow consumer stops the model
+  instead of buffering its output. A lock serialises ``next()`` and ``close()`` so an
+  abort that lands mid-step closes the generator right after that step. Async methods of
+  a model on the ``thread`` executor run on the loop (they do not need a thread).
+
+Invariants
+----------
+* At most ``workers`` batches run at once (the slots), whatever the executor.
+* Every generation ends with the channel closed: normally, with the model's error, or
+  already aborted by its consumer or deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..errors import RequestError, WouldBlock
+from ..models.base import GenerateRequest, Model
+from ._common import (
+    Executor,
+    InferResult,
+    ModelLoadError,
+    ModelSpec,
+    Producer,
+    WorkerStatistics,
+    check_outputs,
+    make_model,
+    maybe_await,
+    model_failure,
+    output_leases,
+)
+from .arena import Arena
+from .channel import Channel
+
+_END = object()
+
+# A sync generator on the inline executor hands the loop back at least every 16 pieces:
+# at a few microseconds a piece that bounds a stall to well under a millisecond.
+DEFAULT_YIELD_EVERY = 16
+# Threads beyond ``workers`` in a ``thread`` pool, for stepping generators.
+STREAM_THREADS = 4
+
+
+def validate_inputs(inputs: Any) -> Mapping[str, Any]:
+    """Per-request preprocessing: a mapping of names to arrays or buffers."""
+    if not isinstance(inputs, Mapping):
+        raise RequestError(
+            f"inputs must be a mapping of name to tensor, not {type(inputs).__name__}"
+        )
+    for key, value in inputs.items():
+        if not isinstance(key, str):
+            raise RequestError("input names must be strings")
+        if not isinstance(value, np.ndarray | bytes | bytearray | memoryview):
+            raise RequestError(
+                f"input {key!r} must be a numpy array or a buffer, not {type(value).__name__}",
+                param=key,
+            )
+    return inputs
+
+
+class _TaskProducer(Producer):
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self.task = task
+
+    def abort(self) -> None:
+        self.task.cancel()
+
+
+class InProcessExecutor(Executor):
+    """Shared by ``inline`` and ``thread``; ``pool`` is None for ``inline``."""
+
+    kind = "inline"
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        arena: Arena,
+        *,
+        model: Model | None = None,
+        yield_every: int = DEFAULT_YIELD_EVERY,
+    ) -> None:
+        super().__init__(spec, arena)
+        self.model: Model | None = model
+        self.pool: ThreadPoolExecutor | None = None
+        self.yield_every = max(1, yield_every)
+        self._slots = asyncio.Semaphore(spec.workers)
+        self._busy = 0
+        self._streams = 0
+        self._ready = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self, timeout: float) -> None:
+        try:
+            model = self.model or make_model(self.spec.factory, self.spec.options)
+            await asyncio.wait_for(self._call(model.load), timeout)
+        except TimeoutError:
+            raise ModelLoadError(self.spec.name, f"load() did not finish in {timeout} s") from None
+        except Exception as exc:
+            raise ModelLoadError(self.spec.name, f"{type(exc).__name__}: {exc}") from exc
+        self.model = model
+        self._ready = True
+
+    def ready(self) -> bool:
+        return self._ready
+
+    async def aclose(self) -> None:
+        self._ready = False
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.pool is None or inspect.iscoroutinefunction(fn):
+            return await maybe_await(fn(*args))
+        loop = asyncio.get_running_loop()
+        return await maybe_await(await loop.run_in_executor(self.pool, fn, *args))
+
+    # -- batches -------------------------------------------------------------------------
+    async def acquire(self) -> None:
+        await self._slots.acquire()
+        self._busy += 1
+
+    def release(self, slot: Any) -> None:
+        self._busy -= 1
+        self._slots.release()
+
+    async def infer(
+        self, slot: Any, batch: list[Mapping[str, Any]]
+    ) -> list[InferResult | BaseException]:
+        assert self.model is not None
+        results: list[InferResult | BaseException] = []
+        good: list[Mapping[str, Any]] = []
+        index: list[int] = []
+        for i, inputs in enumerate(batch):
+            try:
+                good.append(validate_inputs(inputs))
+                index.append(i)
+                results.append(RequestError("unreachable"))
+            except Exception as exc:
+                results.append(exc)
+        if not good:
+            return results
+        try:
+            outputs = check_outputs(
+                self.spec.name, len(good), await self._call(self.model.infer, good)
+            )
+        except Exception as exc:
+            raise model_failure(self.spec.name, exc) from exc
+        for i, out in zip(index, outputs, strict=True):
+            out = dict(out)
+            results[i] = InferResult(out, output_leases(self.arena, out))
+        return results
+
+    async def embed(self, slot: Any, texts: list[str]) -> np.ndarray:
+        assert self.model is not None
+        try:
+            out = await self._call(self.model.embed, texts)
+        except Exception as exc:
+            raise model_failure(self.spec.name, exc) from exc
+        return np.asarray(out, dtype=np.float32)
+
+    # -- generation ----------------------------------------------------------------------
+    def generate(self, req: GenerateRequest, channel: Channel) -> Producer:
+        task = asyncio.get_running_loop().create_task(self._pump(req, channel))
+        return _TaskProducer(task)
+
+    async def _pump(self, req: GenerateRequest, channel: Channel) -> None:
+        assert self.model is not None
+        self._streams += 1
+        try:
+            it = await maybe_await(self.model.generate(req))
+            if hasattr(it, "__anext__"):
+                try:
+                    async for piece in it:
+                        await channel.send(piece)
+                finally:
+                    aclose = getattr(it, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+            elif self.pool is None:
+                await self._pump_inline(iter(it), channel)
+            else:
+                await self._pump_thread(iter(it), channel)
+            channel.close()
+        except asyncio.CancelledError:
+            channel.close()
+            raise
+        except Exception as exc:
+            if not channel.closed:
+                channel.close(model_failure(self.spec.name, exc))
+        finally:
+            self._streams -= 1
+
+    async def _pump_inline(self, gen: Iterator[Any], channel: Channel) -> None:
+        n = 0
+        try:
+            for piece in gen:
+                try:
+                    channel.send_nowait(piece)
+                except WouldBlock:
+                    await channel.send(piece)
+                n += 1
+                if n % self.yield_every == 0:
+                    await asyncio.sleep(0)
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()
+
+    async def _pump_thread(self, gen: Iterator[Any], channel: Channel) -> None:
+        assert self.pool is not None
+        lock = threading.Lock()
+        loop = asyncio.get_running_loop()
+
+        def step() -> Any:
+            with lock:
+                return next(gen, _END)
+
+        def close() -> None:
+            with lock:
+                c = getattr(gen, "close", None)
+                if c is not None:
+                    c()
+
+        try:
+            while True:
+                await channel.wait_writable()
+                piece = await loop.run_in_executor(self.pool, step)
+                if piece is _END:
+                    return
+                await channel.send(piece)
+        finally:
+            try:
+                self.pool.submit(close)
+            except RuntimeError:  # pool shut down
+                pass
+
+    def statistics(self) -> WorkerStatistics:
+        return WorkerStatistics(
+            executor=self.kind,
+            workers=self.spec.workers,
+            ready=self.spec.workers if self._ready else 0,
+            busy=self._busy,
+            streams=self._streams,
+            restarts=0,
+            crashes=0,
+        )
+
+
+class InlineExecutor(InProcessExecutor):
+    kind = "inline"
+
+
+class ThreadExecutor(InProcessExecutor):
+    kind = "thread"
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        arena: Arena,
+        *,
+        model: Model | None = None,
+        yield_every: int = DEFAULT_YIELD_EVERY,
+    ) -> None:
+        super().__init__(spec, arena, model=model, yield_every=yield_every)
+        # Slots bound concurrent batches to ``workers``; the extra threads serve stream
+        # steps (one short ``next()`` each) so streams never queue behind a long batch.
+        self.pool = ThreadPoolExecutor(
+            max_workers=spec.workers + STREAM_THREADS, thread_name_prefix=f"zeroserve-{spec.name}"
+        )

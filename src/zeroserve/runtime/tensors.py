@@ -1,0 +1,108 @@
+"""Tensors as arena descriptors: how payloads cross the process boundary without a copy.
+
+A numeric tensor that already lives in the arena (the request body's lease, or an output
+a worker wrote) is described by ``(offset, length, dtype, shape)`` and rebuilt on the
+other side as ``numpy.frombuffer`` over the same shared pages. Whether an array lives in
+the arena is decided by its address: ``arena.address <= data < arena.address + size``.
+
+``BYTES`` tensors (1-D object arrays of ``bytes``, KServe V2's BYTES) are laid out in a
+lease as the V2 binary extension does: each element a 4-byte little-endian length, then
+its bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from ..errors import RequestError
+
+BYTES = "BYTES"
+_LEN = struct.Struct("<I")
+
+
+class TensorDesc(msgspec.Struct, array_like=True, frozen=True):
+    """Where a tensor lives in the arena. ``dtype`` is numpy's ``dtype.str`` or ``BYTES``."""
+
+    offset: int
+    length: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def buffer_address(buf: Any) -> int:
+    """Address of the first byte of a (contiguous) buffer."""
+    arr = np.frombuffer(buf, dtype=np.uint8, count=1)
+    return int(arr.ctypes.data)
+
+
+def as_array(value: Any, *, name: str = "") -> np.ndarray:
+    """A payload value as an ndarray: ndarrays as they are, buffers as ``uint8`` views."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        mv = memoryview(value)
+        if not mv.contiguous:
+            raise RequestError(f"input {name!r} is not a contiguous buffer", param=name)
+        return np.frombuffer(mv.cast("B") if mv.format != "B" else mv, dtype=np.uint8)
+    raise RequestError(
+        f"input {name!r} must be a numpy array or a buffer, not {type(value).__name__}",
+        param=name,
+    )
+
+
+def is_bytes_tensor(arr: np.ndarray) -> bool:
+    return arr.dtype == object
+
+
+def arena_offset(arr: np.ndarray, base: int, size: int) -> int | None:
+    """Offset of ``arr``'s data in an arena mapped at ``base``, or None if it is elsewhere
+    (or not C-contiguous, so not describable by offset and shape)."""
+    if arr.dtype == object or not arr.flags.c_contiguous:
+        return None
+    addr = int(arr.ctypes.data) if arr.nbytes else 0
+    if arr.nbytes and base <= addr and addr + arr.nbytes <= base + size:
+        return addr - base
+    return None
+
+
+def bytes_tensor_size(items: Sequence[Any]) -> int:
+    total = 0
+    for item in items:
+        if not isinstance(item, bytes | bytearray | memoryview):
+            raise RequestError(f"BYTES tensor elements must be bytes, not {type(item).__name__}")
+        total += _LEN.size + memoryview(item).nbytes
+    return total
+
+
+def write_bytes_tensor(items: Sequence[Any], out: memoryview) -> None:
+    pos = 0
+    for item in items:
+        mv = memoryview(item).cast("B")
+        _LEN.pack_into(out, pos, mv.nbytes)
+        pos += _LEN.size
+        out[pos : pos + mv.nbytes] = mv
+        pos += mv.nbytes
+
+
+def read_bytes_tensor(buf: memoryview, count: int) -> np.ndarray:
+    out = np.empty(count, dtype=object)
+    pos = 0
+    for i in range(count):
+        (n,) = _LEN.unpack_from(buf, pos)
+        pos += _LEN.size
+        out[i] = bytes(buf[pos : pos + n])
+        pos += n
+    return out
+
+
+def from_desc(view: memoryview, desc: TensorDesc) -> np.ndarray:
+    """Rebuild a tensor from its descriptor over an arena mapping (no copy for numerics)."""
+    region = view[desc.offset : desc.offset + desc.length]
+    if desc.dtype == BYTES:
+        return read_bytes_tensor(region, desc.shape[0] if desc.shape else 0)
+    return np.frombuffer(region, dtype=np.dtype(desc.dtype)).reshape(desc.shape)

@@ -1,0 +1,54 @@
+"""Helpers of the runtime suite (no sleeping: wait for a condition, with a deadline)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from collections.abc import Callable
+from typing import Any
+
+from zeroserve.runtime import Engine, ModelConfig, RuntimeOptions
+from zeroserve.runtime.arena import Arena
+from zeroserve.runtime.clock import Clock
+
+CTX = multiprocessing.get_context("spawn")
+# Upper bound of any wait for a condition; reaching it is a failure, not a timing result.
+WAIT_S = 20.0
+
+
+async def until(cond: Callable[[], bool], what: str = "condition", timeout: float = WAIT_S) -> None:
+    """Yield to the loop until ``cond()`` holds; fail after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.001)
+
+
+def engine(
+    executor: str,
+    models: dict[str, dict[str, Any]],
+    *,
+    clock: Clock = time.monotonic,
+    arena: Arena | None = None,
+    **options: Any,
+) -> Engine:
+    configs = {
+        name: ModelConfig(name=name, executor=executor, **cfg)  # type: ignore[arg-type]
+        for name, cfg in models.items()
+    }
+    return Engine(
+        configs,
+        arena=arena if arena is not None else Arena(64 << 20),
+        clock=clock,
+        options=RuntimeOptions(**options),
+    )
+
+
+def flag() -> Any:
+    return CTX.Event()
+
+
+def counter() -> Any:
+    return CTX.Value("i", 0)

@@ -1,0 +1,122 @@
+"""Small real models for the runtime suite. Module-level, so spawned workers import them.
+
+Cross-process observation uses ``multiprocessing`` (spawn) Events and Values passed in
+the model options: they are pickled to workers when the worker is spawned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from zeroserve.models.base import GenerateRequest, Inputs, Model, Outputs, Piece
+from zeroserve.models.echo import EchoModel
+
+
+class Echo(EchoModel):
+    """The built-in echo model, every capability."""
+
+
+class Gate(Model):
+    """``infer`` counts its requests in ``started`` and waits until ``gate`` is set.
+
+    Async, so it can wait on every executor without blocking the loop it runs on.
+    """
+
+    def __init__(self, gate: Any = None, started: Any = None, finished: Any = None) -> None:
+        super().__init__()
+        self.gate, self.started, self.finished = gate, started, finished
+
+    async def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        with self.started.get_lock():
+            self.started.value += len(batch)
+        while not self.gate.is_set():
+            await asyncio.sleep(0.001)
+        with self.finished.get_lock():
+            self.finished.value += len(batch)
+        return [dict(x) for x in batch]
+
+
+class BatchProbe(Model):
+    """``infer`` doubles ``x`` and reports the size of the batch it was part of."""
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        return [
+            {"y": np.asarray(x["x"]) * 2, "batch": np.array([len(batch)], dtype=np.int64)}
+            for x in batch
+        ]
+
+
+class Counter(Model):
+    """``generate`` yields "0", "1", ... (until ``max_tokens``), counting each piece in
+    ``produced`` and setting ``closed`` once the generator is closed."""
+
+    def __init__(self, produced: Any = None, closed: Any = None) -> None:
+        super().__init__()
+        self.produced, self.closed = produced, closed
+
+    def generate(self, req: GenerateRequest) -> Iterator[Piece]:
+        i = 0
+        try:
+            while req.max_tokens is None or i < req.max_tokens:
+                with self.produced.get_lock():
+                    self.produced.value += 1
+                yield str(i)
+                i += 1
+        finally:
+            self.closed.set()
+
+
+class AsyncCounter(Counter):
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[Piece]:  # type: ignore[override]
+        i = 0
+        try:
+            while req.max_tokens is None or i < req.max_tokens:
+                with self.produced.get_lock():
+                    self.produced.value += 1
+                yield str(i)
+                i += 1
+                await asyncio.sleep(0)
+        finally:
+            self.closed.set()
+
+
+class Flood(Model):
+    """``generate`` yields 1 KiB text pieces forever: a producer far faster than a reader."""
+
+    def generate(self, req: GenerateRequest) -> Iterator[Piece]:
+        piece = "x" * 1024
+        while True:
+            yield piece
+
+
+class Faulty(Model):
+    """``infer`` raises for an input named ``boom``, exits the process for ``crash``."""
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        for x in batch:
+            if "crash" in x:
+                os._exit(3)
+            if "boom" in x:
+                raise ValueError("boom requested")
+        return [dict(x) for x in batch]
+
+    def generate(self, req: GenerateRequest) -> Iterator[Piece]:
+        yield "one"
+        if req.prompt == "crash":
+            time.sleep(0.01)
+            os._exit(4)
+        raise ValueError("generation failed")
+
+
+class BrokenLoad(Model):
+    def load(self) -> None:
+        raise RuntimeError("weights file is missing")
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        return list(batch)
