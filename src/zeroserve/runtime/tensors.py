@@ -13,7 +13,7 @@ its bytes.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -70,7 +70,7 @@ def arena_offset(arr: np.ndarray, base: int, size: int) -> int | None:
     return None
 
 
-def bytes_tensor_size(items: Sequence[Any]) -> int:
+def bytes_tensor_size(items: Iterable[Any]) -> int:
     total = 0
     for item in items:
         if not isinstance(item, bytes | bytearray | memoryview):

@@ -1,0 +1,137 @@
+"""The worker protocol: control frames between the server and a process worker.
+
+Frames are a 4-byte little-endian length then one msgspec msgpack message (a tagged
+union, encoders and decoders built once). Only control data travels here: tensors stay
+in the shared arena and are named by :class:`~.tensors.TensorDesc`. The exceptions are
+small by nature: embedding vectors, and stream pieces that are not already in the arena.
+
+Every request id sent to a worker gets exactly one terminal answer (``InferDone``,
+``EmbedDone``, ``End`` or ``Fail``), even when it was aborted, so the server always
+learns when the worker is done with the leases of that request.
+
+Streams use credits, like HTTP/2 windows: ``Generate.window`` pieces may be sent before
+any ``Credit`` arrives; each piece spends one; the server returns credits as its
+consumer takes pieces. A worker never writes a piece it has no credit for, so one slow
+stream only ever stops itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import msgspec
+
+from .tensors import TensorDesc
+
+HEADER = struct.Struct("<I")
+# A control frame larger than this is a protocol error (a bug), not a payload: payloads
+# live in the arena. 64 MiB leaves room for a large embedding batch.
+MAX_FRAME_BYTES = 64 << 20
+
+
+class _Msg(msgspec.Struct, array_like=True, tag=True):
+    pass
+
+
+# -- server -> worker ----------------------------------------------------------------------
+class Infer(_Msg, tag="infer"):
+    id: int
+    batch: list[dict[str, TensorDesc]]
+
+
+class Embed(_Msg, tag="embed"):
+    id: int
+    texts: list[str]
+
+
+class Generate(_Msg, tag="gen"):
+    id: int
+    req: bytes  # msgpack of GenerateRequest with raw=None
+    raw: TensorDesc | None
+    window: int
+
+
+class Credit(_Msg, tag="credit"):
+    id: int
+    n: int
+
+
+class Abort(_Msg, tag="abort"):
+    id: int
+
+
+class Allocated(_Msg, tag="allocated"):
+    id: int
+    offsets: list[int]
+    error: str = ""
+
+
+class Shutdown(_Msg, tag="shutdown"):
+    pass
+
+
+# -- worker -> server ----------------------------------------------------------------------
+class Ready(_Msg, tag="ready"):
+    pid: int
+
+
+class LoadFailed(_Msg, tag="load_failed"):
+    error: str
+
+
+class Alloc(_Msg, tag="alloc"):
+    id: int
+    sizes: list[int]
+
+
+class InferDone(_Msg, tag="infer_done"):
+    id: int
+    outputs: list[dict[str, TensorDesc]]
+    copied: int = 0  # bytes the worker copied into leases it requested
+
+
+class EmbedDone(_Msg, tag="embed_done"):
+    id: int
+    data: bytes
+    shape: tuple[int, ...]
+
+
+class Piece(_Msg, tag="piece"):
+    id: int
+    text: str | None = None
+    data: bytes | None = None
+    desc: TensorDesc | None = None
+
+
+class End(_Msg, tag="end"):
+    id: int
+
+
+class Fail(_Msg, tag="fail"):
+    id: int
+    error: str  # the errors-module class name
+    message: str
+    status: int
+
+
+ToWorker = Infer | Embed | Generate | Credit | Abort | Allocated | Shutdown
+ToServer = Ready | LoadFailed | Alloc | InferDone | EmbedDone | Piece | End | Fail
+
+ENCODER = msgspec.msgpack.Encoder()
+TO_WORKER = msgspec.msgpack.Decoder(ToWorker)
+TO_SERVER = msgspec.msgpack.Decoder(ToServer)
+
+
+def frame(msg: _Msg) -> bytes:
+    body = ENCODER.encode(msg)
+    return HEADER.pack(len(body)) + body
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes:
+    """One frame's body. Raises ``asyncio.IncompleteReadError`` at EOF."""
+    head = await reader.readexactly(HEADER.size)
+    (n,) = HEADER.unpack(head)
+    if n > MAX_FRAME_BYTES:
+        raise ValueError(f"control frame of {n} bytes exceeds {MAX_FRAME_BYTES}")
+    return await reader.readexactly(n)

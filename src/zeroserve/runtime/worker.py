@@ -1,0 +1,318 @@
+"""The process worker: the child side of the ``process`` executor.
+
+Strategy
+--------
+A worker is spawned with one end of a socketpair; the arena's memfd arrives over it
+(``SCM_RIGHTS``) and is mapped with :func:`~.arena.attach`, so request bodies are read
+and outputs written in place. The worker loads its model once, then serves.
+
+The worker runs an asyncio event loop (uvloop when installed) in its main thread and
+sync model code in a small thread pool. Why a loop and not a thread per stream: one loop
+multiplexes every control frame (new requests, credits, aborts) for all streams, so an
+abort or a credit is handled within one loop turn however busy the model is; sync model
+calls (``infer``, ``embed``, one ``next()`` of a generator) run in the pool, so a long
+``infer`` never delays another stream's credits; async models run on the loop directly.
+A generator is stepped only while its stream has credit, so a slow stream stops its own
+generator and nobody else's; an ``Abort`` cancels the stream's task, which closes the
+generator right after the step in progress (the W6 path).
+
+Invariants
+----------
+* Every request id gets exactly one terminal frame (see ``protocol``).
+* Outputs that are already in the arena (an echo of its input) are described by offset:
+  no copy. Anything else is written once into leases the server allocates on request.
+* When the server goes away (EOF on the socket), the worker exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .. import errors
+from ..models.base import GenerateRequest, Model
+from . import protocol as p
+from ._common import check_outputs, make_model, maybe_await, model_failure
+from .arena import attach
+from .tensors import (
+    BYTES,
+    TensorDesc,
+    arena_offset,
+    as_array,
+    buffer_address,
+    bytes_tensor_size,
+    from_desc,
+    write_bytes_tensor,
+)
+
+# Threads for sync model calls in one worker: a batch or two plus stepping a handful of
+# concurrent generators. CPU-bound Python models gain nothing from more (the GIL).
+WORKER_THREADS = 8
+_END = object()
+
+
+def worker_main(
+    sock: socket.socket,
+    factory: Callable[..., Model],
+    options: Mapping[str, Any],
+    name: str,
+    arena_size: int,
+) -> None:
+    """Entry point of a spawned worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
+    sock.setblocking(True)
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    view = attach(fds[0], arena_size)
+    os.close(fds[0])
+    sock.setblocking(False)
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.Runner()
+    with runner:
+        runner.run(_serve(sock, view, factory, options, name))
+    # Threads stuck in model code must not keep a finished worker alive.
+    os._exit(0)
+
+
+async def _serve(
+    sock: socket.socket,
+    view: memoryview,
+    factory: Callable[..., Model],
+    options: Mapping[str, Any],
+    name: str,
+) -> None:
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    try:
+        model = make_model(factory, options)
+        load: Callable[[], Any] = model.load  # sync, or async def
+        loaded = load()
+        await maybe_await(loaded)
+    except BaseException as exc:
+        writer.write(p.frame(p.LoadFailed(f"{type(exc).__name__}: {exc}")))
+        await writer.drain()
+        return
+    worker = _Worker(model, view, writer, name)
+    writer.write(p.frame(p.Ready(os.getpid())))
+    await worker.run(reader)
+
+
+class _Credit:
+    __slots__ = ("event", "n")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.event = asyncio.Event()
+
+    def add(self, n: int) -> None:
+        self.n += n
+        self.event.set()
+
+    async def take(self) -> None:
+        while self.n <= 0:
+            self.event.clear()
+            await self.event.wait()
+        self.n -= 1
+
+
+class _Worker:
+    def __init__(self, model: Model, view: memoryview, writer: asyncio.StreamWriter, name: str):
+        self.model = model
+        self.view = view
+        self.base = buffer_address(view)
+        self.size = len(view)
+        self.writer = writer
+        self.name = name
+        self.pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="zeroserve-worker")
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.credits: dict[int, _Credit] = {}
+        self.allocs: dict[int, asyncio.Future[p.Allocated]] = {}
+
+    def send(self, msg: Any) -> None:
+        self.writer.write(p.frame(msg))
+
+    async def run(self, reader: asyncio.StreamReader) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                msg = p.TO_WORKER.decode(await p.read_frame(reader))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break  # the server went away
+            if isinstance(msg, p.Infer):
+                self._spawn(msg.id, self._infer(msg))
+            elif isinstance(msg, p.Credit):
+                c = self.credits.get(msg.id)
+                if c is not None:
+                    c.add(msg.n)
+            elif isinstance(msg, p.Generate):
+                self.credits[msg.id] = _Credit(msg.window)
+                self._spawn(msg.id, self._generate(msg))
+            elif isinstance(msg, p.Abort):
+                t = self.tasks.get(msg.id)
+                if t is not None:
+                    t.cancel()
+            elif isinstance(msg, p.Allocated):
+                fut = self.allocs.pop(msg.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            elif isinstance(msg, p.Embed):
+                self._spawn(msg.id, self._embed(msg))
+            elif isinstance(msg, p.Shutdown):
+                break
+        for t in list(self.tasks.values()):
+            t.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        try:
+            await asyncio.wait_for(self.writer.drain(), 1.0)
+        except Exception:
+            pass
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        del loop
+
+    def _spawn(self, rid: int, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(self._guard(rid, coro))
+        self.tasks[rid] = task
+
+    async def _guard(self, rid: int, coro: Any) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            self.send(p.Fail(rid, "Closed", "aborted", 499))
+        except BaseException as exc:
+            err = model_failure(self.name, exc)
+            self.send(p.Fail(rid, type(err).__name__, err.message, err.status))
+        finally:
+            self.tasks.pop(rid, None)
+            self.credits.pop(rid, None)
+            self.allocs.pop(rid, None)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if asyncio.iscoroutinefunction(fn):
+            return await fn(*args)
+        loop = asyncio.get_running_loop()
+        return await maybe_await(await loop.run_in_executor(self.pool, fn, *args))
+
+    async def _alloc(self, rid: int, sizes: list[int]) -> list[int]:
+        fut: asyncio.Future[p.Allocated] = asyncio.get_running_loop().create_future()
+        self.allocs[rid] = fut
+        self.send(p.Alloc(rid, sizes))
+        msg = await fut
+        if msg.error:
+            raise errors.Overloaded(msg.error, status=503)
+        return msg.offsets
+
+    # -- infer / embed ---------------------------------------------------------------------
+    async def _infer(self, msg: p.Infer) -> None:
+        batch = [{k: from_desc(self.view, d) for k, d in item.items()} for item in msg.batch]
+        outs = check_outputs(self.name, len(batch), await self._call(self.model.infer, batch))
+        # Describe outputs: in place when already in the arena, else into new leases.
+        described: list[dict[str, TensorDesc]] = []
+        pending: list[tuple[dict[str, TensorDesc], str, np.ndarray, int]] = []
+        for out in outs:
+            d: dict[str, TensorDesc] = {}
+            for key, value in dict(out).items():
+                arr = value if isinstance(value, np.ndarray) else as_array(value, name=key)
+                if arr.dtype == object:
+                    pending.append((d, key, arr.reshape(-1), bytes_tensor_size(arr.reshape(-1))))
+                    continue
+                off = arena_offset(arr, self.base, self.size)
+                if off is not None:
+                    d[key] = TensorDesc(off, arr.nbytes, arr.dtype.str, arr.shape)
+                else:
+                    pending.append((d, key, arr, arr.nbytes))
+            described.append(d)
+        copied = 0
+        if pending:
+            offsets = await self._alloc(msg.id, [n for *_, n in pending])
+            for (d, key, arr, n), off in zip(pending, offsets, strict=True):
+                dst = self.view[off : off + n]
+                if arr.dtype == object:
+                    write_bytes_tensor(list(arr), dst)
+                    d[key] = TensorDesc(off, n, BYTES, (len(arr),))
+                else:
+                    if n:
+                        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                        np.frombuffer(dst, dtype=np.uint8)[:] = flat
+                    d[key] = TensorDesc(off, n, arr.dtype.str, arr.shape)
+                copied += n
+        self.send(p.InferDone(msg.id, described, copied))
+
+    async def _embed(self, msg: p.Embed) -> None:
+        out = np.ascontiguousarray(
+            np.asarray(await self._call(self.model.embed, msg.texts), dtype=np.float32)
+        )
+        self.send(p.EmbedDone(msg.id, out.tobytes(), out.shape))
+
+    # -- generate --------------------------------------------------------------------------
+    def _piece(self, rid: int, piece: Any) -> p.Piece:
+        if isinstance(piece, str):
+            return p.Piece(rid, text=piece)
+        mv = memoryview(piece).cast("B")
+        if mv.nbytes:
+            addr = buffer_address(mv)
+            if self.base <= addr and addr + mv.nbytes <= self.base + self.size:
+                return p.Piece(
+                    rid, desc=TensorDesc(addr - self.base, mv.nbytes, "|u1", (mv.nbytes,))
+                )
+        return p.Piece(rid, data=bytes(mv))
+
+    async def _generate(self, msg: p.Generate) -> None:
+        req = msgspec.msgpack.decode(msg.req, type=GenerateRequest)
+        if msg.raw is not None:
+            req.raw = self.view[msg.raw.offset : msg.raw.offset + msg.raw.length]
+        credit = self.credits[msg.id]
+        it = await maybe_await(self.model.generate(req))
+        if hasattr(it, "__anext__"):
+            try:
+                while True:
+                    await credit.take()
+                    try:
+                        piece = await it.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    self.send(self._piece(msg.id, piece))
+                    await self.writer.drain()
+            finally:
+                aclose = getattr(it, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        else:
+            gen = iter(it)
+            lock = threading.Lock()
+
+            def step() -> Any:
+                with lock:
+                    return next(gen, _END)
+
+            def close() -> None:
+                with lock:
+                    c = getattr(gen, "close", None)
+                    if c is not None:
+                        c()
+
+            loop = asyncio.get_running_loop()
+            try:
+                while True:
+                    await credit.take()
+                    piece = await loop.run_in_executor(self.pool, step)
+                    if piece is _END:
+                        break
+                    self.send(self._piece(msg.id, piece))
+                    await self.writer.drain()
+            finally:
+                try:
+                    self.pool.submit(close)
+                except RuntimeError:
+                    pass
+        self.send(p.End(msg.id))
