@@ -1,0 +1,396 @@
+"""The OpenAI-compatible API: ``/v1/models``, ``/v1/chat/completions``,
+``/v1/completions`` and ``/v1/embeddings``.
+
+Requests are decoded once, from the body view, by the reused msgspec decoders in
+``app/openai/schemas.py``; errors use OpenAI's ``{"error": {...}}`` body (the routes'
+``errors="openai"``) and never echo the input. The model name is in the body, so the
+model lookup (404) and admission (429) happen when the body is complete, before any
+work: one ticket per choice, all taken up front, all released when the request ends.
+
+Choices: ``n`` > 1 (and, for ``/v1/completions``, a list of prompts) is supported. Each
+choice is its own generation: concurrent for a whole response, one after another for a
+stream (see ``app/openai/streaming.py``). With a ``seed``, choice ``j`` of a prompt uses
+``seed + j``, so choice 0 equals the ``n = 1`` answer and the others differ.
+
+Unsupported OpenAI parameters that would change the answer (``logprobs``, ``echo``,
+``best_of`` > 1, ``suffix``, non-text content parts, token-array prompts) get a 400
+naming the parameter rather than being silently ignored. Parameters that only carry
+metadata (``user``, ``metadata``, ``store``, ...) are accepted and ignored.
+
+Token counts come from the model's ``count_tokens``; ``usage.prompt_tokens`` counts the
+templated chat prompt. See ``app/openai/generation.py`` for how ``finish_reason`` and
+``completion_tokens`` are determined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import CapabilityError, ModelNotFound, RequestError
+from ...models.base import GenerateRequest
+from ..openai import schemas as s
+from ..openai.generation import Generation, count_tokens
+from ..openai.streaming import ChoiceStream, Chunks
+from ..request import Request
+from ..response import JSON, Response, StreamResponse
+from ..router import Router
+
+
+def register(router: Router, engine: Any) -> None:
+    api = _OpenAI(engine)
+    router.add("GET", "/v1/models", api.list_models)
+    router.add("GET", "/v1/models/{model}", api.get_model)
+    router.add("POST", "/v1/chat/completions", api.chat)
+    router.add("POST", "/v1/completions", api.completions)
+    router.add("POST", "/v1/embeddings", api.embeddings)
+
+
+def _json(obj: Any) -> Response:
+    return Response(200, [s.encoder.encode(obj)], content_type=JSON)
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + os.urandom(12).hex()
+
+
+class _Job:
+    """One choice to generate: a prompt, its sampling request and its ticket."""
+
+    __slots__ = ("index", "max_tokens", "prompt_tokens", "request", "ticket")
+
+    def __init__(self, index: int, request: GenerateRequest, prompt_tokens: int, ticket: Any):
+        self.index = index
+        self.request = request
+        self.max_tokens = request.max_tokens
+        self.prompt_tokens = prompt_tokens
+        self.ticket = ticket
+
+
+class _OpenAI:
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.created = int(time.time())
+
+    # -- models ------------------------------------------------------------------------
+    def _model(self, name: str, param: str | None) -> Any:
+        try:
+            return self.engine.model(name)
+        except ModelNotFound:
+            # The message does not repeat the name: error bodies never echo input.
+            raise ModelNotFound(
+                "the requested model is not served here; GET /v1/models lists the models",
+                param=param,
+            ) from None
+
+    def _card(self, name: str) -> s.ModelCard:
+        handle = self._model(name, None)
+        meta = handle.meta
+        builtin = type(meta).__module__.startswith("zeroserve.")
+        description = (
+            meta.description or f"{type(meta).__name__} ({', '.join(sorted(handle.capabilities))})"
+        )
+        return s.ModelCard(
+            id=name,
+            object="model",
+            created=self.created,
+            owned_by="zeroserve" if builtin else "user",
+            description=description,
+        )
+
+    def list_models(self, req: Request) -> Response:
+        cards = [self._card(name) for name in self.engine.names()]
+        return _json(s.ModelList(object="list", data=cards))
+
+    def get_model(self, req: Request) -> Response:
+        return _json(self._card(req.params["model"]))
+
+    # -- shared ------------------------------------------------------------------------
+    def _handle(self, name: str, capability: str) -> Any:
+        handle = self._model(name, "model")
+        if capability not in handle.capabilities:
+            what = {"generate": "text generation", "embed": "embeddings"}[capability]
+            raise CapabilityError(f"model {handle.name!r} does not support {what}", param="model")
+        return handle
+
+    def _admit(self, handle: Any, count: int) -> list[Any]:
+        tickets: list[Any] = []
+        try:
+            for _ in range(count):
+                tickets.append(handle.admit())  # Overloaded: 429
+        except BaseException:
+            for t in tickets:
+                t.release()
+            raise
+        return tickets
+
+    def _jobs(
+        self,
+        handle: Any,
+        prompts: Sequence[str],
+        n: int,
+        *,
+        max_tokens: int | None,
+        stop: str | list[str] | None,
+        temperature: float | None,
+        top_p: float | None,
+        seed: int | None,
+    ) -> tuple[list[_Job], int]:
+        """One job per (prompt, choice), indexed as OpenAI does (prompt-major); and the
+        prompt tokens of the request (each prompt counted once)."""
+        meta = handle.meta
+        counts = [count_tokens(meta, p) for p in prompts]
+        ctx = meta.context_length
+        if ctx is not None:
+            for c in counts:
+                want = c + (max_tokens or 0)
+                if c >= ctx or want > ctx:
+                    raise RequestError(
+                        f"this model's maximum context length is {ctx} tokens; the request "
+                        f"has {c} prompt tokens and asks for up to {max_tokens or 0} more",
+                        param="messages" if len(prompts) == 1 else "prompt",
+                        code="context_length_exceeded",
+                    )
+        stops = [stop] if isinstance(stop, str) else list(stop or ())
+        stops = [x for x in stops if x]
+        tickets = self._admit(handle, len(prompts) * n)
+        jobs: list[_Job] = []
+        for i, (prompt, c) in enumerate(zip(prompts, counts, strict=True)):
+            for j in range(n):
+                greq = GenerateRequest(
+                    prompt=prompt,
+                    max_tokens=max_tokens,
+                    temperature=1.0 if temperature is None else temperature,
+                    top_p=1.0 if top_p is None else top_p,
+                    seed=None if seed is None else seed + j,
+                    stop=stops,
+                )
+                k = i * n + j
+                jobs.append(_Job(k, greq, c, tickets[k]))
+        return jobs, sum(counts)
+
+    def _starter(self, handle: Any, job: _Job) -> Callable[[], Generation]:
+        def start() -> Generation:
+            stream = handle.generate(job.ticket, job.request, deadline=None)
+            return Generation(
+                stream,
+                handle.meta,
+                index=job.index,
+                max_tokens=job.max_tokens,
+                prompt_tokens=job.prompt_tokens,
+            )
+
+        return start
+
+    def _respond(
+        self,
+        handle: Any,
+        jobs: list[_Job],
+        prompt_tokens: int,
+        *,
+        chat: bool,
+        stream: bool,
+        include_usage: bool,
+    ) -> Response | StreamResponse | Coroutine[Any, Any, Response]:
+        ident = _new_id("chatcmpl-" if chat else "cmpl-")
+        created = int(time.time())
+        if stream:
+            chunks = Chunks(
+                chat=chat, ident=ident, created=created, model=handle.name, usage=include_usage
+            )
+            cs = ChoiceStream(
+                chunks,
+                [self._starter(handle, job) for job in jobs],
+                prompt_tokens=prompt_tokens,
+                include_usage=include_usage,
+                tickets=[job.ticket for job in jobs],
+            )
+            return StreamResponse(cs.pieces, framing="sse", aclose=cs.aclose)
+        return self._whole(handle, jobs, prompt_tokens, chat=chat, ident=ident, created=created)
+
+    async def _whole(
+        self,
+        handle: Any,
+        jobs: list[_Job],
+        prompt_tokens: int,
+        *,
+        chat: bool,
+        ident: str,
+        created: int,
+    ) -> Response:
+        async def one(job: _Job) -> tuple[str, str, int]:
+            gen = self._starter(handle, job)()
+            try:
+                async for _ in gen:
+                    pass
+            finally:
+                await gen.aclose()
+            reason, tokens = gen.finish()
+            return gen.text(), reason, tokens
+
+        try:
+            if len(jobs) == 1:
+                results = [await one(jobs[0])]
+            else:
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [tg.create_task(one(job)) for job in jobs]
+                results = [t.result() for t in tasks]
+        except ExceptionGroup as group:
+            # Report the first error as the request's (a 504, a model failure, ...).
+            raise group.exceptions[0] from None
+        finally:
+            for job in jobs:
+                job.ticket.release()
+        completion_tokens = sum(r[2] for r in results)
+        usage = s.Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+        if chat:
+            choices = [
+                s.ChatChoice(job.index, s.ChatMessage("assistant", text), None, reason)
+                for job, (text, reason, _) in zip(jobs, results, strict=True)
+            ]
+            return _json(
+                s.ChatCompletion(ident, "chat.completion", created, handle.name, choices, usage)
+            )
+        texts = [
+            s.CompletionChoice(text, job.index, None, reason)
+            for job, (text, reason, _) in zip(jobs, results, strict=True)
+        ]
+        return _json(s.Completion(ident, "text_completion", created, handle.name, texts, usage))
+
+    # -- chat --------------------------------------------------------------------------
+    def chat(self, req: Request) -> Any:
+        body = s.decode(s.chat_decoder, req.body)
+        if body.logprobs:
+            raise RequestError("logprobs are not supported by this server", param="logprobs")
+        handle = self._handle(body.model, "generate")
+        messages = [
+            {"role": _ROLES.get(m.role, m.role), "content": _content(m, i)}
+            for i, m in enumerate(body.messages)
+        ]
+        prompt = handle.meta.chat_template(messages)
+        max_tokens = (
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else body.max_tokens
+        )
+        jobs, prompt_tokens = self._jobs(
+            handle,
+            [prompt],
+            body.n or 1,
+            max_tokens=max_tokens,
+            stop=body.stop,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+        )
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return self._respond(
+            handle,
+            jobs,
+            prompt_tokens,
+            chat=True,
+            stream=bool(body.stream),
+            include_usage=include_usage,
+        )
+
+    # -- completions -------------------------------------------------------------------
+    def completions(self, req: Request) -> Any:
+        body = s.decode(s.completion_decoder, req.body)
+        for name, bad in (
+            ("logprobs", body.logprobs is not None),
+            ("echo", bool(body.echo)),
+            ("best_of", body.best_of is not None and body.best_of > 1),
+            ("suffix", body.suffix is not None),
+        ):
+            if bad:
+                raise RequestError(f"'{name}' is not supported by this server", param=name)
+        prompts = _texts(body.prompt, "prompt")
+        handle = self._handle(body.model, "generate")
+        jobs, prompt_tokens = self._jobs(
+            handle,
+            prompts,
+            body.n or 1,
+            max_tokens=body.max_tokens,
+            stop=body.stop,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+        )
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return self._respond(
+            handle,
+            jobs,
+            prompt_tokens,
+            chat=False,
+            stream=bool(body.stream),
+            include_usage=include_usage,
+        )
+
+    # -- embeddings ---------------------------------------------------------------------
+    def embeddings(self, req: Request) -> Coroutine[Any, Any, Response]:
+        body = s.decode(s.embedding_decoder, req.body)
+        texts = _texts(body.input, "input")
+        handle = self._handle(body.model, "embed")
+        (ticket,) = self._admit(handle, 1)
+        return self._embed(handle, ticket, texts, body)
+
+    async def _embed(
+        self, handle: Any, ticket: Any, texts: list[str], body: s.EmbeddingRequest
+    ) -> Response:
+        try:
+            vecs = await handle.embed(ticket, texts, deadline=None)
+        finally:
+            ticket.release()
+        if body.dimensions is not None and body.dimensions != vecs.shape[1]:
+            raise RequestError(
+                f"model {handle.name!r} returns {vecs.shape[1]}-dimensional embeddings and "
+                "cannot shorten them; omit 'dimensions' or pass its native size",
+                param="dimensions",
+            )
+        if body.encoding_format == "base64":
+            # base64 of little-endian float32 bytes; msgspec writes bytes as base64.
+            rows = np.ascontiguousarray(vecs, dtype="<f4")
+            values: list[Any] = [memoryview(row).cast("B") for row in rows]
+        else:
+            values = vecs.tolist()
+        data = [s.Embedding("embedding", i, v) for i, v in enumerate(values)]
+        tokens = sum(count_tokens(handle.meta, t) for t in texts)
+        usage = s.EmbeddingUsage(tokens, tokens)
+        return _json(s.EmbeddingList("list", data, handle.name, usage))
+
+
+# The "developer" role replaced "system" in newer OpenAI models; templates know "system".
+_ROLES = {"developer": "system"}
+
+
+def _content(m: s.Message, i: int) -> str:
+    content = m.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise RequestError(
+                'only text content parts ({"type": "text", "text": ...}) are supported',
+                param=f"messages[{i}].content[{j}]",
+            )
+        texts.append(part.text)
+    # Text parts are joined with newlines (as vLLM does) into one message text.
+    return "\n".join(texts)
+
+
+def _texts(value: str | list[Any], param: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if all(isinstance(v, str) for v in value):
+        return list(value)
+    raise RequestError(
+        f"token-array {param}s are not supported by this server; send text", param=param
+    )

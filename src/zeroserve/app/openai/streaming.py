@@ -1,0 +1,158 @@
+"""OpenAI SSE streams: chat completion chunks and text completion chunks.
+
+Each yielded item is one encoded chunk (``bytes``) or a list of them; the server frames
+every chunk as its own ``data: ...\\n\\n`` event and coalesces what is ready in the same
+loop iteration into one ``writelines``. Each chunk is encoded exactly once by the shared
+msgspec encoder; nothing joins the stream into a larger string.
+
+The shape follows OpenAI's streams:
+
+* every chunk carries the same ``id``, ``created`` and ``model``;
+* chat: the first chunk of a choice has ``delta: {"role": "assistant", "content": ""}``,
+  then one chunk per text piece with ``delta: {"content": ...}``, then one chunk with an
+  empty delta and the ``finish_reason`` (the only chunk of that choice with one);
+* completions: one chunk per text piece, then one with ``text: ""`` and the reason;
+* with ``stream_options.include_usage`` every chunk has ``"usage": null`` and a last
+  chunk with ``"choices": []`` carries the usage;
+* then ``data: [DONE]``.
+
+Choices (``n`` > 1, or several prompts) are generated one after another, each with its
+own admission ticket taken up front; clients merge chunks by ``index``, so the order is
+allowed by the protocol, and it keeps one request from occupying several model slots.
+
+The first model piece is awaited before anything is yielded, so an error before the
+first token (an unknown capability, a deadline, a model failure) still reaches the
+client as a plain HTTP error status; later errors become a final SSE error event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from msgspec import UNSET
+
+from .generation import Generation
+from .schemas import (
+    ChatCompletionChunk,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    Delta,
+    Usage,
+    encoder,
+)
+
+DONE = b"[DONE]"
+
+Starter = Callable[[], Generation]
+
+
+class Chunks:
+    """Encodes the chunks of one stream (same id/created/model on every chunk)."""
+
+    __slots__ = ("chat", "created", "id", "model", "usage_default")
+
+    def __init__(self, *, chat: bool, ident: str, created: int, model: str, usage: bool) -> None:
+        self.chat = chat
+        self.id = ident
+        self.created = created
+        self.model = model
+        self.usage_default: Any = None if usage else UNSET
+
+    def _chat(self, choices: list[ChunkChoice], usage: Any) -> bytes:
+        return encoder.encode(
+            ChatCompletionChunk(
+                self.id, "chat.completion.chunk", self.created, self.model, choices, usage
+            )
+        )
+
+    def _text(self, choices: list[CompletionChoice], usage: Any) -> bytes:
+        return encoder.encode(
+            Completion(self.id, "text_completion", self.created, self.model, choices, usage)
+        )
+
+    def role(self, index: int) -> bytes:
+        delta = Delta(role="assistant", content="")
+        return self._chat([ChunkChoice(index, delta, None, None)], self.usage_default)
+
+    def content(self, index: int, text: str) -> bytes:
+        if self.chat:
+            return self._chat(
+                [ChunkChoice(index, Delta(content=text), None, None)], self.usage_default
+            )
+        return self._text([CompletionChoice(text, index, None, None)], self.usage_default)
+
+    def finish(self, index: int, reason: str) -> bytes:
+        if self.chat:
+            return self._chat([ChunkChoice(index, Delta(), None, reason)], self.usage_default)
+        return self._text([CompletionChoice("", index, None, reason)], self.usage_default)
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._chat([], usage) if self.chat else self._text([], usage)
+
+
+class ChoiceStream:
+    """The pieces of a streamed response, plus the cleanup the server awaits at its end.
+
+    ``starters`` start each choice's generation when its turn comes; ``tickets`` are
+    every admission ticket of the request, released (idempotently) by :meth:`aclose`.
+    """
+
+    def __init__(
+        self,
+        chunks: Chunks,
+        starters: Sequence[Starter],
+        *,
+        prompt_tokens: int,
+        include_usage: bool,
+        tickets: Sequence[Any],
+    ) -> None:
+        self.chunks = chunks
+        self.starters = starters
+        self.prompt_tokens = prompt_tokens
+        self.include_usage = include_usage
+        self.tickets = tickets
+        self._live: Generation | None = None
+        self.pieces: AsyncIterator[Any] = self._run()
+
+    async def _run(self) -> AsyncIterator[Any]:
+        chunks = self.chunks
+        completion_tokens = 0
+        last = len(self.starters) - 1
+        for i, start in enumerate(self.starters):
+            gen = self._live = start()
+            index = gen.index
+            try:
+                first = await anext(gen, None)
+                out: list[bytes] = [chunks.role(index)] if chunks.chat else []
+                if first is not None:
+                    out.append(chunks.content(index, first))
+                if out:
+                    yield out
+                async for piece in gen:
+                    yield chunks.content(index, piece)
+            finally:
+                await gen.aclose()
+                self._live = None
+            reason, tokens = gen.finish()
+            completion_tokens += tokens
+            if i < last:
+                yield chunks.finish(index, reason)
+                continue
+            tail = [chunks.finish(index, reason)]
+            if self.include_usage:
+                p = self.prompt_tokens
+                tail.append(chunks.usage(Usage(p, completion_tokens, p + completion_tokens)))
+            tail.append(DONE)
+            yield tail
+
+    async def aclose(self) -> None:
+        """Stop everything: the piece iterator, a running generation, every ticket."""
+        try:
+            await self.pieces.aclose()  # type: ignore[attr-defined]
+            if self._live is not None:
+                await self._live.aclose()
+        finally:
+            for ticket in self.tickets:
+                ticket.release()
