@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..http.connection import RequestHead
-from .endpoints import openai, ops, raw
+from .endpoints import kserve, openai, ops, raw
 from .problems import ErrorFormat
 from .request import Request
 from .router import Router
@@ -21,6 +21,7 @@ class App:
         ops.register(self.router, engine)
         raw.register(self.router, engine)
         openai.register(self.router, engine)
+        kserve.register(self.router, engine)
 
     def on_head(self, head: RequestHead) -> Request:
         route, params = self.router.match(head.method, head.path)

@@ -71,8 +71,10 @@ class EchoModel(Model):
     def count_tokens(self, text: str) -> int:
         return len(text.split())
 
+    # V2 metadata. Echo is an identity over any inputs: each output has its input's name,
+    # data type and shape, so one variable tensor stands for all of them (-1: any length).
     def inputs(self) -> list[TensorSpec]:
         return [TensorSpec("INPUT0", "BYTES", (-1,))]
 
     def outputs(self) -> list[TensorSpec]:
-        return [TensorSpec("OUTPUT0", "BYTES", (-1,))]
+        return [TensorSpec("INPUT0", "BYTES", (-1,))]

@@ -1,0 +1,215 @@
+"""KServe V2 / Open Inference Protocol REST endpoints, with Triton's binary tensor extension.
+
+=========================================================  ==================================
+``GET  /v2``                                               server metadata (extensions)
+``GET  /v2/health/live``, ``/v2/health/ready``             200 when true, 400 when false
+``GET  /v2/models/{m}[/versions/{v}]``                     model metadata
+``GET  /v2/models/{m}[/versions/{v}]/ready``               200 when ready, 400 when not
+``POST /v2/models/{m}[/versions/{v}]/infer``               inference, JSON or binary
+=========================================================  ==================================
+
+Health answers follow the protocol: the status code is the answer (200 true, 4xx false),
+and the body is the JSON object of the newer spec (``{"live": true}``, ``{"ready": ...}``,
+``{"name": m, "ready": ...}``).
+
+Models have one version, ``"1"`` (a model class may set a ``version`` attribute); any
+other version is a 404. Errors are ``{"error": "<message>"}`` with the error's status:
+400 malformed or inconsistent request, 404 unknown model/version/route, 413 body too
+large, 429/503 admission, 504 deadline.
+
+Request ``parameters`` reach the model as the input ``"__parameters__"``: a one-element
+BYTES tensor holding the parameters' JSON (``json.loads(inputs["__parameters__"][0])``),
+present only when the request has parameters other than ``binary_data_output``. It is not
+returned as an output. Triton's ``timeout`` parameter (microseconds) also bounds the
+request's deadline.
+
+The binary protocol is detected by the ``Inference-Header-Content-Length`` header alone;
+``Content-Type`` is ignored (many clients send none). ``Content-Encoding: gzip`` and
+``deflate`` bodies (tritonclient's request compression) are inflated once (counted copy).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import zlib
+from typing import Any
+from urllib.parse import unquote
+
+from ... import metrics
+from ...errors import CapabilityError, ModelNotFound, PayloadTooLarge, RequestError
+from ..kserve import codec
+from ..kserve.schemas import MetadataTensor, ModelMetadata, ModelReady, ServerMetadata, encoder
+from ..request import Request
+from ..response import JSON, OCTET, Response
+from ..router import Router
+
+SERVER_NAME = "zeroserve"
+EXTENSIONS = ["binary_tensor_data"]
+DEFAULT_VERSION = "1"
+# Platform reported for models that do not name one (their ``platform`` attribute).
+DEFAULT_PLATFORM = "zeroserve"
+# Largest body a compressed request may inflate to: the default cap on an uncompressed
+# body (http.limits.MAX_BODY_BYTES), so compression cannot smuggle in a bigger request.
+MAX_INFLATED_BYTES = 128 * 1024 * 1024
+
+_IHCL = b"inference-header-content-length"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("zeroserve")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(status, [encoder.encode(obj)], content_type=JSON)
+
+
+def register(router: Router, engine: Any) -> None:
+    server_meta = _json(ServerMetadata(SERVER_NAME, _version(), EXTENSIONS))
+    live_ok = _json({"live": True})
+    ready_ok = _json({"ready": True})
+    ready_no = _json({"ready": False}, 400)
+
+    def handle_of(req: Request) -> Any:
+        name = unquote(req.params["model"])
+        handle = engine.model(name)
+        version = req.params.get("version")
+        if version is not None and unquote(version) not in _versions(handle):
+            raise ModelNotFound(f"model {name!r} has no version {unquote(version)!r}")
+        return handle
+
+    def server_metadata(req: Request) -> Response:
+        return server_meta
+
+    def live(req: Request) -> Response:
+        return live_ok
+
+    def ready(req: Request) -> Response:
+        return ready_ok if engine.ready() else ready_no
+
+    def model_metadata(req: Request) -> Response:
+        handle = handle_of(req)
+        meta = handle.meta
+        return _json(
+            ModelMetadata(
+                name=handle.name,
+                versions=_versions(handle),
+                platform=str(getattr(meta, "platform", DEFAULT_PLATFORM)),
+                inputs=[_tensor(t) for t in meta.inputs()],
+                outputs=[_tensor(t) for t in meta.outputs()],
+            )
+        )
+
+    def model_ready(req: Request) -> Response:
+        handle = handle_of(req)
+        ok = _model_ready(engine, handle)
+        return _json(ModelReady(handle.name, ok), 200 if ok else 400)
+
+    def infer_head(req: Request) -> None:
+        handle = handle_of(req)
+        if "infer" not in handle.capabilities:
+            raise CapabilityError(f"model {handle.name!r} does not support V2 inference")
+        check_bytes = getattr(engine, "check_bytes", None)
+        length = req.head.content_length
+        if check_bytes is not None and length:
+            check_bytes(length)
+        req.state["handle"] = handle
+        req.state["ticket"] = handle.admit()  # last: nothing after it may raise
+
+    async def infer(req: Request) -> Response:
+        handle = req.state["handle"]
+        ticket = req.state.pop("ticket")
+        try:
+            body = _body(req)
+            json_size = codec.header_length(req.header(_IHCL), body.nbytes)
+            decoded = codec.decode_request(body, json_size)
+            inputs = decoded.inputs
+            params = codec.model_parameters(decoded.request)
+            if params is not None:
+                inputs[codec.PARAMETERS_INPUT] = params
+            deadline = _deadline(engine, decoded.request.parameters)
+        except BaseException:
+            ticket.release()
+            raise
+        result = await handle.infer(ticket, inputs, deadline=deadline)
+        try:
+            version = req.params.get("version")
+            body_out, header_size = codec.encode_response(
+                handle.name,
+                unquote(version) if version is not None else _versions(handle)[0],
+                decoded.request,
+                result.outputs,
+            )
+        except BaseException:
+            result.release()
+            raise
+        release = [lease.release for lease in result.leases]
+        if header_size is None:
+            return Response(200, body_out, content_type=JSON, release=release)
+        headers = [(_IHCL, str(header_size).encode("ascii"))]
+        return Response(200, body_out, content_type=OCTET, headers=headers, release=release)
+
+    add = router.add
+    add("GET", "/v2", server_metadata, errors="kserve")
+    add("GET", "/v2/", server_metadata, errors="kserve")
+    add("GET", "/v2/health/live", live, errors="kserve")
+    add("GET", "/v2/health/ready", ready, errors="kserve")
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        add("GET", base, model_metadata, errors="kserve")
+        add("GET", base + "/ready", model_ready, errors="kserve")
+        add("POST", base + "/infer", infer, errors="kserve", on_head=infer_head)
+
+
+def _versions(handle: Any) -> list[str]:
+    return [str(getattr(handle.meta, "version", DEFAULT_VERSION))]
+
+
+def _tensor(spec: Any) -> MetadataTensor:
+    return MetadataTensor(spec.name, spec.datatype, list(spec.shape))
+
+
+def _model_ready(engine: Any, handle: Any) -> bool:
+    if not engine.ready():
+        return False
+    try:
+        return bool(handle.statistics().workers.ready > 0)
+    except Exception:  # statistics are advisory; the engine said it is ready
+        return True
+
+
+def _deadline(engine: Any, params: dict[str, Any] | None) -> float | None:
+    """Triton's ``timeout`` parameter (microseconds) as an absolute engine deadline."""
+    if not params or "timeout" not in params:
+        return None
+    timeout = params["timeout"]
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+        raise RequestError("parameter 'timeout' must be an integer number of microseconds")
+    if timeout == 0:
+        return None
+    return float(engine.clock()) + timeout / 1e6
+
+
+def _body(req: Request) -> memoryview:
+    body = req.body
+    encoding = req.header(b"content-encoding")
+    if encoding is None:
+        return body
+    enc = encoding.strip().lower()
+    if enc in (b"", b"identity"):
+        return body
+    if enc not in (b"gzip", b"deflate"):
+        raise RequestError("unsupported Content-Encoding; use gzip, deflate or none", status=415)
+    # wbits: 16+MAX for the gzip container, MAX for zlib (HTTP's "deflate").
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | (16 if enc == b"gzip" else 0))
+    try:
+        out = inflater.decompress(body, MAX_INFLATED_BYTES + 1)
+    except zlib.error:
+        raise RequestError(f"the {enc.decode()} request body is corrupt") from None
+    if len(out) > MAX_INFLATED_BYTES or inflater.unconsumed_tail:
+        raise PayloadTooLarge(f"the inflated request body exceeds {MAX_INFLATED_BYTES} bytes")
+    if not inflater.eof:
+        raise RequestError(f"the {enc.decode()} request body is truncated")
+    metrics.count_copy("kserve_inflate", len(out))
+    return memoryview(out)
