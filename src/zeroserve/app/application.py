@@ -7,6 +7,7 @@ from typing import Any
 from ..http.connection import RequestHead
 from .endpoints import kserve, openai, ops, raw
 from .problems import ErrorFormat
+from .relay import aclose_relays, relays
 from .request import Request
 from .router import Router
 
@@ -20,6 +21,8 @@ class App:
         self.router = Router()
         ops.register(self.router, engine)
         raw.register(self.router, engine)
+        # Remote models' relays, made now so their upstream metrics show from the start.
+        self.relays = relays(engine)
         openai.register(self.router, engine)
         kserve.register(self.router, engine)
 
@@ -35,3 +38,7 @@ class App:
 
     def error_format(self, path: str) -> ErrorFormat:
         return self.router.route_errors(path)
+
+    async def aclose(self) -> None:
+        """Close what the app holds open (the relays' upstream connections)."""
+        await aclose_relays(self.engine)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ...errors import CapabilityError, RequestError
 from ...models.base import GenerateRequest
+from ..relay import relay_for
 from ..request import Request
 from ..response import EVENT_STREAM, OCTET, Response, StreamResponse
 from ..router import Router
@@ -32,6 +33,9 @@ def register(router: Router, engine: Any) -> None:
 
     async def raw(req: Request) -> Response | StreamResponse:
         handle = req.state["handle"]
+        relay = relay_for(handle)
+        if relay is not None:  # a remote model: relay the bytes as they are
+            return await relay.forward(req, relay.raw_path(), rewrite_model=False)
         caps = handle.capabilities
         sse = req.accepts(EVENT_STREAM)
         want_stream = sse or req.query.get("stream", "").lower() in _TRUE or "infer" not in caps

@@ -1,0 +1,323 @@
+"""The relay of one remote model: balancing, fail-over, and the response it hands back.
+
+Strategy
+--------
+``forward(req, path)`` picks the healthy upstream with the fewest requests in flight
+(ties in turn), sends the client's body from its lease (or with only ``"model"``
+rewritten), and waits for the response head. A refused connection, or a 5xx head, goes
+to another upstream once (``retries``) — always before a byte reached the client,
+because nothing is returned until the head has been judged.
+
+The answer keeps the upstream's status, end-to-end headers and body bytes:
+
+* a body of known length up to ``WHOLE_BODY_MAX_BYTES`` is read to the end and returned
+  as a ``Response`` of the received views (no chunking for small JSON answers);
+* anything else (SSE, chunked, large) is a ``StreamResponse(framing="chunked")`` whose
+  pieces are lists of raw upstream views: every pending read goes out in one write,
+  and the exchange's bounded queue pauses the upstream while the client lags.
+
+The admission ticket is held until the response is over. A client disconnect cancels
+the handler or the stream, which aborts the upstream connection at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import os
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Histogram
+
+from ... import metrics
+from ...errors import DeadlineExceeded, UpstreamError, ZeroserveError
+from ...models.remote import RemoteOptions
+from ..request import Request
+from ..response import Response, StreamResponse
+from ._exchange import Exchange
+from ._pool import Upstream, UpstreamStatistics, UpstreamUnreachable
+from ._rewrite import rewrite_model
+from ._wire import Framing, request_head, response_headers
+
+Buffer = bytes | bytearray | memoryview
+
+# Largest upstream body (with a Content-Length) read whole before answering; larger ones
+# are streamed. Chat and embedding answers are a few KiB; 1 MiB keeps the common case
+# one fixed-length write while bounding what a request can hold.
+WHOLE_BODY_MAX_BYTES = 1 << 20
+
+_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TTFB_SECONDS = Histogram(
+    "zeroserve_upstream_ttfb_seconds",
+    "Time from a relayed request written to its upstream to the upstream's response head.",
+    ["model", "upstream"],
+    registry=metrics.REGISTRY,
+    buckets=_BUCKETS,
+)
+OVERHEAD_SECONDS = Histogram(
+    "zeroserve_relay_overhead_seconds",
+    "Time a relayed request spends inside zeroserve: from the complete client request to "
+    "the upstream request written, plus from the upstream answer to the response handed "
+    "to the client writer.",
+    ["model", "upstream"],
+    registry=metrics.REGISTRY,
+    buckets=_BUCKETS,
+)
+
+
+class UpstreamUnavailable(ZeroserveError):
+    """503: every upstream of the model is ejected."""
+
+    status = 503
+    code = "upstream_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class RelayStatistics:
+    model: str
+    requests: int
+    retries: int  # requests sent again to another upstream
+    unavailable: int  # 503: no healthy upstream
+    unreachable: int  # 502: no upstream answered
+    timeouts: int  # 504 (or a stream cut at its deadline)
+    client_disconnects: int  # responses abandoned by their client
+    upstreams: dict[str, UpstreamStatistics]
+
+
+class Relay:
+    """Relays requests for one remote model to its upstreams."""
+
+    def __init__(
+        self,
+        name: str,
+        options: RemoteOptions,
+        *,
+        api_key: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.options = options
+        self.clock = clock
+        ctx = ssl.create_default_context() if any(u.tls for u in options.upstreams) else None
+        self.upstreams = [Upstream(u, options, self._now, ctx) for u in options.upstreams]
+        self._extra: list[tuple[bytes, bytes]] = []
+        if api_key:
+            self._extra.append((b"authorization", b"Bearer " + api_key.encode("latin-1")))
+        self.upstream_model = options.upstream_model or name
+        self._turn = itertools.count()
+        self._ttfb = {u.url.url: TTFB_SECONDS.labels(name, u.url.url) for u in self.upstreams}
+        self._overhead = {u.url.url: OVERHEAD_SECONDS.labels(name, u.url.url) for u in self.upstreams}
+        self.requests = self.retries = self.unavailable = self.unreachable = 0
+        self.timeouts = self.client_disconnects = 0
+
+    def _now(self) -> float:
+        return self.clock()  # late-bound, so tests may swap ``clock``
+
+    def raw_path(self) -> str:
+        """The upstream path of this model's raw endpoint (relative to the base URL)."""
+        return f"/raw/{self.upstream_model}"
+
+    # -- forwarding ------------------------------------------------------------------------
+    async def forward(
+        self, req: Request, path: str, *, rewrite_model: bool = True
+    ) -> Response | StreamResponse:
+        """Relay ``req`` to ``base URL + path`` (plus the client's query string) and return
+        the upstream's answer. ``rewrite_model``: set the JSON body's ``"model"`` to the
+        ``upstream_model`` option, if given. Raises ``ZeroserveError`` (502/503/504)."""
+        t0 = time.perf_counter()
+        self.requests += 1
+        ticket = req.state.pop("ticket", None)
+        try:
+            return await self._forward(req, path, rewrite_model, t0, ticket)
+        except BaseException as exc:
+            if ticket is not None:
+                ticket.release()
+            if isinstance(exc, DeadlineExceeded):
+                self.timeouts += 1
+            elif isinstance(exc, asyncio.CancelledError):
+                self.client_disconnects += 1
+            raise
+
+    async def _forward(
+        self, req: Request, path: str, rewrite: bool, t0: float, ticket: Any
+    ) -> Response | StreamResponse:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.timeout
+        body: list[Buffer] = [req.body] if len(req.body) else []
+        if rewrite and self.options.upstream_model and body:
+            body = rewrite_model(req.body, self.options.upstream_model) or body
+        size = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in body)
+        query = req.head.query
+        tried: list[Upstream] = []
+        last: UpstreamError | None = None
+        for attempt in range(self.options.retries + 1):
+            up = self._choose(tried)
+            if up is None:
+                break
+            if attempt:
+                self.retries += 1
+            tried.append(up)
+            target = up.url.base_path + path + ("?" + query if query else "")
+            head = request_head(
+                req.method, target, up.url.authority, size, req.head.headers, self._extra
+            )
+            try:
+                ex, rhead, written = await up.exchange(req.method, [head, *body], deadline)
+            except UpstreamUnreachable as exc:
+                up.record_failure()
+                last = exc
+                continue
+            except ZeroserveError:
+                up.record_failure()
+                raise
+            t_head = time.perf_counter()
+            self._ttfb[up.url.url].observe(t_head - written)
+            if rhead.status >= 500:
+                up.record_failure()
+                if attempt < self.options.retries and self._choose([*tried]) is not None:
+                    ex.finish(False)
+                    continue
+            else:
+                up.record_success()
+            try:
+                return await self._respond(up, ex, t0, written, t_head, ticket)
+            except BaseException:
+                ex.finish(False)
+                raise
+        if last is not None:
+            self.unreachable += 1
+            raise last
+        self.unavailable += 1
+        raise self._unavailable()
+
+    async def _respond(
+        self, up: Upstream, ex: Exchange, t0: float, written: float, t_head: float, ticket: Any
+    ) -> Response | StreamResponse:
+        rhead = ex.head.result()
+        headers, content_type = response_headers(rhead)
+        overhead = self._overhead[up.url.url]
+        whole = rhead.framing is Framing.NONE or (
+            rhead.framing is Framing.LENGTH
+            and rhead.content_length is not None
+            and rhead.content_length <= WHOLE_BODY_MAX_BYTES
+        )
+        if whole:
+            views: list[memoryview] = []
+            while True:
+                try:
+                    batch = await ex.next_batch()
+                except ZeroserveError:
+                    up.record_failure()
+                    raise
+                if batch is None:
+                    break
+                views += batch
+            t_end = time.perf_counter()
+            ex.finish(True)
+            if ticket is not None:
+                ticket.release()
+            if content_type is not None:
+                headers.append((b"content-type", content_type))
+            overhead.observe((written - t0) + (time.perf_counter() - t_end))
+            return Response(rhead.status, views, headers=headers)
+        pieces = _Pieces(self, up, ex, ticket)
+        overhead.observe((written - t0) + (time.perf_counter() - t_head))
+        return StreamResponse(
+            pieces,
+            framing="chunked",
+            status=rhead.status,
+            content_type=content_type,
+            headers=headers,
+            aclose=pieces.aclose,
+        )
+
+    def _choose(self, tried: list[Upstream]) -> Upstream | None:
+        """Least outstanding requests among the healthy upstreams not yet tried."""
+        now = self.clock()
+        best: Upstream | None = None
+        ups = self.upstreams
+        start = next(self._turn) % len(ups)
+        for i in range(len(ups)):
+            up = ups[(start + i) % len(ups)]
+            if up in tried or not up.healthy(now):
+                continue
+            if best is None or up.in_flight < best.in_flight:
+                best = up
+        return best
+
+    def _unavailable(self) -> UpstreamUnavailable:
+        now = self.clock()
+        back = min((u.ejected_until for u in self.upstreams), default=now) - now
+        seconds = max(1, math.ceil(back))
+        return UpstreamUnavailable(
+            f"no healthy upstream for model {self.name!r}",
+            headers=[(b"retry-after", str(seconds).encode("ascii"))],
+        )
+
+    # -- lifecycle and statistics ---------------------------------------------------------
+    async def aclose(self) -> None:
+        for up in self.upstreams:
+            await up.aclose()
+
+    def statistics(self) -> RelayStatistics:
+        return RelayStatistics(
+            model=self.name,
+            requests=self.requests,
+            retries=self.retries,
+            unavailable=self.unavailable,
+            unreachable=self.unreachable,
+            timeouts=self.timeouts,
+            client_disconnects=self.client_disconnects,
+            upstreams={u.url.url: u.statistics() for u in self.upstreams},
+        )
+
+
+class _Pieces:
+    """The stream's pieces: each is every upstream read pending (one client write)."""
+
+    __slots__ = ("ex", "failed", "relay", "ticket", "up")
+
+    def __init__(self, relay: Relay, up: Upstream, ex: Exchange, ticket: Any) -> None:
+        self.relay = relay
+        self.up = up
+        self.ex = ex
+        self.ticket = ticket
+        self.failed = False
+
+    def __aiter__(self) -> _Pieces:
+        return self
+
+    async def __anext__(self) -> list[memoryview]:
+        try:
+            batch = await self.ex.next_batch()
+        except ZeroserveError as exc:
+            self.failed = True
+            self.up.record_failure()
+            if isinstance(exc, DeadlineExceeded):
+                self.relay.timeouts += 1
+            raise
+        if batch is None:
+            raise StopAsyncIteration
+        return batch
+
+    def aclose(self) -> None:
+        """The stream is over: at its end (the connection goes back to the pool), or cut
+        short by the client, an error or the deadline (the connection is aborted)."""
+        ex = self.ex
+        if not ex.finished:
+            if not ex.complete and not self.failed:
+                self.relay.client_disconnects += 1
+            ex.finish(True)
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
+
+
+def api_key(options: RemoteOptions) -> str | None:
+    env = options.api_key_env
+    return os.environ.get(env) if env else None

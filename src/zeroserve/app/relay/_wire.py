@@ -1,0 +1,314 @@
+"""HTTP/1.1 client side of one upstream connection, without I/O: request heads out,
+response heads and body bytes in.
+
+Strategy
+--------
+The response head is collected until its blank line and handed to httptools'
+``HttpResponseParser`` (llhttp) alone, as the server side does with requests. The body
+framing (Content-Length, chunked, or until close; RFC 9112 §6.3) is decoded here, and
+every body fragment is a ``memoryview`` slice of the ``bytes`` object the transport
+received: no copy is made (httptools' ``on_body`` would hand a fresh ``bytes`` copy of
+each fragment), and the slice keeps that object alive for as long as a client transport
+still holds it, so buffer lifetime needs no bookkeeping.
+
+Invariants
+----------
+* ``feed`` returns body views in order; ``head`` is set before the first body view.
+* The head is bounded by ``MAX_HEAD_BYTES`` and chunk-size lines by ``MAX_LINE_BYTES``;
+  anything malformed raises ``WireError``. After ``done``, any further byte is an error
+  (we never pipeline, so an upstream that sends more is broken).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import httptools
+
+# Largest upstream response head. Servers cap theirs at 8-64 KiB (nginx 8 KiB, Node
+# 16 KiB); 64 KiB accepts any honest upstream and bounds a broken one.
+MAX_HEAD_BYTES = 64 * 1024
+# Longest chunk-size line (hex size plus extensions); hyper and h11 allow ~4 KiB.
+MAX_LINE_BYTES = 4096
+
+# RFC 9110 §7.6.1 hop-by-hop fields, plus what the relay sets itself on each side.
+HOP_BY_HOP = frozenset(
+    (
+        b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+        b"proxy-connection", b"proxy-authenticate", b"proxy-authorization",
+    )
+)
+# Response fields the server computes for the client (framing and date).
+_RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"date"}
+# Request fields the relay sets itself for the upstream.
+_REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class WireError(Exception):
+    """The upstream sent bytes that are not a valid HTTP/1.1 response."""
+
+
+class Framing(enum.Enum):
+    NONE = "none"
+    LENGTH = "length"
+    CHUNKED = "chunked"
+    CLOSE = "close"  # delimited by the connection closing
+
+
+@dataclass(slots=True)
+class ResponseHead:
+    status: int
+    headers: Headers  # names lower-cased, values as received
+    framing: Framing
+    content_length: int | None
+    keep_alive: bool
+
+    def header(self, name: bytes) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+
+class _Collector:
+    __slots__ = ("headers",)
+
+    def __init__(self) -> None:
+        self.headers: Headers = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+
+class _S(enum.Enum):
+    HEAD = 0
+    LENGTH = 1
+    SIZE = 2
+    DATA = 3
+    DATA_END = 4
+    TRAILERS = 5
+    CLOSE = 6
+    DONE = 7
+
+
+class ResponseReader:
+    """Decodes one response at a time. ``start(method)`` before each response."""
+
+    __slots__ = ("_crlf", "_head_buf", "_left", "_line", "_no_body", "_state", "head", "received")
+
+    def __init__(self) -> None:
+        self.head: ResponseHead | None = None
+        self.received = 0  # bytes of this response seen so far (head included)
+        self._state = _S.DONE
+        self._head_buf = bytearray()
+        self._line = bytearray()
+        self._left = 0
+        self._crlf = 0
+        self._no_body = False
+
+    def start(self, method: str) -> None:
+        self.head = None
+        self.received = 0
+        self._state = _S.HEAD
+        self._head_buf.clear()
+        self._line.clear()
+        self._no_body = method == "HEAD"
+
+    @property
+    def done(self) -> bool:
+        return self._state is _S.DONE
+
+    def feed(self, data: bytes) -> list[memoryview]:
+        """Consume received bytes; return the body fragments they hold (views of ``data``)."""
+        if self._state is _S.DONE:
+            raise WireError("bytes received outside a response")
+        if not isinstance(data, bytes):
+            data = bytes(data)  # transports hand over bytes; this is for tests
+        self.received += len(data)
+        view = memoryview(data)
+        out: list[memoryview] = []
+        pos = 0
+        end = len(view)
+        while pos < end:
+            state = self._state
+            if state is _S.HEAD:
+                pos = self._feed_head(view, pos)
+            elif state is _S.LENGTH or state is _S.DATA:
+                n = min(self._left, end - pos)
+                out.append(view[pos : pos + n])
+                pos += n
+                self._left -= n
+                if not self._left:
+                    self._state = _S.DONE if state is _S.LENGTH else _S.DATA_END
+            elif state is _S.CLOSE:
+                out.append(view[pos:])
+                pos = end
+            elif state is _S.DATA_END:
+                pos = self._feed_crlf(view, pos)
+            elif state is _S.SIZE or state is _S.TRAILERS:
+                pos = self._feed_line(data, view, pos)
+            else:
+                raise WireError("bytes received after the end of the response")
+        return out
+
+    def feed_eof(self) -> bool:
+        """The connection closed. True if that ended the response properly."""
+        if self._state is _S.CLOSE:
+            self._state = _S.DONE
+            return True
+        return self._state is _S.DONE
+
+    # -- head -------------------------------------------------------------------------------
+    def _feed_head(self, view: memoryview, pos: int) -> int:
+        buf = self._head_buf
+        scan = max(0, len(buf) - 3)
+        room = MAX_HEAD_BYTES - len(buf)
+        take = view[pos : pos + room]
+        buf += take
+        idx = buf.find(b"\r\n\r\n", scan)
+        if idx < 0:
+            if len(buf) >= MAX_HEAD_BYTES:
+                raise WireError(f"response head over {MAX_HEAD_BYTES} bytes")
+            return pos + len(take)
+        head_len = idx + 4
+        consumed = pos + len(take) - (len(buf) - head_len)
+        del buf[head_len:]
+        head = self._parse_head(bytes(buf))
+        buf.clear()
+        if 100 <= head.status < 200:
+            # 1xx informational (we never send Expect, but 103 Early Hints exists): skip.
+            return consumed
+        self.head = head
+        if head.framing is Framing.NONE or (head.framing is Framing.LENGTH and not self._left):
+            self._state = _S.DONE
+        elif head.framing is Framing.LENGTH:
+            self._state = _S.LENGTH
+        elif head.framing is Framing.CHUNKED:
+            self._state = _S.SIZE
+        else:
+            self._state = _S.CLOSE
+        return consumed
+
+    def _parse_head(self, raw: bytes) -> ResponseHead:
+        c = _Collector()
+        parser = httptools.HttpResponseParser(c)
+        try:
+            parser.feed_data(raw)
+        except httptools.HttpParserError as exc:
+            raise WireError(f"malformed response head: {exc}") from None
+        status = parser.get_status_code()
+        keep_alive = bool(parser.should_keep_alive())
+        length: int | None = None
+        chunked = False
+        for name, value in c.headers:
+            if name == b"content-length":
+                if length is not None or not value.strip().isdigit():
+                    raise WireError("invalid or repeated content-length")
+                length = int(value)
+            elif name == b"transfer-encoding":
+                codings = [v.strip().lower() for v in value.split(b",")]
+                chunked = codings[-1] == b"chunked"
+                if not chunked:
+                    keep_alive = False  # body runs until close (RFC 9112 §6.3 rule 4)
+        if self._no_body or status in (204, 304) or 100 <= status < 200:
+            framing = Framing.NONE
+        elif chunked:
+            framing, length = Framing.CHUNKED, None
+        elif length is not None:
+            framing = Framing.LENGTH
+            self._left = length
+        else:
+            framing = Framing.CLOSE
+            keep_alive = False
+        return ResponseHead(status, c.headers, framing, length, keep_alive)
+
+    # -- chunked ----------------------------------------------------------------------------
+    def _feed_line(self, data: bytes, view: memoryview, pos: int) -> int:
+        line = self._line
+        # Search the new bytes only; the line so far never holds a newline.
+        nl = data.find(b"\n", pos, pos + MAX_LINE_BYTES + 1)
+        if nl < 0:
+            line += view[pos:]
+            if len(line) > MAX_LINE_BYTES:
+                raise WireError("chunk line too long")
+            return len(view)
+        line += view[pos:nl]
+        if len(line) > MAX_LINE_BYTES:
+            raise WireError("chunk line too long")
+        text = bytes(line).rstrip(b"\r")
+        line.clear()
+        if self._state is _S.TRAILERS:
+            if not text:
+                self._state = _S.DONE
+            return nl + 1
+        size_text = text.split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise WireError(f"invalid chunk size {size_text[:20]!r}") from None
+        if size_text.startswith((b"-", b"+", b"0x", b"0X")) or len(size_text) > 16:
+            raise WireError("invalid chunk size")
+        if size == 0:
+            self._state = _S.TRAILERS
+        else:
+            self._left = size
+            self._state = _S.DATA
+        return nl + 1
+
+    def _feed_crlf(self, view: memoryview, pos: int) -> int:
+        expected = b"\r\n"
+        while pos < len(view) and self._crlf < 2:
+            if view[pos] != expected[self._crlf]:
+                raise WireError("chunk data not followed by CRLF")
+            self._crlf += 1
+            pos += 1
+        if self._crlf == 2:
+            self._crlf = 0
+            self._state = _S.SIZE
+        return pos
+
+
+def request_head(
+    method: str,
+    target: str,
+    authority: str,
+    content_length: int,
+    headers: Headers,
+    extra: Headers,
+) -> bytes:
+    """The head of an upstream request. ``headers`` are the client's (filtered here),
+    ``extra`` the relay's own (e.g. authorization)."""
+    parts = [
+        f"{method} {target} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: {content_length}\r\n".encode(
+            "latin-1"
+        )
+    ]
+    skip = _REQUEST_DROP | {name for name, _ in extra}
+    for name, value in headers:
+        if name not in skip:
+            parts += (name, b": ", value, b"\r\n")
+    for name, value in extra:
+        parts += (name, b": ", value, b"\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)  # the head only: small, never payload
+
+
+def response_headers(head: ResponseHead) -> tuple[Headers, bytes | None]:
+    """The upstream's end-to-end headers for the client, and its content type apart (the
+    server's response types add that one themselves). Fields the upstream's
+    ``Connection`` header names are hop-by-hop too (RFC 9110 §7.6.1)."""
+    drop = _RESPONSE_DROP
+    conn = head.header(b"connection")
+    if conn:
+        drop = drop | {t.strip().lower() for t in conn.split(b",")}
+    out: Headers = []
+    content_type = None
+    for name, value in head.headers:
+        if name == b"content-type":
+            content_type = value
+        elif name not in drop:
+            out.append((name, value))
+    return out, content_type
