@@ -23,7 +23,7 @@ from pathlib import Path
 from . import plots, wrk
 from .procs import cpu_count
 from .report import Cell, Results, markdown, merge_into
-from .runner import LOAD_CPU, SERVER_CPU, Settings, measure
+from .runner import LOAD_CPU, SERVER_CPU, RunResult, Settings, measure
 from .scenarios import DEFAULT_SCENARIOS, SCENARIOS, cases_for
 from .servers import BASELINE, all_servers
 
@@ -167,11 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         n = 0
+        broken: dict[str, str] = {}
         for rnd in range(rounds):
             for case in cases:
                 for spec in servers:
                     n += 1
-                    r = measure(spec, case, rnd, settings)
+                    if spec.name in broken:
+                        # One failed start means the rest would fail too: don't wait again.
+                        r = RunResult(server=spec.name, case=case.key, round=rnd, ok=False,
+                                      error=broken[spec.name])
+                    else:
+                        r = measure(spec, case, rnd, settings)
+                        if r.error.startswith("start failed"):
+                            broken[spec.name] = r.error
                     cells[(case.key, spec.name)].runs.append(r)
                     summary = (f"{r.rps:,.0f} req/s" if case.kind == "echo"
                                else f"{r.events_per_s:,.0f} tokens/s") if r.ok else r.error[:200]

@@ -24,7 +24,7 @@ from pathlib import Path
 LOOPBACK = "127.0.0.1"
 # A server gets this long to answer GET /health after start (interpreter start-up plus
 # model loading); past it the server counts as failed for the run.
-READY_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = 30.0
 READY_POLL_S = 0.05
 # SIGTERM first so servers drain and exit cleanly; SIGKILL past this grace period.
 STOP_GRACE_S = 5.0
