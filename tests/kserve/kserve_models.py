@@ -1,0 +1,51 @@
+"""Models for the KServe suite, importable by name (``tests.kserve.kserve_models:Probe``)
+so that spawned process workers can load them."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from zeroserve.models.base import Inputs, Model, Outputs
+
+
+def in_shared_mapping(arr: np.ndarray) -> bool:
+    """Whether ``arr`` is a view (no copy) into a memory-mapped buffer, i.e. the arena."""
+    base: Any = arr
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or not arr.nbytes:
+        return False
+    probe = ctypes.c_char.from_buffer(base)
+    start = ctypes.addressof(probe)
+    del probe
+    addr = int(arr.ctypes.data)
+    return start <= addr and addr + arr.nbytes <= start + len(base)
+
+
+class Probe(Model):
+    """Identity, plus for each numeric input ``X`` an output ``X__shared`` (BOOL [1]): did
+    the model receive ``X`` as a view into the shared-memory arena. The request parameters
+    the KServe layer passes come back as the output ``params_seen``."""
+
+    max_batch_size = 1
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        results = []
+        for inputs in batch:
+            out: dict[str, Any] = {}
+            for name, value in inputs.items():
+                if name == "__parameters__":
+                    out["params_seen"] = value
+                    continue
+                out[name] = value
+                if value.dtype != object:
+                    out[name + "__shared"] = np.array([in_shared_mapping(value)])
+            results.append(out)
+        return results
