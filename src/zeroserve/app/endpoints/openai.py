@@ -183,6 +183,7 @@ class _OpenAI:
                 index=job.index,
                 max_tokens=job.max_tokens,
                 prompt_tokens=job.prompt_tokens,
+                stop=job.request.stop,
             )
 
         return start

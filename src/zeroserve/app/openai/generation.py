@@ -13,6 +13,14 @@ least one token, and re-tokenising the text recovers the count when pieces merge
 tokens (UTF-8 characters spanning tokens, text held back around a stop string). The
 estimate can only err when a model's re-tokenisation is shorter than what it generated
 and it stopped on its own right at the budget; ``completion_tokens`` uses the same count.
+
+Stop sequences
+--------------
+Models receive ``stop`` and should honour it (``tinyllm`` does, token by token), but a
+model that ignores it must not break the API: :class:`StopFilter` applies the stop
+sequences to the text as it passes. It holds back only a tail that could still become a
+stop sequence, so pieces stay as prompt as the model's, and it costs nothing when no
+stop sequence is given. A match ends the generation with ``"stop"``.
 """
 
 from __future__ import annotations
@@ -41,6 +49,39 @@ def as_text(piece: Any) -> str:
     return bytes(piece).decode("utf-8", "replace")
 
 
+class StopFilter:
+    """Cuts a text stream before the first occurrence of any stop sequence."""
+
+    __slots__ = ("_longest", "_pending", "_stops", "stopped")
+
+    def __init__(self, stops: list[str]) -> None:
+        self._stops = [x for x in stops if x]
+        self._longest = max((len(x) for x in self._stops), default=0)
+        self._pending = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        """Text that is safe to emit now (possibly empty)."""
+        buf = self._pending + text
+        cut = min((i for i in (buf.find(x) for x in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self._pending = ""
+            return buf[:cut]
+        hold = 0
+        for n in range(min(self._longest - 1, len(buf)), 0, -1):
+            tail = buf[-n:]
+            if any(x.startswith(tail) for x in self._stops):
+                hold = n
+                break
+        self._pending = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold]
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out
+
+
 class Generation:
     """Wraps one runtime stream: iterate it for ``str`` pieces, then call :meth:`finish`.
 
@@ -48,7 +89,17 @@ class Generation:
     be counted once at the end.
     """
 
-    __slots__ = ("_budget", "_meta", "_stream", "index", "parts", "prompt_tokens")
+    __slots__ = (
+        "_budget",
+        "_done",
+        "_filter",
+        "_meta",
+        "_stream",
+        "_tokens",
+        "index",
+        "parts",
+        "prompt_tokens",
+    )
 
     def __init__(
         self,
@@ -58,8 +109,12 @@ class Generation:
         index: int,
         max_tokens: int | None,
         prompt_tokens: int,
+        stop: list[str] | None = None,
     ) -> None:
         self._stream = stream
+        self._filter = StopFilter(stop) if stop else None
+        self._done = False
+        self._tokens = 0  # model pieces received (each holds at least one token)
         self._meta = meta
         self.index = index
         self.prompt_tokens = prompt_tokens
@@ -75,11 +130,25 @@ class Generation:
         return self
 
     async def __anext__(self) -> str:
-        while True:
-            text = as_text(await self._stream.__anext__())
+        filt = self._filter
+        while not self._done:
+            try:
+                piece = await self._stream.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+                text = filt.flush() if filt is not None else ""
+            else:
+                self._tokens += 1
+                text = as_text(piece)
+                if filt is not None:
+                    text = filt.push(text)
+                    if filt.stopped:
+                        self._done = True
+                        await self._stream.aclose()
             if text:
                 self.parts.append(text)
                 return text
+        raise StopAsyncIteration
 
     async def aclose(self) -> None:
         await self._stream.aclose()
@@ -89,7 +158,9 @@ class Generation:
 
     def finish(self) -> tuple[str, int]:
         """``(finish_reason, completion_tokens)`` once the stream has ended."""
-        pieces = len(self.parts)
+        pieces = self._tokens
+        if self._filter is not None and self._filter.stopped:
+            return "stop", max(pieces, count_tokens(self._meta, self.text()) if pieces else 0)
         reason = getattr(self._stream, "finish_reason", None)
         budget = self._budget
         if reason is None and budget is not None and pieces >= budget:

@@ -1,0 +1,67 @@
+"""Models the OpenAI suite drives: a gate it controls, an endless stream whose close it
+can observe, a model that stalls (deadlines), one that fails mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import ClassVar
+
+from zeroserve.models.base import GenerateRequest, Model
+
+# A test waits on this (with a timeout) to know that an endless generation was closed.
+CLOSED = threading.Semaphore(0)
+# Gates by prompt: GatedModel yields its first piece, then waits for the gate to open.
+GATES: dict[str, threading.Event] = {}
+# Seconds a gated generation waits before giving up (a failing test must not hang).
+GATE_TIMEOUT_S = 30.0
+
+
+class GatedModel(Model):
+    """Completions prompt ``key``: yields ``"t0"``, waits for ``GATES[key]``, then
+    yields ``" t1"`` ... up to ``max_tokens`` pieces in all."""
+
+    executor = "thread"
+    description: ClassVar[str] = "test model: a stream the test releases"
+
+    def generate(self, req: GenerateRequest) -> Iterator[str]:
+        total = req.max_tokens or 1
+        yield "t0"
+        GATES[req.prompt].wait(GATE_TIMEOUT_S)
+        for i in range(1, total):
+            yield f" t{i}"
+
+
+class EndlessModel(Model):
+    """Yields ``"x "`` forever; signals ``CLOSED`` when its generator is closed."""
+
+    executor = "inline"
+
+    def generate(self, req: GenerateRequest) -> Iterator[str]:
+        try:
+            while True:
+                yield "x "
+        finally:
+            CLOSED.release()
+
+
+class StallModel(Model):
+    """Never produces a piece (until its deadline cancels it); embeds never finish."""
+
+    executor = "inline"
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[str]:
+        await asyncio.Event().wait()
+        yield "never"
+
+
+class FailingModel(Model):
+    """Two pieces, then a model error."""
+
+    executor = "inline"
+
+    def generate(self, req: GenerateRequest) -> Iterator[str]:
+        yield "one"
+        yield " two"
+        raise ValueError("the model broke")

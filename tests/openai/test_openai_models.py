@@ -1,0 +1,53 @@
+"""GET /v1/models and /v1/models/{id} in OpenAI's list/object shapes."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from openai_servers import ServerThread, run
+
+import openai
+
+
+def test_list_models(client: openai.OpenAI) -> None:
+    page = client.models.list()
+    ids = [m.id for m in page.data]
+    assert ids[:3] == ["echo", "tinyllm", "minilm"]
+    for m in page.data:
+        assert m.object == "model"
+        assert isinstance(m.created, int)
+        assert m.owned_by in ("zeroserve", "user")
+    tiny = next(m for m in page.data if m.id == "tinyllm")
+    assert "demo model" in (tiny.model_extra or {})["description"]
+    assert tiny.owned_by == "zeroserve"
+
+
+def test_retrieve_model(client: openai.OpenAI) -> None:
+    m = client.models.retrieve("minilm")
+    assert (m.id, m.object, m.owned_by) == ("minilm", "model", "zeroserve")
+
+
+def test_retrieve_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("no-such-model")
+    body = info.value.body
+    assert isinstance(body, dict)
+    assert body["code"] == "model_not_found"
+    assert "no-such-model" not in info.value.response.text
+
+
+def test_list_models_async(server: ServerThread) -> None:
+    async def main() -> list[str]:
+        async with server.async_client() as c:
+            return [m.id async for m in c.models.list()]
+
+    assert "tinyllm" in run(main())
+
+
+def test_exact_wire_shape(server: ServerThread) -> None:
+    r = httpx.get(server.url + "/v1/models")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    doc = r.json()
+    assert doc["object"] == "list"
+    assert set(doc["data"][0]) == {"id", "object", "created", "owned_by", "description"}
