@@ -268,6 +268,10 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], count: int, name: s
             f"input {_q(name)}: shape {_shape_text(shape)} has {count} elements but 'data' "
             f"has {raw.size}"
         )
+    if dtype.kind in "iu" and raw.dtype.kind in "fO":
+        # Integers beyond int64 (UINT64's upper half) make numpy infer float64 or object:
+        # convert from the Python ints themselves, exactly.
+        return _json_big_ints(data, dtype, datatype, shape, name)
     if raw.size and raw.dtype.kind not in _JSON_KINDS[dtype.kind]:
         raise RequestError(f"input {_q(name)}: 'data' elements are not valid {datatype} values")
     if dtype.kind in "iu" and raw.size and raw.dtype.kind in "iu":
@@ -284,6 +288,29 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], count: int, name: s
     arr = raw.astype(dtype).reshape(shape)
     metrics.count_copy("kserve_json_in", arr.nbytes)
     return arr
+
+
+def _json_big_ints(
+    data: list[Any], dtype: np.dtype[Any], datatype: str, shape: list[int], name: str
+) -> np.ndarray:
+    flat: list[Any] = []
+    _flatten(data, flat)
+    if not all(type(v) is int for v in flat):
+        raise RequestError(f"input {_q(name)}: 'data' elements are not valid {datatype} values")
+    info = np.iinfo(dtype)
+    if flat and (min(flat) < info.min or max(flat) > info.max):
+        raise RequestError(f"input {_q(name)}: 'data' has values out of range for {datatype}")
+    arr = np.array(flat, dtype=dtype).reshape(shape)
+    metrics.count_copy("kserve_json_in", arr.nbytes)
+    return arr
+
+
+def _flatten(data: list[Any], out: list[Any]) -> None:
+    for item in data:
+        if isinstance(item, list):
+            _flatten(item, out)
+        else:
+            out.append(item)
 
 
 def _flatten_strings(data: list[Any], out: list[bytes]) -> bool:
