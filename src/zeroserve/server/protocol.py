@@ -104,6 +104,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self._pending_release: list[Callable[[], None]] = []
         self._flush_mode = False
         self._closed = False
+        self._responding = False  # a handler runs or a response is being written
         self._started = 0.0
         # streaming state (one stream at a time per connection)
         self._out: list[Any] = []
@@ -251,6 +252,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         return self._dispatch(req)
 
     def _dispatch(self, req: Request) -> RequestHead | BodyComplete | None:
+        self._responding = True
         self.deadline = 0.0  # no read deadline while the app works
         metrics.count_payload("in", len(req.body))
         try:
@@ -318,6 +320,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
     def _finish(self, req: Request, keep_alive: bool) -> RequestHead | BodyComplete | None:
         metrics.REQUEST_SECONDS.labels(req.route.name).observe(self.loop.time() - self._started)
         self.request = None
+        self._responding = False
         if req.lease is not None:
             self._pending_release.append(req.lease.release)
             req.lease = None
@@ -370,11 +373,15 @@ class HttpProtocol(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or self._closed:
             return
-        if self.request is not None or self.task is not None:
+        if self._responding:
             # Bytes after a request we are still answering broke framing: just close.
             self._abort()
             return
-        resp = error_response(exc, "openai")
+        fmt = self.server.app.error_format(self.conn.head.path) if self.conn.head else "openai"
+        if self.request is not None:  # the body was bad: the request never ran
+            self._release_request(self.request)
+            self.request = None
+        resp = error_response(exc, fmt)
         size = framing.buffers_size(resp.body)
         out = framing.encode_head(resp.status, resp.headers, content_length=size, keep_alive=False)
         transport.writelines([out, *resp.body])
@@ -587,12 +594,10 @@ class HttpProtocol(asyncio.BufferedProtocol):
         elif self._paused_writing and now - self._paused_since > self.server.options.write_timeout:
             self._abort()
 
-    def close_if_idle(self) -> bool:
-        if self.conn.idle and self.request is None and self.task is None:
-            if self.transport is not None:
-                self.transport.close()
-            return True
-        return False
+    def close_if_idle(self) -> None:
+        """Close between requests (for drain). Queued response bytes are still sent."""
+        if self.conn.idle and self.request is None and self.task is None and self.transport is not None:
+            self.transport.close()
 
 
 async def _maybe_await(value: Any) -> None:

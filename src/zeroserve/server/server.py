@@ -83,12 +83,11 @@ class Server:
         if self._server is not None:
             self._server.close()
         deadline = self.loop.time() + self.options.graceful_timeout
+        # Idle connections are closed (a close flushes what is queued first); busy ones
+        # finish their response, which then closes them. connection_lost removes each.
         while self.connections and self.loop.time() < deadline:
             for conn in list(self.connections):
-                if conn.close_if_idle():
-                    self.connections.discard(conn)
-            if not self.connections:
-                break
+                conn.close_if_idle()
             await asyncio.sleep(min(0.05, self.options.tick))
         for conn in list(self.connections):
             if conn.transport is not None:
