@@ -82,6 +82,17 @@ def _rebuild_error(name: str, message: str, status: int) -> errors.ZeroserveErro
     return WorkerError(message, status=status if status >= 500 else 500)
 
 
+async def _close_writer(writer: asyncio.StreamWriter, sock: socket.socket) -> None:
+    """Close a worker's socket now (not on a later loop turn), so no fd outlives it.
+    uvloop transports work on a duplicate of the socket, so the original is closed too."""
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except (ConnectionError, OSError):
+        pass
+    sock.close()
+
+
 class _Call:
     """One request (or batch, or stream) in flight on a worker."""
 
@@ -104,7 +115,18 @@ class _Call:
 
 
 class _Worker:
-    __slots__ = ("busy", "calls", "index", "pid", "proc", "reader", "ready", "task", "writer")
+    __slots__ = (
+        "busy",
+        "calls",
+        "index",
+        "pid",
+        "proc",
+        "reader",
+        "ready",
+        "sock",
+        "task",
+        "writer",
+    )
 
     def __init__(
         self,
@@ -113,7 +135,9 @@ class _Worker:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         pid: int,
+        sock: socket.socket,
     ) -> None:
+        self.sock = sock
         self.index = index
         self.proc = proc
         self.reader = reader
@@ -235,11 +259,11 @@ class ProcessExecutor(Executor):
             msg = None
             cause = "the worker process exited while loading"
         except BaseException:
-            writer.close()
+            await _close_writer(writer, parent)
             await self._reap(proc)
             raise
         if not isinstance(msg, p.Ready):
-            writer.close()
+            await _close_writer(writer, parent)
             code = await self._reap(proc)
             if isinstance(msg, p.LoadFailed):
                 cause = msg.error
@@ -248,7 +272,7 @@ class ProcessExecutor(Executor):
             else:
                 cause = f"{cause} (exit code {code})"
             raise ModelLoadError(spec.name, cause)
-        worker = _Worker(index, proc, reader, writer, msg.pid)
+        worker = _Worker(index, proc, reader, writer, msg.pid, parent)
         worker.task = asyncio.get_running_loop().create_task(self._read(worker))
         self.workers[index] = worker
         self._notify()
@@ -289,7 +313,7 @@ class ProcessExecutor(Executor):
                     await w.task
                 except BaseException:
                     pass
-            w.writer.close()
+            await _close_writer(w.writer, w.sock)
             self._fail_calls(w, errors.Closed("the engine is shutting down"))
         self.workers = [None] * len(self.workers)
         self._notify()
@@ -317,7 +341,7 @@ class ProcessExecutor(Executor):
 
     async def _recover(self, w: _Worker) -> None:
         code = await self._reap(w.proc)
-        w.writer.close()
+        await _close_writer(w.writer, w.sock)
         self._fail_calls(
             w,
             WorkerError(
