@@ -34,16 +34,20 @@ class GatedModel(Model):
 
 
 class EndlessModel(Model):
-    """Yields ``"x "`` forever; signals ``CLOSED`` when its generator is closed."""
+    """Yields ``"x "`` up to ``max_tokens`` times, forever without a limit; signals
+    ``CLOSED`` when its generator is closed before its end."""
 
     executor = "inline"
 
     def generate(self, req: GenerateRequest) -> Iterator[str]:
+        produced = 0
         try:
-            while True:
+            while req.max_tokens is None or produced < req.max_tokens:
                 yield "x "
-        finally:
+                produced += 1
+        except GeneratorExit:
             CLOSED.release()
+            raise
 
 
 class StallModel(Model):
