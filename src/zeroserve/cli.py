@@ -98,7 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list_models(specs)
         from .server.run import serve
 
-        return serve(cfg, specs)
+        return serve(
+            cfg.server_options(), specs, arena_bytes=cfg.arena_bytes, loop=cfg.loop,
+            workers=cfg.workers,
+        )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)
         return 2

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-
 from tests.conftest import ServerProcess, start_server
 
 from .rawclient import RawClient, read_status

@@ -15,8 +15,8 @@ from ..runtime import Arena, Engine, ModelConfig
 from .server import Server
 
 if TYPE_CHECKING:
-    from ..config import Config
     from ..models.loader import ModelSpec
+    from .options import ServerOptions
 
 log = logging.getLogger("zeroserve")
 
@@ -32,16 +32,18 @@ def engine_configs(specs: list[ModelSpec]) -> dict[str, ModelConfig]:
     return out
 
 
-async def serve_async(cfg: Config, specs: list[ModelSpec], *, ready: Any = None) -> None:
-    arena = Arena(cfg.arena_bytes)
+async def serve_async(
+    options: ServerOptions, specs: list[ModelSpec], *, arena_bytes: int, ready: Any = None
+) -> None:
+    arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena)
     try:
         await engine.start()
-        server = Server(App(engine), arena, cfg.server_options())
+        server = Server(App(engine), arena, options)
         await server.start()
         server.install_signal_handlers()
         names = ", ".join(engine.names())
-        print(f"zeroserve {os.getpid()} serving [{names}] on http://{cfg.host}:{server.port}", flush=True)
+        print(f"zeroserve {os.getpid()} serving [{names}] on http://{options.host}:{server.port}", flush=True)
         if ready is not None:
             ready(server)
         await server.wait_stopped()
@@ -50,13 +52,14 @@ async def serve_async(cfg: Config, specs: list[ModelSpec], *, ready: Any = None)
         arena.close()
 
 
-def run_loop(cfg: Config, coro: Any) -> None:
-    use_uvloop = cfg.loop in ("auto", "uvloop")
+def run_loop(loop: str, coro: Any) -> None:
+    """Run ``coro`` on uvloop (``auto``: when installed) or on asyncio's own loop."""
+    use_uvloop = loop in ("auto", "uvloop")
     if use_uvloop:
         try:
             import uvloop
         except ImportError:
-            if cfg.loop == "uvloop":
+            if loop == "uvloop":
                 raise
             use_uvloop = False
     if use_uvloop:
@@ -65,19 +68,22 @@ def run_loop(cfg: Config, coro: Any) -> None:
         asyncio.run(coro)
 
 
-def serve(cfg: Config, specs: list[ModelSpec]) -> int:
-    if cfg.workers > 1 and not os.environ.get(_CHILD_ENV):
-        return _supervise(cfg)
-    run_loop(cfg, serve_async(cfg, specs))
+def serve(
+    options: ServerOptions, specs: list[ModelSpec], *, arena_bytes: int, loop: str = "auto",
+    workers: int = 1,
+) -> int:
+    if workers > 1 and not os.environ.get(_CHILD_ENV):
+        return _supervise(workers)
+    run_loop(loop, serve_async(options, specs, arena_bytes=arena_bytes))
     return 0
 
 
-def _supervise(cfg: Config) -> int:
-    """Run ``cfg.workers`` HTTP processes sharing the port through SO_REUSEPORT. Each
-    child is this same command; signals are forwarded and the parent waits for all."""
+def _supervise(workers: int) -> int:
+    """Run ``workers`` HTTP processes sharing the port through SO_REUSEPORT. Each child
+    is this same command line; signals are forwarded and the parent waits for all."""
     env = dict(os.environ, **{_CHILD_ENV: "1"})
     argv = [sys.executable, "-m", "zeroserve", *sys.argv[1:]]
-    children = [subprocess.Popen(argv, env=env) for _ in range(cfg.workers)]
+    children = [subprocess.Popen(argv, env=env) for _ in range(workers)]
 
     def forward(signum: int, frame: Any) -> None:
         for child in children:
