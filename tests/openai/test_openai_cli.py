@@ -1,0 +1,62 @@
+"""``zeroserve serve`` as a user runs it: the default models answer the OpenAI SDK."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+import openai
+
+# The CLI prints its address once the models are loaded; past this it has failed.
+START_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def cli_url() -> Iterator[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zeroserve", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "ZEROSERVE_LOG_LEVEL": "warning"},
+    )
+    try:
+        assert proc.stdout is not None
+        url = None
+        for line in proc.stdout:  # ends if the process dies
+            m = re.search(r"on (http://\S+)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "zeroserve serve did not start"
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_default_models_over_the_cli(cli_url: str) -> None:
+    with openai.OpenAI(base_url=cli_url + "/v1", api_key="unused", max_retries=0) as c:
+        assert {m.id for m in c.models.list()} == {"echo", "tinyllm", "minilm"}
+        chunks = list(
+            c.chat.completions.create(
+                model="tinyllm",
+                messages=[{"role": "user", "content": "str.split"}],
+                max_tokens=8,
+                stream=True,
+            )
+        )
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        e = c.embeddings.create(model="minilm", input="hello")
+        assert len(e.data[0].embedding) == 384
