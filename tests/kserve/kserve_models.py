@@ -49,3 +49,21 @@ class Probe(Model):
                     out[name + "__shared"] = np.array([in_shared_mapping(value)])
             results.append(out)
         return results
+
+
+class Gate(Model):
+    """Async identity that holds each request until the file ``<flag>.go`` exists, after
+    creating ``<flag>.started``: lets a test fill the model's queue deterministically."""
+
+    def __init__(self, flag: str = "") -> None:
+        super().__init__(flag=flag)
+        self.flag = flag
+
+    async def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        import asyncio
+        import os
+
+        open(self.flag + ".started", "w").close()
+        while not os.path.exists(self.flag + ".go"):
+            await asyncio.sleep(0.005)
+        return [dict(inputs) for inputs in batch]

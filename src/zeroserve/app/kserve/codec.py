@@ -353,7 +353,7 @@ def _flag(params: Parameters | None, key: str, default: bool) -> bool:
 
 def _selected(request: InferenceRequest, outputs: Mapping[str, Any]) -> list[tuple[str, bool]]:
     binary_default = _flag(request.parameters, BINARY_DATA_OUTPUT, False)
-    if request.outputs is None:
+    if not request.outputs:  # absent (or empty): every output, with default settings
         return [(k, binary_default) for k in outputs if k != PARAMETERS_INPUT]
     seen: set[str] = set()
     chosen: list[tuple[str, bool]] = []
