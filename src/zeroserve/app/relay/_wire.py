@@ -200,23 +200,31 @@ class ResponseReader:
         except httptools.HttpParserError as exc:
             raise WireError(f"malformed response head: {exc}") from None
         status = parser.get_status_code()
-        keep_alive = bool(parser.should_keep_alive())
+        # Decided here, not by llhttp's should_keep_alive(), which reads state that a
+        # message completed by its head alone (content-length: 0) has already reset.
+        tokens: set[bytes] = set()
         length: int | None = None
-        chunked = False
+        chunked = te = False
         for name, value in c.headers:
-            if name == b"content-length":
+            if name == b"connection":
+                tokens.update(t.strip().lower() for t in value.split(b","))
+            elif name == b"content-length":
                 if length is not None or not value.strip().isdigit():
                     raise WireError("invalid or repeated content-length")
                 length = int(value)
             elif name == b"transfer-encoding":
                 codings = [v.strip().lower() for v in value.split(b",")]
-                chunked = codings[-1] == b"chunked"
-                if not chunked:
-                    keep_alive = False  # body runs until close (RFC 9112 §6.3 rule 4)
+                chunked, te = codings[-1] == b"chunked", True
+        keep_alive = b"close" not in tokens and (
+            parser.get_http_version() == "1.1" or b"keep-alive" in tokens
+        )
         if self._no_body or status in (204, 304) or 100 <= status < 200:
             framing = Framing.NONE
         elif chunked:
             framing, length = Framing.CHUNKED, None
+        elif te:  # a transfer coding other than chunked: the body runs until close
+            framing, length = Framing.CLOSE, None
+            keep_alive = False
         elif length is not None:
             framing = Framing.LENGTH
             self._left = length

@@ -1,0 +1,34 @@
+"""Fixtures of the gateway suite: every async test runs on asyncio and on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+import uvloop
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+T = TypeVar("T")
+Runner = Callable[[Coroutine[Any, Any, T]], T]
+
+# A hung test fails after this long instead of hanging the suite.
+TEST_TIMEOUT_S = 30.0
+
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(params=list(LOOPS))
+def run(request: pytest.FixtureRequest) -> Iterator[Runner[Any]]:
+    with asyncio.Runner(loop_factory=LOOPS[request.param]) as runner:
+
+        def go(coro: Coroutine[Any, Any, T]) -> T:
+            return runner.run(asyncio.wait_for(coro, TEST_TIMEOUT_S))
+
+        yield go
