@@ -176,10 +176,11 @@ class _RemoteProducer(Producer):
             if req.raw is not None:
                 raw = ex._describe(as_array(req.raw, name="raw"), call)
                 req = msgspec.structs.replace(req, raw=None)
-        except BaseException as exc:
-            if not isinstance(exc, asyncio.CancelledError):
-                channel.close(exc)
+        except asyncio.CancelledError:
             raise
+        except BaseException as exc:  # delivered through the channel, not the task
+            channel.close(exc)
+            return
         self.worker, self.call = worker, call
         worker.calls[call.id] = call
         if channel.policy == "block":
