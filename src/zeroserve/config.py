@@ -34,6 +34,8 @@ from .runtime.arena import DEFAULT_BUDGET_BYTES
 from .server import options as so
 
 ENV_PREFIX = "ZEROSERVE_"
+# Variables under the prefix that are not configuration (process plumbing, test switches).
+_NOT_CONFIG = (ENV_PREFIX + "INTERNAL_", ENV_PREFIX + "TEST_")
 
 
 class ConfigError(ZeroserveError):
@@ -120,7 +122,7 @@ def load_config(
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in env.items():
-        if not key.startswith(ENV_PREFIX) or key.startswith(ENV_PREFIX + "TEST"):
+        if not key.startswith(ENV_PREFIX) or key.startswith(_NOT_CONFIG):
             continue
         parts = key[len(ENV_PREFIX) :].lower().split("__")
         node = out

@@ -1,0 +1,129 @@
+"""Configuration layering and the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.conftest import ROOT, start_server
+
+from zeroserve.cli import build_parser, model_specs
+from zeroserve.config import ConfigError, load_config
+from zeroserve.models.loader import SpecError, parse_spec
+
+
+def test_layers_override_in_order(tmp_path: Path) -> None:
+    toml = tmp_path / "z.toml"
+    toml.write_text('port = 9001\nhost = "127.0.0.2"\n[limits]\nmax_body_bytes = 10\n[timeouts]\nhead = 3.5\n')
+    cfg = load_config(str(toml), env={"ZEROSERVE_PORT": "9002", "ZEROSERVE_TIMEOUTS__HEAD": "4"},
+                      overrides={"port": 9003, "host": None})
+    assert cfg.port == 9003  # flag beats env beats file
+    assert cfg.host == "127.0.0.2"  # file beats default; a flag left unset changes nothing
+    assert cfg.limits.max_body_bytes == 10
+    assert cfg.timeouts.head == 4.0  # env beats file
+    assert cfg.server_options().http.max_body_bytes == 10
+
+
+@pytest.mark.parametrize(
+    ("env", "key"),
+    [
+        ({"ZEROSERVE_PORT": "eighty"}, "port"),
+        ({"ZEROSERVE_LIMITS__MAX_BODY_BYTES": "lots"}, "limits.max_body_bytes"),
+        ({"ZEROSERVE_LOOP": "trio"}, "loop"),
+        ({"ZEROSERVE_NOPE": "1"}, "nope"),
+    ],
+)
+def test_errors_name_the_key(env: dict[str, str], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env=env)
+    assert key in info.value.message
+
+
+def test_bad_toml_is_reported(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("port = = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(str(bad), env={})
+
+
+def test_model_specs() -> None:
+    assert parse_spec("echo").target.endswith(":EchoModel")
+    spec = parse_spec("mine=tests.server.models:Reverse?executor=process&workers=2&size=3")
+    assert (spec.name, spec.runtime, spec.options) == ("mine", {"executor": "process", "workers": 2}, {"size": 3})
+    onnx = parse_spec("clf=onnx:/tmp/m.onnx")
+    assert onnx.options["location"] == "/tmp/m.onnx"
+    with pytest.raises(SpecError):
+        parse_spec("not a spec")
+    with pytest.raises(SpecError):
+        parse_spec("onnx:/tmp/m.onnx")  # a backend needs a name
+    cfg = load_config(env={}, overrides={"models": ["echo", "echo"]})
+    with pytest.raises(ConfigError, match="unique"):
+        model_specs(cfg)
+
+
+def test_help_lists_the_options() -> None:
+    out = subprocess.run([sys.executable, "-m", "zeroserve", "serve", "--help"], capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout
+    for flag in ("--host", "--port", "--model", "--workers", "--config", "--loop", "--max-body-bytes"):
+        assert flag in out
+    assert {"serve", "models", "bench"} <= set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+
+
+def test_models_command_lists_capabilities() -> None:
+    out = subprocess.run([sys.executable, "-m", "zeroserve", "models", "--model", "echo"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.split()[0] == "echo" and "generate" in out and "infer" in out
+
+
+def test_unknown_model_class_fails_fast_with_a_message() -> None:
+    proc = subprocess.run([sys.executable, "-m", "zeroserve", "serve", "--port", "0", "--model", "x=no_such_module:Model"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "no_such_module" in proc.stderr
+
+
+def test_failing_load_fails_fast_with_a_message() -> None:
+    proc = subprocess.run([sys.executable, "-m", "zeroserve", "serve", "--port", "0", "--model",
+                           "bad=tests.server.models:FailsToLoad"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode != 0
+    assert "weights missing" in proc.stderr + proc.stdout
+
+
+def test_user_model_from_a_file_on_each_executor(tmp_path: Path) -> None:
+    server = start_server("--model", "rev=tests.server.models:Reverse",
+                          "--model", "revt=tests.server.models:Reverse?executor=thread",
+                          "--model", "revp=tests.server.models:Reverse?executor=process")
+    try:
+        for name in ("rev", "revt", "revp"):
+            r = httpx.post(f"{server.url}/v1/raw/{name}", content=b"abcdef")
+            assert r.status_code == 200 and r.content == b"fedcba", name
+    finally:
+        assert server.stop() == 0
+
+
+def test_workers_share_the_port() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "zeroserve", "serve", "--port", str(port),
+                             "--workers", "2", "--model", "echo"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        pids = set()
+        while len(pids) < 2:
+            line = proc.stdout.readline()
+            assert line, "workers exited"
+            if "serving" in line:
+                pids.add(line.split()[1])
+        with httpx.Client() as client:
+            for _ in range(10):
+                assert client.post(f"http://127.0.0.1:{port}/v1/raw/echo", content=b"hi").content == b"hi"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
