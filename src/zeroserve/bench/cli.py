@@ -86,7 +86,8 @@ def _machine() -> list[str]:
     except (OSError, ValueError, IndexError):
         pass
     versions = []
-    for pkg in ("zeroserve", "uvicorn", "fastapi", "pydantic", "uvloop", "httptools", "aiohttp"):
+    for pkg in ("zeroserve", "uvicorn", "fastapi", "pydantic", "uvloop", "httptools", "granian",
+                "aiohttp", "msgspec"):
         try:
             versions.append(f"{pkg} {metadata.version(pkg)}")
         except metadata.PackageNotFoundError:
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = ("make bench" if not given
                else "zeroserve bench " + " ".join(shlex.quote(a) for a in given))
-    text = markdown(res, _machine(), command, plot_files, notes)
+    text = markdown(res, _machine(), command, plot_files, notes, args.results_dir)
     existing = args.out.read_text() if args.out.exists() else ""
     args.out.write_text(merge_into(existing, text, PREAMBLE))
     print(text)

@@ -194,10 +194,11 @@ def measure(spec: ServerSpec, case: Case, rnd: int, settings: Settings) -> RunRe
         if problem is not None:
             result.error = f"unsupported: {problem}"
             return result
+        # Before warm-up: RSS per stream is measured against the server at rest.
+        result.idle_rss_mib = server.usage().rss_kib / 1024
         if settings.warmup_s > 0:
             wrk.run(script, port, case.path, case.connections, settings.warmup_s,
                     settings.load_cpu)
-        result.idle_rss_mib = server.usage().rss_kib / 1024
         before = scrape(port) if spec.scrape_metrics else ({}, {})
         probe = (_start_probe(case, port, body_path, settings)
                  if case.probe_first_event else None)
