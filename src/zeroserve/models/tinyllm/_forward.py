@@ -24,10 +24,10 @@ F32 = np.float32
 
 @dataclass(frozen=True)
 class Layer:
-    attn_norm: np.ndarray
+    """One block's matrices, (in, out); the RMSNorm gains are folded into them."""
+
     wqkv: np.ndarray
     wo: np.ndarray
-    mlp_norm: np.ndarray
     w_gate_up: np.ndarray
     w_down: np.ndarray
 
@@ -37,8 +37,7 @@ class Weights:
     """Model weights (float32) plus the precomputed RoPE tables."""
 
     embed: np.ndarray  # (vocab, d)
-    embed_t: np.ndarray  # (d, vocab): the tied output projection, contiguous for speed
-    norm: np.ndarray
+    embed_t: np.ndarray  # (d, vocab): tied output projection, final norm gain folded in
     layers: tuple[Layer, ...]
     num_heads: int
     head_dim: int
@@ -63,21 +62,33 @@ class Weights:
         half = head_dim // 2
         sin[:, :half] *= -1.0
         embed = f32("embed")
+        # Fold constants into the matrices once, saving numpy calls per decode step:
+        # RMSNorm's gain into the projection that follows it ((x*r*g) @ W = (x*r) @ (g W)),
+        # and attention's 1/sqrt(head_dim) into the query columns (RoPE is linear).
+        scale = np.ones(3 * d, dtype=F32)
+        scale[:d] = 1.0 / np.sqrt(head_dim)
+
+        def folded(norm: str, weight: str, cols: np.ndarray | None = None) -> np.ndarray:
+            w = tensors[norm].astype(F32)[:, None] * tensors[weight].astype(F32)
+            if cols is not None:
+                w = w * cols
+            return np.ascontiguousarray(w, dtype=F32)
+
         layers = tuple(
             Layer(
-                attn_norm=f32(f"layers.{i}.attn_norm"),
-                wqkv=f32(f"layers.{i}.wqkv"),
+                wqkv=folded(f"layers.{i}.attn_norm", f"layers.{i}.wqkv", scale),
                 wo=f32(f"layers.{i}.wo"),
-                mlp_norm=f32(f"layers.{i}.mlp_norm"),
-                w_gate_up=f32(f"layers.{i}.w_gate_up"),
+                w_gate_up=folded(f"layers.{i}.mlp_norm", f"layers.{i}.w_gate_up"),
                 w_down=f32(f"layers.{i}.w_down"),
             )
             for i in range(int(config["num_layers"]))
         )
         return cls(
             embed=embed,
-            embed_t=np.ascontiguousarray(embed.T),
-            norm=f32("norm"),
+            embed_t=np.ascontiguousarray(
+                tensors["norm"].astype(F32)[:, None] * embed.T,
+                dtype=F32,
+            ),
             layers=layers,
             num_heads=heads,
             head_dim=head_dim,
@@ -101,10 +112,11 @@ class KVCache:
         self.length = 0
 
 
-def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def _rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm without its gain (folded into the next matrix)."""
     ms = np.mean(x * x, axis=-1, keepdims=True)
     ms += eps
-    out: np.ndarray = x * (1.0 / np.sqrt(ms)) * weight
+    out: np.ndarray = x / np.sqrt(ms)
     return out
 
 
@@ -124,13 +136,12 @@ def forward(w: Weights, ids: np.ndarray, cache: KVCache) -> np.ndarray:
     half = hd // 2
     cos = w.cos[start:end, None, :]  # (t, 1, hd): broadcast over the q and k heads
     sin = w.sin_signed[start:end, None, :]
-    scale = F32(1.0 / np.sqrt(hd))
     mask = None
     if t > 1:  # causal mask for the new queries against every cached key
         mask = np.triu(np.full((t, end), -np.inf, dtype=F32), k=start + 1)
     x = w.embed[ids]  # (t, d), a fresh array (fancy indexing copies)
     for i, layer in enumerate(w.layers):
-        h = _rms_norm(x, layer.attn_norm, w.eps)
+        h = _rms_norm(x, w.eps)
         qkv = h @ layer.wqkv  # (t, 3d)
         qk = qkv[:, : 2 * d].reshape(t, 2 * heads, hd)
         # RoPE: x*cos + rotate_half(x)*sin, with rotate_half's sign folded into ``sin``.
@@ -140,7 +151,7 @@ def forward(w: Weights, ids: np.ndarray, cache: KVCache) -> np.ndarray:
         k_cache, v_cache = cache.k[i], cache.v[i]
         k_cache[:, start:end] = qk[:, heads:].transpose(1, 0, 2)
         v_cache[:, start:end] = qkv[:, 2 * d :].reshape(t, heads, hd).transpose(1, 0, 2)
-        scores = (q * scale) @ k_cache[:, :end].transpose(0, 2, 1)  # (heads, t, end)
+        scores = q @ k_cache[:, :end].transpose(0, 2, 1)  # (heads, t, end)
         if mask is not None:
             scores += mask
         scores -= scores.max(axis=-1, keepdims=True)
@@ -148,7 +159,7 @@ def forward(w: Weights, ids: np.ndarray, cache: KVCache) -> np.ndarray:
         scores /= scores.sum(axis=-1, keepdims=True)
         att = scores @ v_cache[:, :end]  # (heads, t, hd)
         x += att.transpose(1, 0, 2).reshape(t, d) @ layer.wo
-        h = _rms_norm(x, layer.mlp_norm, w.eps)
+        h = _rms_norm(x, w.eps)
         gu = h @ layer.w_gate_up
         f = gu.shape[1] // 2
         gate = gu[:, :f]
@@ -160,6 +171,6 @@ def forward(w: Weights, ids: np.ndarray, cache: KVCache) -> np.ndarray:
         act *= gu[:, f:]
         x += act @ layer.w_down
     cache.length = end
-    last = _rms_norm(x[-1], w.norm, w.eps)
+    last = _rms_norm(x[-1], w.eps)
     out: np.ndarray = last @ w.embed_t
     return out
