@@ -164,6 +164,13 @@ class ResponseReader:
     # -- head -------------------------------------------------------------------------------
     def _feed_head(self, view: memoryview, pos: int) -> int:
         buf = self._head_buf
+        if not buf:
+            # Fast path: the whole head arrived in this read (nearly always).
+            data = view.obj
+            if isinstance(data, bytes) and pos == 0:
+                idx = data.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES)
+                if idx >= 0:
+                    return self._head_done(data[: idx + 4], idx + 4)
         scan = max(0, len(buf) - 3)
         room = MAX_HEAD_BYTES - len(buf)
         take = view[pos : pos + room]
@@ -176,8 +183,12 @@ class ResponseReader:
         head_len = idx + 4
         consumed = pos + len(take) - (len(buf) - head_len)
         del buf[head_len:]
-        head = self._parse_head(bytes(buf))
+        raw = bytes(buf)
         buf.clear()
+        return self._head_done(raw, consumed)
+
+    def _head_done(self, raw: bytes, consumed: int) -> int:
+        head = self._parse_head(raw)
         if 100 <= head.status < 200:
             # 1xx informational (we never send Expect, but 103 Early Hints exists): skip.
             return consumed
