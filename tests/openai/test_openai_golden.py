@@ -22,9 +22,16 @@ PROMPTS = {
     "chat:for": [{"role": "user", "content": "for"}],
 }
 GOLDEN: dict[str, dict[str, str]] = {
-    "599cddecef55ce13e72987231d58ee7fdcf03a1b6068f10512b88f76e61cec01": {
-        "chat:str.split": "\n" * 32,
-        "chat:for": "\n" * 32,
+    # tinyllm as shipped in 38c1110 (val 1.786 bits/char)
+    "817e25fc66aac1bee0dd383e3c477788fbc645ad1302c3dbe6745f4e431e82c1": {
+        "chat:str.split": (
+            "Return a list of the current line number of the same as\n\n"
+            'The "sys.g.g.g.  The space is a s'
+        ),
+        "chat:for": (
+            "Return a list of the current line of the current line.\n\n"
+            "The argument is a string, or a string, or a string.\n\nThe argument"
+        ),
     },
 }
 
