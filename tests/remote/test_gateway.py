@@ -370,3 +370,45 @@ async def _until(cond: Any) -> None:
     """Yield to the loop until ``cond()`` holds (bounded by the test's timeout)."""
     while not cond():
         await asyncio.sleep(0)
+
+
+def test_connection_limit_queues_requests_and_reuses_connections(run: Any) -> None:
+    async def main() -> None:
+        async with echo_upstream() as up, gateway(
+            f"g=remote:{up.url}/v1?upstream_model=echo&connections=2"
+        ) as gw:
+            relay = gw.relay()
+            async with httpx.AsyncClient(limits=httpx.Limits(max_connections=50)) as c:
+                bodies = [b"request %d " % i * 50 for i in range(40)]
+                results = await asyncio.gather(*(post(c, f"{gw.url}/v1/raw/g", b) for b in bodies))
+            assert [r.content for r in results] == bodies
+            st = relay.statistics().upstreams[f"{up.url}/v1"]
+            assert st.connects <= 2 and st.requests == 40 and st.errors == 0
+            assert_no_leaks(relay)
+
+    run(main())
+
+
+def test_least_outstanding_requests_spreads_concurrent_load(run: Any) -> None:
+    async def main() -> None:
+        async with Fake(never_answer) as slow, echo_upstream() as up, gateway(
+            f"g=remote:{slow.url},{up.url}/v1?upstream_model=echo"
+        ) as gw:
+            async with httpx.AsyncClient(timeout=10) as c:
+                # One request sticks on the slow upstream; every later one goes to the
+                # upstream with fewer requests outstanding, the echo.
+                seen = asyncio.ensure_future(slow.request_seen.wait())
+                while True:  # ties go in turn: send until one lands on the slow upstream
+                    stuck = asyncio.ensure_future(post(c, f"{gw.url}/v1/raw/g", b"stuck"))
+                    await asyncio.wait([stuck, seen], return_when=asyncio.FIRST_COMPLETED)
+                    if seen.done():
+                        break
+                for i in range(10):
+                    r = await post(c, f"{gw.url}/v1/raw/g", b"fast %d" % i)
+                    assert r.content == b"fast %d" % i
+                assert len(slow.requests) == 1
+                stuck.cancel()
+            await slow.peer_closed.wait()
+            assert_no_leaks(gw.relay())
+
+    run(main())

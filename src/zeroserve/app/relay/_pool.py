@@ -301,10 +301,14 @@ class Upstream:
             try:
                 async with asyncio.timeout_at(deadline):
                     await waiter
-            except TimeoutError:
-                raise DeadlineExceeded(
-                    f"no connection to the upstream {self.url.url} came free before the deadline"
-                ) from None
+            except BaseException as exc:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken but leaving: pass the free slot on
+                if isinstance(exc, TimeoutError):
+                    raise DeadlineExceeded(
+                        f"no connection to the upstream {self.url.url} came free before the deadline"
+                    ) from None
+                raise
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
