@@ -14,7 +14,7 @@ class Request:
     (an arena lease for Content-Length bodies); it stays valid until the response has
     been sent. ``state`` carries what head-time hooks decided (model handle, ticket)."""
 
-    __slots__ = ("_query", "body", "disconnected", "head", "lease", "params", "route", "state")
+    __slots__ = ("_disconnected", "_query", "body", "head", "lease", "params", "route", "state")
 
     def __init__(self, head: RequestHead, params: dict[str, str], route: Any) -> None:
         self.head = head
@@ -23,8 +23,19 @@ class Request:
         self.body: memoryview = memoryview(b"")
         self.lease: Any = None
         self.state: dict[str, Any] = {}
-        self.disconnected = asyncio.Event()
+        self._disconnected: asyncio.Event | None = None
         self._query: dict[str, str] | None = None
+
+    @property
+    def disconnected(self) -> asyncio.Event:
+        """Set when the client goes away (created on first use: most handlers never ask)."""
+        if self._disconnected is None:
+            self._disconnected = asyncio.Event()
+        return self._disconnected
+
+    def mark_disconnected(self) -> None:
+        if self._disconnected is not None:
+            self._disconnected.set()
 
     @property
     def method(self) -> str:
@@ -41,7 +52,8 @@ class Request:
     @property
     def query(self) -> dict[str, str]:
         if self._query is None:
-            self._query = dict(parse_qsl(self.head.query, keep_blank_values=True))
+            q = self.head.query
+            self._query = dict(parse_qsl(q, keep_blank_values=True)) if q else {}
         return self._query
 
     def accepts(self, media_type: bytes) -> bool:

@@ -148,6 +148,12 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     async def embed(self, slot: Any, texts: list[str]) -> np.ndarray: ...
 
+    def infer_now(self, inputs: Mapping[str, Any]) -> InferResult | None:
+        """Run one request to completion right now, on the calling (loop) thread, when
+        this executor can do so without blocking; else None. Only the inline executor
+        with a sync ``infer`` can: everything else needs a thread, a worker or an await."""
+        return None
+
     @abc.abstractmethod
     def generate(self, req: GenerateRequest, channel: Channel) -> Producer: ...
 

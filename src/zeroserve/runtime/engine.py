@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
-from ..errors import CapabilityError, DeadlineExceeded, ModelNotFound, RequestError
+from ..errors import CapabilityError, DeadlineExceeded, ModelNotFound, RequestError, WouldBlock
 from ..models.base import ExecutorKind, GenerateRequest, Model
 from ._common import (
     Executor,
@@ -352,6 +352,30 @@ class ModelHandle:
             return result
         finally:
             ticket.release()
+
+    def infer_nowait(
+        self, ticket: Ticket, inputs: Mapping[str, Any], *, deadline: float | None = None
+    ) -> InferResult:
+        """Run the request synchronously when the batcher would run it at once on the loop
+        anyway (inline executor, sync ``infer``, batches of one, nothing queued ahead).
+        Raises ``WouldBlock`` otherwise, leaving ``ticket`` with the caller, who then
+        awaits ``infer`` with it."""
+        rt = self._rt
+        batcher = rt.infer_batcher
+        if rt.spec.max_batch_size != 1 or batcher is None or batcher.queued:
+            raise WouldBlock
+        if deadline is not None and rt.engine.clock() >= deadline:
+            ticket.release()
+            raise DeadlineExceeded("the request's deadline passed before it was queued")
+        try:
+            result = rt.executor.infer_now(inputs)
+        except BaseException:
+            ticket.release()
+            raise
+        if result is None:
+            raise WouldBlock
+        ticket.release()
+        return result
 
     async def embed(
         self, ticket: Ticket, texts: list[str], *, deadline: float | None = None

@@ -168,6 +168,26 @@ class InProcessExecutor(Executor):
             results[i] = InferResult(out, output_leases(self.arena, out))
         return results
 
+    def infer_now(self, inputs: Mapping[str, Any]) -> InferResult | None:
+        # The fast path of the raw and V2 endpoints: a sync model on the inline executor
+        # would run on the loop anyway; running it here saves the batcher's task switch,
+        # futures and timers (most of the per-request cost of a trivial model).
+        model = self.model
+        if self.pool is not None or model is None or self._slots.locked():
+            return None
+        if inspect.iscoroutinefunction(model.infer):
+            return None
+        validate_inputs(inputs)
+        self._busy += 1
+        try:
+            outputs = check_outputs(self.spec.name, 1, model.infer([inputs]))
+        except Exception as exc:
+            raise model_failure(self.spec.name, exc) from exc
+        finally:
+            self._busy -= 1
+        out = dict(outputs[0])
+        return InferResult(out, output_leases(self.arena, out))
+
     async def embed(self, slot: Any, texts: list[str]) -> np.ndarray:
         assert self.model is not None
         try:

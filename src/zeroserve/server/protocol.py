@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import metrics
-from ..app.problems import error_body, error_response, internal_error
+from ..app.problems import ErrorFormat, error_body, error_response, internal_error
 from ..app.request import Request
 from ..app.response import Response, StreamResponse
 from ..errors import ProtocolError, ZeroserveError
@@ -166,7 +166,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self.conn.close()
         req = self.request
         if req is not None:
-            req.disconnected.set()
+            req.mark_disconnected()
         if self.task is not None and not self.task.done():
             self.task.cancel()
         elif req is not None:
@@ -377,7 +377,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
             # Bytes after a request we are still answering broke framing: just close.
             self._abort()
             return
-        fmt = self.server.app.error_format(self.conn.head.path) if self.conn.head else "openai"
+        fmt: ErrorFormat = (
+            self.server.app.error_format(self.conn.head.path) if self.conn.head else "openai"
+        )
         if self.request is not None:  # the body was bad: the request never ran
             self._release_request(self.request)
             self.request = None
@@ -554,7 +556,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             self._out = []
             return
         if out and isinstance(out[0], bytes) and out[0].startswith(b"HTTP/1."):
-            buffers = [out[0]]
+            buffers: list[framing.Buffer] = [out[0]]
             body = out[1:]
         else:
             buffers = []

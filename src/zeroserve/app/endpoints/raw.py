@@ -11,11 +11,12 @@ per piece; ``?stream=1`` or a model without ``infer`` gives a chunked
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
 
-from ...errors import CapabilityError, RequestError
+from ...errors import CapabilityError, RequestError, WouldBlock
 from ...models.base import GenerateRequest
 from ..relay import relay_for
 from ..request import Request
@@ -31,11 +32,14 @@ def register(router: Router, engine: Any) -> None:
         req.state["handle"] = handle
         req.state["ticket"] = handle.admit()
 
-    async def raw(req: Request) -> Response | StreamResponse:
+    def raw(req: Request) -> Response | StreamResponse | Awaitable[Response | StreamResponse]:
         handle = req.state["handle"]
         relay = relay_for(handle)
         if relay is not None:  # a remote model: relay the bytes as they are
-            return await relay.forward(req, relay.raw_path(), rewrite_model=False)
+            result: Awaitable[Response | StreamResponse] = relay.forward(
+                req, relay.raw_path(), rewrite_model=False
+            )
+            return result
         caps = handle.capabilities
         sse = req.accepts(EVENT_STREAM)
         want_stream = sse or req.query.get("stream", "").lower() in _TRUE or "infer" not in caps
@@ -44,20 +48,31 @@ def register(router: Router, engine: Any) -> None:
                 raise CapabilityError(f"model {handle.name!r} cannot stream")
             gen = GenerateRequest(raw=req.body, max_tokens=_max_tokens(req))
             stream = handle.generate(req.state.pop("ticket"), gen, deadline=None)
-            return StreamResponse(stream, framing="sse" if sse else "chunked")
+            return StreamResponse(stream, framing="sse" if sse else "chunked", aclose=stream.aclose)
         if "infer" not in caps:
             raise CapabilityError(f"model {handle.name!r} has no raw inference")
         inputs = {"raw": np.frombuffer(req.body, dtype=np.uint8)}
-        result = await handle.infer(req.state.pop("ticket"), inputs, deadline=None)
-        out = result.outputs.get("raw")
-        if out is None:
-            raise RequestError(f"model {handle.name!r} returned no 'raw' output")
-        view = memoryview(out).cast("B") if not isinstance(out, bytes) else out
-        return Response(
-            200, [view], content_type=OCTET, release=[lease.release for lease in result.leases]
-        )
+        try:
+            # Trivial inline models answer without a task switch (see infer_nowait).
+            return _response(handle, handle.infer_nowait(req.state["ticket"], inputs))
+        except WouldBlock:
+            return _infer(handle, req.state.pop("ticket"), inputs)
+        finally:
+            req.state.pop("ticket", None)
+
+    async def _infer(handle: Any, ticket: Any, inputs: dict[str, Any]) -> Response:
+        return _response(handle, await handle.infer(ticket, inputs, deadline=None))
 
     router.add("POST", "/v1/raw/{model}", raw, on_head=on_head)
+
+
+def _response(handle: Any, result: Any) -> Response:
+    out = result.outputs.get("raw")
+    if out is None:
+        result.release()
+        raise RequestError(f"model {handle.name!r} returned no 'raw' output")
+    view = memoryview(out).cast("B") if not isinstance(out, bytes) else out
+    return Response(200, [view], content_type=OCTET, release=[result.release])
 
 
 def _max_tokens(req: Request) -> int | None:
