@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from zeroserve import Model
 from zeroserve.models.base import Inputs, Outputs
@@ -21,3 +22,12 @@ class FailsToLoad(Model):
 
     def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
         return list(batch)
+
+
+class EmbedOnly(Model):
+    """Has no raw capability: the raw endpoint must refuse it with 400."""
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        import numpy as np
+
+        return np.zeros((len(texts), 4), dtype=np.float32)

@@ -376,3 +376,16 @@ def test_graceful_shutdown_finishes_in_flight(loop_name: str) -> None:
 def test_ready_line_names_models(echo_server: ServerProcess) -> None:
     assert echo_server.models == ["echo"]
     assert re.match(r"http://127\.0\.0\.1:\d+", echo_server.url)
+
+
+def test_refused_requests_give_back_their_admission_ticket(loop_name: str) -> None:
+    # queue_depth=2: if a refused request kept its ticket, the third would get 429.
+    server = start_server("--model", "emb=tests.server.models:EmbedOnly?queue_depth=2", loop=loop_name)
+    try:
+        with httpx.Client() as client:
+            for _ in range(6):
+                r = client.post(server.url + "/v1/raw/emb", content=b"x")
+                assert r.status_code == 400
+                assert r.json()["error"]["code"] == "unsupported_capability"
+    finally:
+        assert server.stop() == 0

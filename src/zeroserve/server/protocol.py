@@ -321,6 +321,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
         metrics.REQUEST_SECONDS.labels(req.route.name).observe(self.loop.time() - self._started)
         self.request = None
         self._responding = False
+        ticket = req.state.pop("ticket", None)  # a handler that failed before using it
+        if ticket is not None:
+            ticket.release()
         if req.lease is not None:
             self._pending_release.append(req.lease.release)
             req.lease = None
