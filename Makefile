@@ -11,7 +11,7 @@ PORT ?= 8000
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[default-models,onnx,test,bench]'
+	$(PY) -m pip install -q -e '.[onnx,test,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
