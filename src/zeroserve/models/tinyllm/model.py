@@ -73,9 +73,12 @@ class TinyLlamaModel(Model):
     ``generate`` has its own KV cache and random generator.
     """
 
-    # numpy releases the GIL inside each matmul and large ufunc, but a decode step here is
-    # ~100 small numpy calls, so most of a step holds the GIL; see docs in
-    # tests/models/bench_tinyllm.py for the measurement behind this choice.
+    # Thread, measured by tests/models/bench_tinyllm.py: a decode step (~0.6 ms CPU) is
+    # ~100 small numpy calls and only its matmuls (~20% of it) run without the GIL, so
+    # threads add little parallelism (4 streams: process CPU/wall ~1.1). But each step
+    # releases the GIL at every matmul, so an event loop beside it stays responsive
+    # (1 ms ticker late by p50 0.2-0.5 ms), whereas running steps inline on the loop made
+    # it late by p50 5-15 ms, and a long prompt's prefill would block it outright.
     executor: ClassVar[ExecutorKind] = "thread"
     description: ClassVar[str] = (
         "demo model: 0.9M-parameter Llama-style model trained by zeroserve on CPython's "
