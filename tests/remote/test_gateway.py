@@ -80,7 +80,9 @@ def test_upstream_status_headers_and_4xx_bodies_pass_through(run: Any) -> None:
     async def main() -> None:
         async with Fake(teapot) as fake, gateway(f"g=remote:{fake.url}") as gw:
             async with httpx.AsyncClient() as c:
-                r = await post(c, f"{gw.url}/v1/raw/g?a=1", b"x", headers={"x-client": "1"})
+                r = await post(
+                    c, f"{gw.url}/v1/raw/g?a=1", b"x", headers={"x-client": "1", "authorization": "c"}
+                )
             assert r.status_code == 418
             assert r.json()["error"]["message"] == "short and stout"
             assert r.headers["x-upstream"] == "yes"
@@ -88,6 +90,7 @@ def test_upstream_status_headers_and_4xx_bodies_pass_through(run: Any) -> None:
             head = fake.requests[0].head
             assert head.startswith(b"POST /v1/raw/g?a=1 HTTP/1.1\r\n")
             assert fake.requests[0].header(b"x-client") == b"1"
+            assert fake.requests[0].header(b"authorization") == b"c"  # no api_key_env: as sent
             st = gw.relay().statistics().upstreams[fake.url]
             assert st.errors == 0  # a 4xx is the client's problem, not the upstream's
             assert_no_leaks(gw.relay())

@@ -212,3 +212,29 @@ def test_rewrite_property(obj: dict[str, object], name: str, with_model: bool) -
         assert msgspec.json.decode(b"".join(bytes(b) for b in out)) == {**obj, "model": name}
     else:
         assert out is None
+
+
+# -- the remote model's options -------------------------------------------------------------
+
+
+def test_remote_spec_options_are_checked_at_load() -> None:
+    from zeroserve.models.loader import parse_spec
+    from zeroserve.models.remote import RemoteModel
+
+    spec = parse_spec("g=remote:http://a:1/v1/,https://b/v1?upstream_model=m&connections=4&timeout=2.5")
+    m = RemoteModel(**spec.options)
+    assert [u.url for u in m.config.upstreams] == ["http://a:1/v1", "https://b/v1"]
+    assert [(u.port, u.base_path, u.authority) for u in m.config.upstreams] == [
+        (1, "/v1", "a:1"),
+        (443, "/v1", "b"),
+    ]
+    assert (m.config.upstream_model, m.config.connections, m.config.timeout) == ("m", 4, 2.5)
+    assert RemoteModel.capabilities() == frozenset()  # the engine hosts it with none
+    for bad in ("", "ftp://x/v1", "http:///v1", "http://h/v1?x=1"):
+        with pytest.raises(ValueError):
+            RemoteModel(location=bad)
+    for opts in ({"connections": 0}, {"timeout": "soon"}, {"colour": "blue"}):
+        with pytest.raises(ValueError):
+            RemoteModel(location="http://h/v1", **opts)
+    with pytest.raises(ValueError, match="ZS_UNSET_KEY"):
+        RemoteModel(location="http://h/v1", api_key_env="ZS_UNSET_KEY").load()
