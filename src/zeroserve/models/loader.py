@@ -34,6 +34,7 @@ BACKENDS: dict[str, str] = {
     "onnx": "zeroserve.models.onnx_backend:OnnxModel",
     "remote": "zeroserve.models.remote:RemoteModel",
     "transformers": "zeroserve.models.transformers_backend:TransformersModel",
+    "sentence-transformers": "zeroserve.models.sentence_transformers_backend:SentenceTransformersModel",
 }
 # Options the runtime reads (the rest go to the model's constructor).
 RUNTIME_KEYS = frozenset({"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth"})
