@@ -10,11 +10,21 @@ import socket
 from multiprocessing import resource_tracker
 from typing import Any
 
+import numpy as np
+import pytest
+from helpers import counter, engine, flag, until
+from models_for_tests import Counter, Echo, Faulty
+
+from zeroserve import errors, metrics
+from zeroserve.models.base import GenerateRequest
+
 
 def _own_children(model: str) -> list[multiprocessing.process.BaseProcess]:
     """This test's worker processes still alive (workers are named zeroserve-MODEL-i;
     other suites' session-wide servers may run in the same interpreter)."""
-    return [p for p in multiprocessing.active_children() if (p.name or "").startswith(f"zeroserve-{model}-")]
+    return [
+        p for p in multiprocessing.active_children() if (p.name or "").startswith(f"zeroserve-{model}-")
+    ]
 
 
 def _fds() -> set[str]:
