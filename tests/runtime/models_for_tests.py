@@ -120,3 +120,15 @@ class BrokenLoad(Model):
 
     def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
         return list(batch)
+
+
+class Finisher(Model):
+    """Yields the prompt's words and returns why it stopped, like a real LLM's generate."""
+
+    def generate(self, req: GenerateRequest) -> Iterator[Piece]:  # type: ignore[override]
+        words = req.prompt.split()
+        for i, word in enumerate(words):
+            if req.max_tokens is not None and i >= req.max_tokens:
+                return "length"
+            yield word
+        return "stop"

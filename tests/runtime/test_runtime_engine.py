@@ -16,6 +16,7 @@ from models_for_tests import (
     Counter,
     Echo,
     Faulty,
+    Finisher,
     Flood,
     Gate,
 )
@@ -81,6 +82,18 @@ def test_generate_embed_and_capabilities(run: Any, executor: str, arena: Any) ->
             with pytest.raises(errors.ModelNotFound):
                 eng.model("nope")
             assert p.statistics().queue.in_flight == 0
+
+    run(main())
+
+
+def test_stream_reports_the_generators_finish_reason(run: Any, executor: str, arena: Any) -> None:
+    async def main() -> None:
+        async with engine(executor, {"f": {"factory": Finisher}}, arena=arena) as eng:
+            h = eng.model("f")
+            for max_tokens, pieces, reason in ((None, ["a", "b", "c"], "stop"), (2, ["a", "b"], "length")):
+                stream = h.generate(h.admit(), GenerateRequest(prompt="a b c", max_tokens=max_tokens))
+                assert [p async for p in stream] == pieces
+                assert stream.finish_reason == reason
 
     run(main())
 

@@ -14,6 +14,8 @@ Payload conventions (so the runtime can keep bytes in shared memory):
   When ``max_batch_size`` is 1 the batch always has one element.
 * ``generate`` takes a ``GenerateRequest`` and yields text pieces (``str``). A model may
   also yield ``bytes``/``memoryview`` pieces when ``req.raw`` was given (raw streaming).
+  A sync generator may ``return "stop"`` or ``return "length"``: the runtime passes that
+  value on as ``Stream.finish_reason`` (the OpenAI ``finish_reason``).
 * ``embed`` takes a list of strings and returns a float32 array of shape ``(n, dim)``.
 """
 

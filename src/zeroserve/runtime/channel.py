@@ -33,7 +33,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .. import metrics
 from ..errors import Broken, Closed, WouldBlock
@@ -129,6 +129,9 @@ class Channel:
         self._send_closed = False
         self._recv_closed = False
         self._error: BaseException | None = None
+        # What the producer returned when it finished (a generator's return value, e.g. a
+        # model's finish reason); readable once the consumer has seen the end.
+        self.result: Any = None
         self._getter: asyncio.Future[None] | None = None
         self._putters: deque[asyncio.Future[None]] = deque()
 
@@ -189,12 +192,13 @@ class Channel:
                 if fut in self._putters:
                     self._putters.remove(fut)
 
-    def close(self, error: BaseException | None = None) -> None:
+    def close(self, error: BaseException | None = None, *, result: Any = None) -> None:
         """Producer end: no more pieces. The consumer drains what is pending, then gets
-        ``error`` (if any) or the end of iteration."""
+        ``error`` (if any) or the end of iteration. ``result`` is kept as ``self.result``."""
         if self._send_closed:
             return
         self._send_closed = True
+        self.result = result
         if error is not None and self._error is None:
             self._error = error
         self._wake_getter()

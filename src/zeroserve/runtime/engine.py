@@ -179,6 +179,13 @@ class Stream:
     def statistics(self) -> ChannelStatistics:
         return self.channel.statistics()
 
+    @property
+    def finish_reason(self) -> str | None:
+        """What the model's generator returned (``"stop"`` / ``"length"`` for models that
+        say), once the stream has ended; ``None`` if it returned nothing."""
+        result = self.channel.result
+        return result if isinstance(result, str) else None
+
     def _expire(self) -> None:
         self.channel.abort(DeadlineExceeded("the request's deadline passed during generation"))
         if self._producer is not None:

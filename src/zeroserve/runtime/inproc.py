@@ -206,6 +206,7 @@ class InProcessExecutor(Executor):
         self._streams += 1
         try:
             it = await maybe_await(self.model.generate(req))
+            result: Any = None
             if hasattr(it, "__anext__"):
                 try:
                     async for piece in it:
@@ -215,10 +216,10 @@ class InProcessExecutor(Executor):
                     if aclose is not None:
                         await aclose()
             elif self.pool is None:
-                await self._pump_inline(iter(it), channel)
+                result = await self._pump_inline(iter(it), channel)
             else:
-                await self._pump_thread(iter(it), channel)
-            channel.close()
+                result = await self._pump_thread(iter(it), channel)
+            channel.close(result=result)
         except asyncio.CancelledError:
             channel.close()
             raise
@@ -228,10 +229,15 @@ class InProcessExecutor(Executor):
         finally:
             self._streams -= 1
 
-    async def _pump_inline(self, gen: Iterator[Any], channel: Channel) -> None:
+    async def _pump_inline(self, gen: Iterator[Any], channel: Channel) -> Any:
+        """Pull ``gen`` into ``channel``; returns the generator's return value."""
         n = 0
         try:
-            for piece in gen:
+            while True:
+                try:
+                    piece = next(gen)
+                except StopIteration as stop:
+                    return stop.value
                 try:
                     channel.send_nowait(piece)
                 except WouldBlock:
@@ -244,14 +250,20 @@ class InProcessExecutor(Executor):
             if close is not None:
                 close()
 
-    async def _pump_thread(self, gen: Iterator[Any], channel: Channel) -> None:
+    async def _pump_thread(self, gen: Iterator[Any], channel: Channel) -> Any:
+        """Step ``gen`` in the pool into ``channel``; returns the generator's return value."""
         assert self.pool is not None
         lock = threading.Lock()
         loop = asyncio.get_running_loop()
+        finished: list[Any] = []
 
         def step() -> Any:
             with lock:
-                return next(gen, _END)
+                try:
+                    return next(gen)
+                except StopIteration as stop:
+                    finished.append(stop.value)
+                    return _END
 
         def close() -> None:
             with lock:
@@ -264,7 +276,7 @@ class InProcessExecutor(Executor):
                 await channel.wait_writable()
                 piece = await loop.run_in_executor(self.pool, step)
                 if piece is _END:
-                    return
+                    return finished[0] if finished else None
                 await channel.send(piece)
         finally:
             try:

@@ -412,7 +412,7 @@ class ProcessExecutor(Executor):
                     call.future.set_result(vecs)
             elif isinstance(msg, p.End):
                 if call.channel is not None:
-                    call.channel.close()
+                    call.channel.close(result=msg.result)
             elif isinstance(msg, p.Fail):
                 exc = _rebuild_error(msg.error, msg.message, msg.status)
                 if call.channel is not None:

@@ -106,6 +106,7 @@ class Piece(_Msg, tag="piece"):
 
 class End(_Msg, tag="end"):
     id: int
+    result: str | None = None  # the generator's return value (a finish reason), if a str
 
 
 class Fail(_Msg, tag="fail"):

@@ -273,6 +273,7 @@ class _Worker:
             req.raw = self.view[msg.raw.offset : msg.raw.offset + msg.raw.length]
         credit = self.credits[msg.id]
         it = await maybe_await(self.model.generate(req))
+        result: Any = None
         if hasattr(it, "__anext__"):
             try:
                 while True:
@@ -291,9 +292,15 @@ class _Worker:
             gen = iter(it)
             lock = threading.Lock()
 
+            finished: list[Any] = []
+
             def step() -> Any:
                 with lock:
-                    return next(gen, _END)
+                    try:
+                        return next(gen)
+                    except StopIteration as stop:
+                        finished.append(stop.value)
+                        return _END
 
             def close() -> None:
                 with lock:
@@ -307,6 +314,7 @@ class _Worker:
                     await credit.take()
                     piece = await loop.run_in_executor(self.pool, step)
                     if piece is _END:
+                        result = finished[0] if finished else None
                         break
                     self.send(self._piece(msg.id, piece))
                     await self.writer.drain()
@@ -315,4 +323,4 @@ class _Worker:
                     self.pool.submit(close)
                 except RuntimeError:
                     pass
-        self.send(p.End(msg.id))
+        self.send(p.End(msg.id, result if isinstance(result, str) else None))
