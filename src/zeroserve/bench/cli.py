@@ -14,9 +14,12 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -110,6 +113,24 @@ def _machine() -> list[str]:
     ]
 
 
+def _interruptible() -> Callable[[], None]:
+    """Make SIGTERM and SIGINT raise KeyboardInterrupt (even where a background shell
+    ignored SIGINT), so every started server is stopped on the way out. Returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def undo() -> None:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+    return undo
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``zeroserve bench``. Returns the process exit status."""
     args = _parser().parse_args(argv)
@@ -166,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     if pinned:
         os.sched_setaffinity(0, {LOAD_CPU})
     started = time.monotonic()
+    restore = _interruptible()
+    interrupted = False
     try:
         n = 0
         broken: dict[str, str] = {}
@@ -186,7 +209,13 @@ def main(argv: list[str] | None = None) -> int:
                                else f"{r.events_per_s:,.0f} tokens/s") if r.ok else r.error[:200]
                     print(f"[{n}/{total}] round {rnd} {case.key} {spec.name}: {summary}",
                           flush=True)
+    except KeyboardInterrupt:
+        # The measurement's own `finally` has stopped its server; report what ran.
+        interrupted = True
+        print("zeroserve bench: interrupted; reporting the runs completed so far",
+              file=sys.stderr)
     finally:
+        restore()
         os.sched_setaffinity(0, original_affinity)
 
     res = Results(cases=cases, servers=servers, cells=cells, skipped=skipped)
@@ -210,4 +239,4 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"zeroserve bench: wrote {args.out} and {args.results_dir}/", flush=True)
     ok = any(r.ok for cell in cells.values() for r in cell.runs)
-    return 0 if ok else 1
+    return 130 if interrupted else (0 if ok else 1)

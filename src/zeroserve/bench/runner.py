@@ -64,7 +64,8 @@ class RunResult:
     round: int
     ok: bool
     error: str = ""
-    requests: int = 0
+    requests: int = 0            # completed with 2xx/3xx
+    responses: int = 0           # completed, any status
     duration_s: float = 0.0
     rps: float = math.nan
     events_per_s: float = math.nan
@@ -216,15 +217,16 @@ def measure(spec: ServerSpec, case: Case, rnd: int, settings: Settings) -> RunRe
             after = scrape(port)
             result.copied = _delta(after[0], before[0])
             result.payload = _delta(after[1], before[1])
-        result.requests = res.requests
+        result.requests = res.good
+        result.responses = res.requests
         result.duration_s = res.duration_s
         result.rps = res.rps
         result.events_per_s = res.rps * case.events_per_request
         result.latency_pct_ms = res.latency_pct_ms
         result.wrk_errors = res.error_count
         result.bytes_per_request = res.bytes / res.requests if res.requests else math.nan
-        result.cpu_ms_per_request = ((u1.cpu_s - u0.cpu_s) * 1000 / res.requests
-                                     if res.requests else math.nan)
+        result.cpu_ms_per_request = ((u1.cpu_s - u0.cpu_s) * 1000 / res.good
+                                     if res.good else math.nan)
         result.peak_rss_mib = max(peak_kib, u1.hwm_kib) / 1024
         if case.kind == "stream":
             result.rss_per_stream_kib = (
@@ -234,9 +236,10 @@ def measure(spec: ServerSpec, case: Case, rnd: int, settings: Settings) -> RunRe
         if not server.alive():
             result.error = f"server died: {server.log_tail()}"
             return result
-        result.ok = res.requests > 0
+        result.ok = res.good > 0
         if not result.ok:
-            result.error = "no request completed"
+            result.error = ("no request completed" if not res.requests
+                            else f"all {res.requests} responses were errors (non-2xx)")
         return result
     except (OSError, RuntimeError, subprocess.SubprocessError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"

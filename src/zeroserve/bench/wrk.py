@@ -83,8 +83,15 @@ class WrkResult:
     latency_mean_ms: float
 
     @property
+    def good(self) -> int:
+        """Completed requests with a 2xx/3xx status. wrk counts a non-2xx answer (a 429 or
+        503 from load shedding, say) as a completed request, and its latency enters the
+        histogram; throughput must not."""
+        return max(0, self.requests - self.errors.get("status", 0))
+
+    @property
     def rps(self) -> float:
-        return self.requests / self.duration_s if self.duration_s > 0 else math.nan
+        return self.good / self.duration_s if self.duration_s > 0 else math.nan
 
     @property
     def error_count(self) -> int:
