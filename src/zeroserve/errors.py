@@ -58,8 +58,18 @@ class ProtocolError(ZeroserveError):
     code = "bad_request"
     type = "invalid_request_error"
 
+    _CODES = {
+        408: "request_timeout",
+        413: "payload_too_large",
+        414: "uri_too_long",
+        417: "expectation_failed",
+        431: "headers_too_large",
+        501: "not_implemented",
+        505: "http_version_not_supported",
+    }
+
     def __init__(self, message: str, *, status: int = 400, close: bool = True) -> None:
-        super().__init__(message, status=status)
+        super().__init__(message, status=status, code=self._CODES.get(status, "bad_request"))
         self.close = close
 
 

@@ -222,7 +222,7 @@ def test_content_length_over_the_limit_is_413(kserve_server: ServerProcess) -> N
 
 def test_unknown_model_version_output(http: httpx.Client) -> None:
     req = _json_req([1.0], "FP32", [1])
-    expect_error(http.post("/v2/models/nope/infer", json=req), 404, "nope")
+    expect_error(http.post("/v2/models/nope/infer", json=req), 404, "not served")
     expect_error(http.post("/v2/models/echo/versions/9/infer", json=req), 404, "version")
     expect_error(http.get("/v2/models/nope"), 404)
     expect_error(http.get("/v2/models/echo/versions/9"), 404)

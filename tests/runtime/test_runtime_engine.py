@@ -101,14 +101,16 @@ def test_stream_reports_the_generators_finish_reason(run: Any, executor: str, ar
 def test_model_error_fails_only_that_request(run: Any, executor: str, arena: Any) -> None:
     async def main() -> None:
         async with engine(executor, {"f": {"factory": Faulty}}, arena=arena) as eng:
-            with pytest.raises(errors.WorkerError, match="boom requested"):
+            with pytest.raises(errors.WorkerError, match="ValueError") as info:
                 await infer(eng, "f", {"boom": np.zeros(1)})
+            # The model's own text may quote the input: it goes to the log, not the client.
+            assert "boom requested" not in info.value.message
             ok = await infer(eng, "f", {"x": np.arange(3)})
             assert list(ok.outputs["x"]) == [0, 1, 2]
             ok.release()
             h = eng.model("f")
             pieces = []
-            with pytest.raises(errors.WorkerError, match="generation failed"):
+            with pytest.raises(errors.WorkerError, match="ValueError"):
                 async for piece in h.generate(h.admit(), GenerateRequest(prompt="x")):
                     pieces.append(piece)
             assert pieces == ["one"]

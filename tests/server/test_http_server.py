@@ -389,3 +389,24 @@ def test_refused_requests_give_back_their_admission_ticket(loop_name: str) -> No
                 assert r.json()["error"]["code"] == "unsupported_capability"
     finally:
         assert server.stop() == 0
+
+
+def test_requests_abandoned_at_once_leak_nothing(loop_name: str) -> None:
+    # The client sends a whole request and resets the connection at once: the handler's
+    # task may be cancelled before its first step. Its lease and ticket must come back.
+    server = start_server("--model", "rev=tests.server.models:Reverse?executor=thread&queue_depth=4",
+                          loop=loop_name)
+    try:
+        body = os.urandom(200_000)
+        for _ in range(40):
+            c = RawClient(server.host, server.port)
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            c.send(b"POST /v1/raw/rev HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            c.close()
+        wait_for(lambda: arena_leases(server) == 0)
+        # queue_depth=4: leaked tickets would turn these into 429s.
+        with httpx.Client() as client:
+            for _ in range(8):
+                assert client.post(server.url + "/v1/raw/rev", content=b"ab").content == b"ba"
+    finally:
+        assert server.stop() == 0

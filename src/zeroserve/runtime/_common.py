@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,8 @@ from ..models.base import ExecutorKind, GenerateRequest, Model
 from .arena import Arena, Lease
 from .channel import Channel
 from .tensors import arena_offset
+
+log = logging.getLogger("zeroserve.runtime")
 
 
 class ModelLoadError(Exception):
@@ -85,7 +88,10 @@ def model_failure(name: str, exc: BaseException) -> ZeroserveError:
     """A model's exception as the error the caller gets: ours pass through, others 500."""
     if isinstance(exc, ZeroserveError):
         return exc
-    return WorkerError(f"model {name!r} failed: {type(exc).__name__}: {exc}")
+    # The exception's text may quote the request's input, and error bodies never echo
+    # input: the client gets the exception's type, the log gets the whole story.
+    log.error("model %r failed", name, exc_info=exc)
+    return WorkerError(f"model {name!r} failed: {type(exc).__name__}")
 
 
 def output_leases(arena: Arena, outputs: Mapping[str, Any]) -> list[Lease]:

@@ -550,7 +550,8 @@ class Engine:
     def model(self, name: str) -> ModelHandle:
         rt = self._models.get(name)
         if rt is None:
-            raise ModelNotFound(f"model {name!r} is not served")
+            # The name is the client's input: not repeated back (GET /v1/models lists them).
+            raise ModelNotFound("the requested model is not served")
         return ModelHandle(rt)
 
     def deadline(self, deadline: float | None) -> float:

@@ -263,7 +263,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
             log.exception("unhandled error in %s %s", req.method, req.path)
             result = internal_error(req.route.errors)
         if inspect.isawaitable(result) or isinstance(result, StreamResponse):
-            self.task = self.loop.create_task(self._run(req, result))
+            task = self.task = self.loop.create_task(self._run(req, result))
+            # A task cancelled before its first step never enters _run's handlers.
+            task.add_done_callback(lambda t: self._release_request(req) if t.cancelled() else None)
             return None
         return self._send(req, result)
 

@@ -37,6 +37,7 @@ from ...models.base import GenerateRequest
 from ..openai import schemas as s
 from ..openai.generation import Generation, count_tokens
 from ..openai.streaming import ChoiceStream, Chunks
+from ..relay import relay_for_request
 from ..request import Request
 from ..response import JSON, Response, StreamResponse
 from ..router import Router
@@ -265,6 +266,9 @@ class _OpenAI:
 
     # -- chat --------------------------------------------------------------------------
     def chat(self, req: Request) -> Any:
+        relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
+        if relay is not None:
+            return relay.forward(req, "/chat/completions")
         body = s.decode(s.chat_decoder, req.body)
         if body.logprobs:
             raise RequestError("logprobs are not supported by this server", param="logprobs")
@@ -301,6 +305,9 @@ class _OpenAI:
 
     # -- completions -------------------------------------------------------------------
     def completions(self, req: Request) -> Any:
+        relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
+        if relay is not None:
+            return relay.forward(req, "/completions")
         body = s.decode(s.completion_decoder, req.body)
         for name, bad in (
             ("logprobs", body.logprobs is not None),
@@ -333,7 +340,10 @@ class _OpenAI:
         )
 
     # -- embeddings ---------------------------------------------------------------------
-    def embeddings(self, req: Request) -> Coroutine[Any, Any, Response]:
+    def embeddings(self, req: Request) -> Coroutine[Any, Any, Response | StreamResponse]:
+        relay = relay_for_request(self.engine, req)
+        if relay is not None:
+            return relay.forward(req, "/embeddings")
         body = s.decode(s.embedding_decoder, req.body)
         texts = _texts(body.input, "input")
         handle = self._handle(body.model, "embed")
