@@ -3,29 +3,39 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test lint typecheck pytest bench bench-tools model clean
+.PHONY: install install-test serve test lint typecheck pytest bench bench-tools model clean
 
+# The server and its default models (numpy, onnxruntime, tokenizers; no torch).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[onnx,test,bench]'
+	$(PY) -m pip install -q -e .
 	touch $(STAMP)
 
+# Everything the tests exercise: test clients, the benchmark peers, and the optional
+# backends (torch CPU build, transformers, sentence-transformers), which CI tests too.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[onnx,test,bench,transformers,sentence-transformers]'
+	touch $(TEST_STAMP)
+
 install: $(STAMP)
+
+install-test: $(TEST_STAMP)
 
 serve: install
 	$(VENV)/bin/zeroserve serve --host $(HOST) --port $(PORT)
 
-lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
+lint: install-test
+	$(VENV)/bin/ruff check src tests tools
 
-typecheck: install
+typecheck: install-test
 	$(VENV)/bin/mypy
 
-pytest: install
+pytest: install-test
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest
@@ -35,7 +45,7 @@ bench-tools:
 	@command -v wrk >/dev/null && command -v h2load >/dev/null || \
 	  (apt-get update -q && apt-get install -y -q wrk nghttp2-client)
 
-bench: install bench-tools
+bench: install-test bench-tools
 	$(VENV)/bin/zeroserve bench
 
 # Retrain the embedded demo model (tools/train_tinyllm.py, ~8 min on one core) and rewrite
