@@ -90,15 +90,24 @@ def chunk(pieces: Sequence[Buffer], out: list[Buffer]) -> None:
     out.append(CRLF)
 
 
-def sse_event(piece: Buffer, out: list[Buffer]) -> None:
-    """Append one SSE event carrying ``piece`` as its data to ``out`` (no copy)."""
+_SSE_OVERHEAD = len(SSE_DATA) + len(SSE_END)
+
+
+def sse_event(piece: Buffer, out: list[Buffer], size: int | None = None) -> int:
+    """Append one SSE event carrying ``piece`` as its data to ``out`` (no copy); returns
+    the event's size on the wire. ``size`` is ``piece``'s length if the caller knows it."""
     if _LINEBREAK.search(piece) is not None:
         lines = bytes(piece).splitlines() or [b""]  # rare: multi-line data is copied
+        total = 1
         for line in lines:
             out += (SSE_DATA, line, _NL)
+            total += len(SSE_DATA) + len(line) + 1
         out.append(_NL)
-        return
+        return total
     out += (SSE_DATA, piece, SSE_END)
+    if size is None:
+        size = piece.nbytes if isinstance(piece, memoryview) else len(piece)
+    return size + _SSE_OVERHEAD
 
 
 def buffers_size(buffers: Iterable[Buffer]) -> int:

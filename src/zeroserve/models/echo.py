@@ -3,24 +3,32 @@
 * ``infer`` returns each input's own memory: output *i* is input *i*, any shape and dtype.
 * ``generate`` streams the prompt's whitespace-separated tokens back, cycling until
   ``max_tokens``, or once through when no limit is given. With ``req.raw`` (the raw
-  endpoint) the pieces are zero-copy views of the request body; otherwise text pieces,
+  endpoint) the pieces are the body's tokens as bytes; otherwise text pieces,
   each token after the first preceded by one space, so the pieces join to the prompt.
+  Raw pieces are ``bytes`` (a copy of each token: for tokens of a few bytes that is
+  cheaper than slicing views of the body).
 * ``embed`` gives deterministic unit vectors derived from a hash of each text.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
+import itertools
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .base import GenerateRequest, Inputs, Model, Outputs, Piece, TensorSpec
 
 EMBED_DIM = 64
-_WS = re.compile(rb"\S+")
+
+
+def _cycle(pieces: list[Any], limit: int | None) -> Iterator[Any]:
+    """The pieces once (no limit), or cycled until ``limit`` pieces were produced."""
+    if limit is None or not pieces:
+        return iter(pieces)
+    return itertools.islice(itertools.cycle(pieces), limit)
 
 
 class EchoModel(Model):
@@ -31,34 +39,17 @@ class EchoModel(Model):
         return [dict(inputs) for inputs in batch]
 
     def generate(self, req: GenerateRequest) -> Iterator[Piece]:
-        limit = req.max_tokens
         if req.raw is not None:
-            raw = memoryview(req.raw).cast("B")
-            spans = [m.span() for m in _WS.finditer(raw)]
-            if not spans:
-                return
-            produced = 0
-            while limit is None or produced < limit:
-                for start, end in spans:
-                    if limit is not None and produced >= limit:
-                        return
-                    yield raw[start:end]
-                    produced += 1
-                if limit is None:
-                    return
-            return
+            # Tokens are a few bytes: bytes.split() copies them in ~11 us per 256, while
+            # 256 memoryview slices cost ~50 us plus ~50 us to find their spans.
+            return _cycle(bytes(req.raw).split(), req.max_tokens)
         tokens = req.prompt.split()
-        if not tokens:
-            return
-        produced = 0
-        while limit is None or produced < limit:
-            for tok in tokens:
-                if limit is not None and produced >= limit:
-                    return
-                yield tok if produced == 0 else " " + tok
-                produced += 1
-            if limit is None:
-                return
+        pieces = [tok if i == 0 else " " + tok for i, tok in enumerate(tokens)]
+        if req.max_tokens is not None and req.max_tokens > len(tokens) and tokens:
+            # After the first pass every token is preceded by a space, the first too.
+            cycle = [" " + tok for tok in tokens]
+            return itertools.chain(pieces, _cycle(cycle, req.max_tokens - len(pieces)))
+        return _cycle(pieces, req.max_tokens)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = np.empty((len(texts), EMBED_DIM), dtype=np.float32)

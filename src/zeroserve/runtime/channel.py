@@ -21,6 +21,13 @@ error the consumer will raise); the consumer calls ``aclose()``, after which the
 producer's ``send`` raises ``errors.Broken``. ``abort(error)`` drops everything pending
 and delivers ``error`` at once (deadlines, worker death).
 
+A *pulled* channel has no producer task: ``puller`` (set by the inline executor for a
+sync generator) is called by the consumer to make the next piece when none is pending,
+so the stream holds nothing at all beyond the piece being sent, and a burst costs no
+task switches (``receive_batch_nowait`` takes many pieces in one go). ``__anext__`` still
+yields to the loop every ``PULL_YIELD_EVERY`` pulled pieces, so a consumer that never
+suspends cannot starve the loop either.
+
 Invariants
 ----------
 * Only the event-loop thread touches a channel.
@@ -50,6 +57,11 @@ DEFAULT_CAPACITY = 8
 DEFAULT_COALESCE_CAP_BYTES = 1 << 20
 
 POLICIES: tuple[Policy, ...] = ("block", "coalesce")
+# What a puller returns when it made no piece (it closed the channel instead).
+NOTHING: Any = object()
+# A consumer of a pulled channel gives the loop back at least every 16 pieces (each costs
+# microseconds, so a stall stays well under a millisecond).
+PULL_YIELD_EVERY = 16
 
 
 class StreamAborted(Broken):
@@ -134,6 +146,9 @@ class Channel:
         self.result: Any = None
         self._getter: asyncio.Future[None] | None = None
         self._putters: deque[asyncio.Future[None]] = deque()
+        # Pulled channels: returns the next piece, or NOTHING after closing the channel.
+        self.puller: Callable[[], Any] | None = None
+        self._pulled = 0
 
     # -- producer side -------------------------------------------------------------------
     def send_nowait(self, piece: Piece) -> None:
@@ -251,8 +266,53 @@ class Channel:
             raise StopAsyncIteration
         raise WouldBlock
 
+    def _pull(self) -> None:
+        """Have the puller make the next piece (queued), or close the channel."""
+        puller = self.puller
+        if puller is None or self._send_closed or self._recv_closed:
+            return
+        self._pulled += 1
+        piece = puller()
+        if piece is not NOTHING:
+            self._items.append(piece)
+            self._sent += 1
+            self._bytes += _size(piece)
+            if self._peak == 0:
+                self._peak = 1
+
+    def receive_batch_nowait(self, max_items: int) -> list[Piece]:
+        """Up to ``max_items`` pieces that are ready now (pulling them if pulled). Stops
+        short of the end of the stream or an error, which ``__anext__`` then reports."""
+        out: list[Piece] = []
+        while self._items and len(out) < max_items:
+            out.append(self.receive_nowait())
+        puller = self.puller
+        if puller is None or len(out) >= max_items or self._send_closed or self._recv_closed:
+            return out
+        # Pulled: call the generator directly, nothing is queued (the hot path of a
+        # stream from a sync inline model, e.g. echo: one call per piece).
+        n = 0
+        want = max_items - len(out)
+        while n < want:
+            piece = puller()
+            if piece is NOTHING:
+                break
+            out.append(piece)
+            n += 1
+        self._pulled += n
+        self._sent += n
+        self._received += n
+        if n and self.on_take is not None:
+            self.on_take(n)
+        return out
+
     async def __anext__(self) -> Piece:
         while True:
+            if not self._items and self.puller is not None:
+                if self._pulled and self._pulled % PULL_YIELD_EVERY == 0:
+                    self._pulled += 1
+                    await asyncio.sleep(0)
+                self._pull()
             try:
                 return self.receive_nowait()
             except WouldBlock:

@@ -176,6 +176,11 @@ class Stream:
         """Stop the generation (the model's generator is closed; a worker is told)."""
         self._abort()
 
+    def receive_batch_nowait(self, max_items: int) -> list[Any]:
+        """Up to ``max_items`` pieces available right now, without waiting: what a writer
+        sends in one go. The end of the stream or an error is left for ``__anext__``."""
+        return self.channel.receive_batch_nowait(max_items)
+
     def statistics(self) -> ChannelStatistics:
         return self.channel.statistics()
 

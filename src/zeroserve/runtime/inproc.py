@@ -28,7 +28,7 @@ import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from ._common import (
     output_leases,
 )
 from .arena import Arena
-from .channel import Channel
+from .channel import NOTHING, Channel
 
 _END = object()
 
@@ -82,6 +82,32 @@ class _TaskProducer(Producer):
 
     def abort(self) -> None:
         self.task.cancel()
+
+
+class _DoneProducer(Producer):
+    """A generation that failed before it started (its channel is already closed)."""
+
+    def abort(self) -> None:
+        pass
+
+
+class _PullProducer(Producer):
+    def __init__(self, gen: Iterator[Any], executor: InProcessExecutor) -> None:
+        self.gen = gen
+        self.executor = executor
+        self.done = False
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done = True
+            self.executor._streams -= 1
+
+    def abort(self) -> None:
+        if not self.done:
+            self.finish()
+            close = getattr(self.gen, "close", None)
+            if close is not None:
+                close()
 
 
 class InProcessExecutor(Executor):
@@ -198,14 +224,54 @@ class InProcessExecutor(Executor):
 
     # -- generation ----------------------------------------------------------------------
     def generate(self, req: GenerateRequest, channel: Channel) -> Producer:
-        task = asyncio.get_running_loop().create_task(self._pump(req, channel))
+        model = self.model
+        assert model is not None
+        it: Any = None
+        if (
+            self.pool is None
+            and channel.policy == "block"  # coalesce wants a producer that runs ahead
+            and not inspect.iscoroutinefunction(model.generate)
+            and not inspect.isasyncgenfunction(model.generate)
+        ):
+            # Inline: the call would happen on the loop anyway.
+            try:
+                it = model.generate(req)
+            except Exception as exc:
+                channel.close(model_failure(self.spec.name, exc))
+                return _DoneProducer()
+            if hasattr(it, "__next__"):
+                return self._pulled(cast(Iterator[Any], it), channel)
+        task = asyncio.get_running_loop().create_task(self._pump(req, channel, it))
         return _TaskProducer(task)
 
-    async def _pump(self, req: GenerateRequest, channel: Channel) -> None:
+    def _pulled(self, gen: Iterator[Any], channel: Channel) -> Producer:
+        """A sync iterator on the inline executor runs on the loop anyway: let the
+        consumer pull it (no task, no queue; see channel.py)."""
+        name = self.spec.name
+        producer = _PullProducer(gen, self)
+        self._streams += 1
+
+        def pull() -> Any:
+            try:
+                return next(gen)
+            except StopIteration as stop:
+                producer.finish()
+                channel.close(result=stop.value)
+            except Exception as exc:
+                producer.finish()
+                channel.close(model_failure(name, exc))
+            return NOTHING
+
+        channel.puller = pull
+        return producer
+
+    async def _pump(self, req: GenerateRequest, channel: Channel, it: Any = None) -> None:
         assert self.model is not None
         self._streams += 1
         try:
-            it = await maybe_await(self.model.generate(req))
+            if it is None:
+                it = self.model.generate(req)
+            it = await maybe_await(it)
             result: Any = None
             if hasattr(it, "__anext__"):
                 try:

@@ -32,6 +32,11 @@ WRITE_LOW_WATER = 0
 # yield to the loop, so a producer that never awaits cannot starve other connections.
 STREAM_BATCH_PIECES = 64
 STREAM_BATCH_BYTES = 64 * 1024
+# A stream batch of more than 8 buffers averaging under 256 bytes each is joined into one
+# buffer before the write: writev over hundreds of tiny iovecs costs more CPU than copying
+# them (see BENCHMARKS.md, W2). Payload-sized pieces are never joined.
+GATHER_MIN_BUFFERS = 8
+GATHER_MAX_BYTES = 256
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,14 @@ from ..app.response import Response, StreamResponse
 from ..errors import ProtocolError, ZeroserveError
 from ..http import response as framing
 from ..http.connection import BodyComplete, HttpConnection, RequestHead, State
-from .options import STREAM_BATCH_BYTES, STREAM_BATCH_PIECES, WRITE_HIGH_WATER, WRITE_LOW_WATER
+from .options import (
+    GATHER_MAX_BYTES,
+    GATHER_MIN_BUFFERS,
+    STREAM_BATCH_BYTES,
+    STREAM_BATCH_PIECES,
+    WRITE_HIGH_WATER,
+    WRITE_LOW_WATER,
+)
 
 if TYPE_CHECKING:
     from .server import Server
@@ -107,9 +114,10 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self._responding = False  # a handler runs or a response is being written
         self._started = 0.0
         # streaming state (one stream at a time per connection)
-        self._out: list[Any] = []
+        self._out_head: bytes | None = None  # a stream's head, sent with its first pieces
+        self._out: list[Any] = []  # framed body buffers not yet written
         self._out_pieces = 0
-        self._out_bytes = 0
+        self._out_bytes = 0  # size of _out on the wire (before chunk framing)
         self._flush_scheduled = False
         self._chunked_out = True
 
@@ -484,11 +492,16 @@ class HttpProtocol(asyncio.BufferedProtocol):
             if req.head.method == "HEAD":
                 transport.write(head)
                 return
-            self._out = [head]
+            self._out_head = head
+            self._out = []
             self._out_pieces = 0
             self._out_bytes = 0
             if first is not None:
-                self._add_piece(first, sse)
+                batch = getattr(it, "receive_batch_nowait", None)
+                ready = [first]
+                if batch is not None:
+                    ready += batch(STREAM_BATCH_PIECES - 1)
+                self._add_pieces(ready, sse)
                 self._flush_stream()
                 while True:
                     try:
@@ -498,7 +511,13 @@ class HttpProtocol(asyncio.BufferedProtocol):
                     except Exception as exc:
                         self._stream_failed(req, exc, sse)
                         return
-                    self._add_piece(piece, sse)
+                    if batch is None:
+                        self._add_pieces([piece], sse)
+                    else:
+                        # Everything else that is ready goes out in the same write.
+                        ready = [piece]
+                        ready += batch(STREAM_BATCH_PIECES - 1 - self._out_pieces)
+                        self._add_pieces(ready, sse)
                     if not self._flush_scheduled:
                         self._flush_scheduled = True
                         self.loop.call_soon(self._flush_stream)
@@ -518,7 +537,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
                 await aclose()
         if self._closed:
             raise ConnectionResetError("client disconnected")
-        if self._out or first is not None:
+        if self._out or self._out_head is not None or first is not None:
             self._flush_stream(last=True)
 
     def _stream_failed(self, req: Request, exc: Exception, sse: bool) -> None:
@@ -529,57 +548,81 @@ class HttpProtocol(asyncio.BufferedProtocol):
             log.error("stream for %s %s failed", req.method, req.path, exc_info=exc)
             exc = ZeroserveError("internal server error while streaming")
         if sse:
-            framing.sse_event(error_body(exc, req.route.errors), self._out)
+            self._out_bytes += framing.sse_event(error_body(exc, req.route.errors), self._out)
             self._flush_stream(last=True)
             return
         self._flush_stream()
         req.head.keep_alive = False
         self._abort()
 
-    def _add_piece(self, piece: Any, sse: bool) -> None:
-        if isinstance(piece, str):
-            piece = piece.encode()
-        if isinstance(piece, list):
-            for p in piece:
-                self._add_piece(p, sse)
+    def _add_pieces(self, pieces: list[Any], sse: bool) -> None:
+        """Frame ``pieces`` onto the pending output (SSE events, or raw chunk data)."""
+        flat: list[Any] = []
+        for piece in pieces:
+            kind = type(piece)
+            if kind is str:
+                flat.append(piece.encode())
+            elif kind is list:
+                flat += [p.encode() if type(p) is str else p for p in piece]
+            else:
+                flat.append(piece)
+        self._out_pieces += len(flat)
+        out = self._out
+        if not sse:
+            for piece in flat:
+                n = piece.nbytes if type(piece) is memoryview else len(piece)
+                if n:
+                    out.append(piece)
+                    self._out_bytes += n
             return
-        n = len(piece) if not isinstance(piece, memoryview) else piece.nbytes
-        if sse:
-            framing.sse_event(piece, self._out)
-        else:
-            if not n:
+        if len(flat) > GATHER_MIN_BUFFERS:
+            # Short pieces (tokens): frame them all with two C-level joins instead of
+            # three buffers per event. One copy, counted; payload-sized pieces and pieces
+            # with line breaks (several data: lines) take the per-event path below.
+            joined = b"".join(flat)
+            if (
+                len(joined) < GATHER_MAX_BYTES * len(flat)
+                and b"\n" not in joined
+                and b"\r" not in joined
+            ):
+                framed = b"data: " + b"\n\ndata: ".join(flat) + b"\n\n"
+                metrics.count_copy("stream_gather", len(joined))
+                out.append(framed)
+                self._out_bytes += len(framed)
                 return
-            self._out.append(piece)
-        self._out_pieces += 1
-        self._out_bytes += n
+        for piece in flat:
+            n = piece.nbytes if type(piece) is memoryview else len(piece)
+            self._out_bytes += framing.sse_event(piece, out, n)
 
     def _flush_stream(self, last: bool = False) -> None:
         self._flush_scheduled = False
-        out = self._out
+        body, size = self._out, self._out_bytes
         transport = self.transport
+        self._out = []
+        self._out_pieces = 0
+        self._out_bytes = 0
         if transport is None or self._closed:
-            self._out = []
             return
-        if out and isinstance(out[0], bytes) and out[0].startswith(b"HTTP/1."):
-            buffers: list[framing.Buffer] = [out[0]]
-            body = out[1:]
-        else:
-            buffers = []
-            body = out
-        if body:
-            size = framing.buffers_size(body)
+        head, self._out_head = self._out_head, None
+        buffers: list[framing.Buffer] = [head] if head is not None else []
+        if size:
             metrics.count_payload("out", size)
+            if len(body) > GATHER_MIN_BUFFERS and size < GATHER_MAX_BYTES * len(body):
+                # Many tiny buffers: one copy into a single buffer costs less CPU than a
+                # writev over all of them (measured: 63 vs 157 CPU-us for the 768 buffers
+                # of a 256-event stream). Counted, like every copy.
+                body = [b"".join(body)]
+                metrics.count_copy("stream_gather", size)
             if self._chunked_out:
-                framing.chunk(body, buffers)
+                buffers.append(b"%x\r\n" % size)
+                buffers += body
+                buffers.append(framing.CRLF)
             else:
-                buffers.extend(body)
+                buffers += body
         if last and self._chunked_out:
             buffers.append(framing.LAST_CHUNK)
         if buffers:
             transport.writelines(buffers)
-        self._out = []
-        self._out_pieces = 0
-        self._out_bytes = 0
 
     def _send_nofinish(self, req: Request, resp: Response) -> None:
         assert self.transport is not None
