@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from zeroserve import Model
-from zeroserve.models.base import Inputs, Outputs
+from zeroserve.models.base import GenerateRequest, Inputs, Outputs
 
 
 class Reverse(Model):
@@ -31,3 +31,11 @@ class EmbedOnly(Model):
         import numpy as np
 
         return np.zeros((len(texts), 4), dtype=np.float32)
+
+
+class Lines(Model):
+    """Streams pieces with line breaks among plain ones (SSE needs a data: line each)."""
+
+    def generate(self, req: GenerateRequest) -> Iterator[str]:
+        for i in range(20):
+            yield f"l{i}\nnext" if i % 7 == 3 else f"p{i}"

@@ -410,3 +410,16 @@ def test_requests_abandoned_at_once_leak_nothing(loop_name: str) -> None:
                 assert client.post(server.url + "/v1/raw/rev", content=b"ab").content == b"ba"
     finally:
         assert server.stop() == 0
+
+
+def test_sse_pieces_with_line_breaks_become_several_data_lines(loop_name: str) -> None:
+    server = start_server("--model", "lines=tests.server.models:Lines", loop=loop_name)
+    try:
+        r = httpx.post(server.url + "/v1/raw/lines", content=b"", headers={"Accept": "text/event-stream"})
+        events = r.content.split(b"\n\n")[:-1]
+        expected = []
+        for i in range(20):
+            expected.append(f"data: l{i}\ndata: next" if i % 7 == 3 else f"data: p{i}")
+        assert [e.decode() for e in events] == expected
+    finally:
+        assert server.stop() == 0
