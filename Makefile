@@ -40,10 +40,11 @@ pytest: install-test
 
 test: lint typecheck pytest
 
-# Debian tools the benchmark drives: wrk (HTTP load) and h2load (nghttp2-client).
+# Debian tools the benchmark drives: wrk (HTTP load), h2load (nghttp2-client), strace
+# (write syscalls per stream).
 bench-tools:
-	@command -v wrk >/dev/null && command -v h2load >/dev/null || \
-	  (apt-get update -q && apt-get install -y -q wrk nghttp2-client)
+	@command -v wrk >/dev/null && command -v h2load >/dev/null && command -v strace >/dev/null || \
+	  (apt-get update -q && apt-get install -y -q wrk nghttp2-client strace)
 
 bench: install-test bench-tools
 	$(VENV)/bin/zeroserve bench

@@ -127,3 +127,14 @@ def test_workers_share_the_port() -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def test_builtin_spec_with_options() -> None:
+    spec = parse_spec("echo?queue_depth=1024")
+    assert (spec.name, spec.runtime) == ("echo", {"queue_depth": 1024})
+
+
+def test_bench_forwards_its_own_options() -> None:
+    out = subprocess.run([sys.executable, "-m", "zeroserve", "bench", "--help"], capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout
+    assert "--quick" in out and "--scenarios" in out

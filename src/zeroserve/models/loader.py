@@ -63,7 +63,7 @@ class ModelSpec:
 def parse_spec(text: str) -> ModelSpec:
     """Parse ``[NAME=]SPEC[?k=v&...]``. Raises ``SpecError`` naming what is wrong."""
     name, sep, rest = text.partition("=")
-    if not sep or (":" in name or "/" in name):
+    if not sep or any(c in name for c in ":/?"):
         name, rest = "", text
     rest, _, query = rest.partition("?")
     options: dict[str, Any] = {k: _coerce(v) for k, v in parse_qsl(query, keep_blank_values=True)}

@@ -18,6 +18,7 @@ import numpy as np
 
 from ...errors import CapabilityError, RequestError, WouldBlock
 from ...models.base import GenerateRequest
+from ...runtime.channel import POLICIES
 from ..relay import relay_for
 from ..request import Request
 from ..response import EVENT_STREAM, OCTET, Response, StreamResponse
@@ -47,7 +48,10 @@ def register(router: Router, engine: Any) -> None:
             if "generate" not in caps:
                 raise CapabilityError(f"model {handle.name!r} cannot stream")
             gen = GenerateRequest(raw=req.body, max_tokens=_max_tokens(req))
-            stream = handle.generate(req.state.pop("ticket"), gen, deadline=None)
+            policy = req.query.get("policy", "block")
+            if policy not in POLICIES:
+                raise RequestError(f"policy must be one of {', '.join(POLICIES)}", param="policy")
+            stream = handle.generate(req.state.pop("ticket"), gen, deadline=None, policy=policy)
             return StreamResponse(stream, framing="sse" if sse else "chunked", aclose=stream.aclose)
         if "infer" not in caps:
             raise CapabilityError(f"model {handle.name!r} has no raw inference")
