@@ -194,6 +194,7 @@ def _slow_reader(server: ServerProcess, path: str, seconds: float) -> dict[str, 
     sock.settimeout(IO_TIMEOUT_S)
     got, ended, error = 0, False, ""
     peak: dict[str, float] = {}
+    last: dict[str, float] = {}
     try:
         sock.connect((LOOPBACK, server.port))
         sock.sendall(_request("POST", path))
@@ -206,7 +207,8 @@ def _slow_reader(server: ServerProcess, path: str, seconds: float) -> dict[str, 
                 ended = True
                 break
             got += len(data)
-            for k, v in metrics(server.port).items():
+            last = metrics(server.port)
+            for k, v in last.items():
                 if k.startswith(("zeroserve_channels_", "zeroserve_arena_used")):
                     peak[k] = max(peak.get(k, v), v)
             time.sleep(W5_SLEEP_S)
@@ -215,7 +217,8 @@ def _slow_reader(server: ServerProcess, path: str, seconds: float) -> dict[str, 
     finally:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
-    return {"read_bytes": got, "ended_by_server": ended, "error": error, "metrics_peak": peak}
+    return {"read_bytes": got, "ended_by_server": ended, "error": error, "metrics_peak": peak,
+            "channels_open_last": last.get("zeroserve_channels_open", math.nan)}
 
 
 def w5(ctx: SuiteContext) -> Section:
@@ -270,7 +273,8 @@ def w5(ctx: SuiteContext) -> Section:
         f"then sleeps {W5_SLEEP_S:.0f} s (SO_RCVBUF {W5_RCVBUF // KiB} KiB) for {seconds:.0f} s. "
         "RSS growth = peak RSS of the server's process tree while reading - RSS before "
         "(sampled every 0.1 s). Channel columns: peaks of the `zeroserve_channels_*` gauges "
-        "sampled once per read.",
+        "sampled once per read (the peak gauge includes a 16-piece warm-up stream). Stream: "
+        "whether the server still had the stream's channel open at the last read.",
         "",
         "| executor | policy | RSS before MiB | RSS growth MiB | read by client | "
         "channels pending B (peak) | channel peak B | coalesced | stream | target ≤16 MiB |",
@@ -282,7 +286,10 @@ def w5(ctx: SuiteContext) -> Section:
                          "| | | | | | | missed |")
             continue
         mp = r["metrics_peak"]
-        outcome = ("aborted by server" if r["ended_by_server"] else "open at the end")
+        # The client still has the socket buffers' bytes to read when the server aborts a
+        # coalesce stream, so the server's open-channel gauge tells, not the client.
+        outcome = ("aborted by server" if r["ended_by_server"] or
+                   r["channels_open_last"] == 0 else "streaming at the end")
         if r["error"]:
             outcome = r["error"][:60]
         lines.append(
@@ -600,6 +607,11 @@ def w7(ctx: SuiteContext) -> Section:
                 f"{_f(r['max_slip_ms'])} ms")
     zs = [r for r in rows if r["server"] == "zeroserve" and "ok_p99_ms" in r]
     fa = [r for r in rows if r["server"] == "fastapi" and "ok_p99_ms" in r]
+    if zs and zs[0]["rejected"] and zs[0]["connections"] >= 0.9 * zs[0]["rejected"]:
+        targets.append(f"- zeroserve closes the connection after each 429 (it answers before "
+                       f"reading the body): {zs[0]['connections']:,} connections for "
+                       f"{zs[0]['rejected']:,} rejections, so the client reconnects each time "
+                       "(the from-schedule column includes it).")
     if zs and fa and fa[0]["ok_p99_ms"] > 0:
         targets.append(f"- Same run: zeroserve (depth {zs[0]['queue_depth']}) admitted p99 is "
                        f"{zs[0]['ok_p99_ms'] / fa[0]['ok_p99_ms']:.3f}x FastAPI's "
