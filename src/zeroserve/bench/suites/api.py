@@ -10,11 +10,13 @@ per-round ratios, so each compares two servers measured back to back.
 Peers that live in their own virtual environment (never the project's) join when present:
 
 * MLServer: ``python3.11 -m venv /tmp/mlserver-venv && /tmp/mlserver-venv/bin/pip install
-  mlserver`` (or ``$ZEROSERVE_BENCH_MLSERVER_VENV``), serving an identity model written here.
-* Triton through PyTriton: ``/tmp/pytriton-venv`` with ``nvidia-pytriton``
-  (``$ZEROSERVE_BENCH_PYTRITON_VENV``).
+  mlserver`` (or ``$ZSBENCH_MLSERVER_VENV``), serving an identity model written here.
+* Triton through PyTriton: ``/usr/bin/python3.11 -m venv /tmp/pytriton-venv`` (the system
+  interpreter: the Python backend stub links the system libpython3.11, and a venv of
+  another 3.11 build fails in the stub) with ``nvidia-pytriton``
+  (``$ZSBENCH_PYTRITON_VENV``).
 * LiteLLM's proxy: ``/tmp/litellm-venv`` with ``litellm[proxy]``
-  (``$ZEROSERVE_BENCH_LITELLM_VENV``), offline, relaying to the same loopback upstream.
+  (``$ZSBENCH_LITELLM_VENV``), offline, relaying to the same loopback upstream.
 
 Run: ``python -m zeroserve.bench.suites --suites W3,W4,tinyllm,gateway [--quick]``.
 """
@@ -105,9 +107,9 @@ def _venv(env: str, default: str) -> Path:
     return Path(os.environ.get(env, default))
 
 
-MLSERVER_VENV = _venv("ZEROSERVE_BENCH_MLSERVER_VENV", "/tmp/mlserver-venv")
-PYTRITON_VENV = _venv("ZEROSERVE_BENCH_PYTRITON_VENV", "/tmp/pytriton-venv")
-LITELLM_VENV = _venv("ZEROSERVE_BENCH_LITELLM_VENV", "/tmp/litellm-venv")
+MLSERVER_VENV = _venv("ZSBENCH_MLSERVER_VENV", "/tmp/mlserver-venv")
+PYTRITON_VENV = _venv("ZSBENCH_PYTRITON_VENV", "/tmp/pytriton-venv")
+LITELLM_VENV = _venv("ZSBENCH_LITELLM_VENV", "/tmp/litellm-venv")
 
 
 # -- servers ------------------------------------------------------------------------------
@@ -222,16 +224,14 @@ _PYTRITON_SCRIPT = '''\
 import sys
 
 import numpy as np
-from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 
 port, grpc, metrics = (int(a) for a in sys.argv[1:4])
 
 
-@batch
-def identity(INPUT0):
-    return {"INPUT0": INPUT0}
+def identity(requests):
+    return [{"INPUT0": r["INPUT0"]} for r in requests]
 
 
 config = TritonConfig(http_address="127.0.0.1", http_port=port, grpc_address="127.0.0.1",
@@ -240,7 +240,7 @@ with Triton(config=config) as triton:
     triton.bind(model_name="echo", infer_func=identity,
                 inputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(-1,))],
                 outputs=[Tensor(name="INPUT0", dtype=np.float32, shape=(-1,))],
-                config=ModelConfig(max_batch_size=8))
+                config=ModelConfig(batching=False))
     triton.serve()
 '''
 
@@ -767,7 +767,10 @@ def w4(ctx: SuiteContext) -> Section:
              "zeroserve's `zeroserve_copied_bytes_total` / `zeroserve_payload_bytes_total{in}`.",
              *_header(bench), "",
              *_wrk_table(grid, [binary, js], servers, FASTAPI),
-             *_targets(targets), *_skipped(grid)]
+             *_targets(targets), "",
+             "JSON against JSON (no target): zeroserve / MLServer "
+             f"{_x(grid.ratio(js.key, ZS_SUBJECT, 'mlserver', _rps))}, zeroserve / Triton "
+             f"{_x(grid.ratio(js.key, ZS_SUBJECT, 'triton', _rps))}.", *_skipped(grid)]
     return Section(GROUP, GROUP_TITLE, "\n".join(lines))
 
 
