@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.installed-test
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install install-test serve test lint typecheck pytest bench bench-tools model clean
+.PHONY: install install-test serve test lint typecheck pytest bench bench-tools bench-peers model clean
 
 # The server and its default models (numpy, onnxruntime, tokenizers; no torch).
 $(STAMP): pyproject.toml
@@ -46,7 +46,17 @@ bench-tools:
 	@command -v wrk >/dev/null && command -v h2load >/dev/null && command -v strace >/dev/null || \
 	  (apt-get update -q && apt-get install -y -q wrk nghttp2-client strace)
 
-bench: install-test bench-tools
+# Optional peers, each in its own venv outside the project (best effort: a peer that does
+# not install is reported as skipped). PyTriton's stub needs the system Python's libpython.
+BENCH_PEERS := /tmp/mlserver-venv /tmp/pytriton-venv /tmp/litellm-venv
+bench-peers:
+	-test -x /tmp/mlserver-venv/bin/python || ($(PYTHON) -m venv /tmp/mlserver-venv && /tmp/mlserver-venv/bin/pip install -q mlserver)
+	-test -x /tmp/pytriton-venv/bin/python || (/usr/bin/python3.11 -m venv /tmp/pytriton-venv && /tmp/pytriton-venv/bin/pip install -q nvidia-pytriton)
+	-test -x /tmp/litellm-venv/bin/python || ($(PYTHON) -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install -q 'litellm[proxy]')
+
+# W1/W2 (wrk) against FastAPI, granian and aiohttp, then the suites W3-W8, P64, the
+# default model and the gateway. Writes BENCHMARKS.md and bench-results/.
+bench: install-test bench-tools bench-peers
 	$(VENV)/bin/zeroserve bench
 
 # Retrain the embedded demo model (tools/train_tinyllm.py, ~8 min on one core) and rewrite

@@ -423,3 +423,17 @@ def test_sse_pieces_with_line_breaks_become_several_data_lines(loop_name: str) -
         assert [e.decode() for e in events] == expected
     finally:
         assert server.stop() == 0
+
+
+def test_early_answer_keeps_the_connection_for_small_bodies(echo_server: ServerProcess) -> None:
+    # Answered before its body was read, a small body is read and dropped: the connection
+    # stays usable (a client told 429 retries on it instead of reconnecting).
+    c = RawClient(echo_server.host, echo_server.port)
+    try:
+        body = b"z" * 5000
+        r = c.request(b"POST /v1/raw/missing HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        assert r.status == 404 and "connection" not in r.headers
+        r = c.request(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nok")
+        assert r.status == 200 and r.body == b"ok"
+    finally:
+        c.close()

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import metrics
 from ..errors import MethodNotAllowed, NotFound
 from .problems import ErrorFormat
 
@@ -23,6 +24,12 @@ class Route:
     on_head: HeadHook | None = None
     name: str = ""
     segments: tuple[str, ...] = field(default=())
+    # Observes a request's duration (seconds). The histogram child is looked up once per
+    # route rather than per request (labels() takes a lock and walks a dict).
+    timer: Callable[[float], None] = field(default=lambda seconds: None)
+
+    def __post_init__(self) -> None:
+        self.timer = metrics.REQUEST_SECONDS.labels(self.pattern).observe
 
 
 class Router:

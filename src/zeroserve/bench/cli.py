@@ -30,6 +30,9 @@ from .runner import LOAD_CPU, SERVER_CPU, RunResult, Settings, measure
 from .scenarios import DEFAULT_SCENARIOS, SCENARIOS, cases_for
 from .servers import BASELINE, all_servers
 
+# Suites with their own clients (runtime W5-W8, P64; API W3, W4, the default model, the
+# gateway), run after the wrk scenarios into their own sections of the report.
+DEFAULT_SUITES = "W3,W4,tinyllm,gateway,W5,W6,W7,W8,P64"
 DEFAULT_DURATION_S = 5
 DEFAULT_WARMUP_S = 1
 DEFAULT_ROUNDS = 3
@@ -73,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="arguments for `zeroserve serve` after --host/--port, one shell-quoted "
                         "string (default: %(default)r)")
     p.add_argument("--no-strace", action="store_true", help="skip write-syscall counting")
+    p.add_argument("--suites", default=DEFAULT_SUITES,
+                   help="after the wrk scenarios, these suites (zeroserve.bench.suites): "
+                        "comma-separated, or 'none' (default: %(default)s)")
     return p
 
 
@@ -242,4 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"zeroserve bench: wrote {args.out} and {args.results_dir}/", flush=True)
     ok = any(r.ok for cell in cells.values() for r in cell.runs)
-    return 130 if interrupted else (0 if ok else 1)
+    if interrupted:
+        return 130
+    suites = [s for s in args.suites.split(",") if s and s != "none"]
+    if suites:
+        from .suites import main as suites_main
+
+        extra = ["--quick"] if args.quick else []
+        status = suites_main(["--suites", ",".join(suites), *extra, "--out", str(args.out),
+                              "--results-dir", str(args.results_dir)])
+        ok = ok and status == 0
+    return 0 if ok else 1

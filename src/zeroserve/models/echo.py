@@ -24,6 +24,15 @@ from .base import GenerateRequest, Inputs, Model, Outputs, Piece, TensorSpec
 EMBED_DIM = 64
 
 
+def _split(text: Any, limit: int | None) -> list[Any]:
+    """Whitespace-separated tokens; only the first ``limit`` when fewer are needed (a 64 KB
+    prompt asked for 16 tokens must not be split into thousands)."""
+    if limit is None:
+        return list(text.split())
+    tokens = text.split(None, limit)
+    return tokens[:limit] if len(tokens) > limit else tokens
+
+
 def _cycle(pieces: list[Any], limit: int | None) -> Iterator[Any]:
     """The pieces once (no limit), or cycled until ``limit`` pieces were produced."""
     if limit is None or not pieces:
@@ -39,17 +48,18 @@ class EchoModel(Model):
         return [dict(inputs) for inputs in batch]
 
     def generate(self, req: GenerateRequest) -> Iterator[Piece]:
+        limit = req.max_tokens
         if req.raw is not None:
             # Tokens are a few bytes: bytes.split() copies them in ~11 us per 256, while
             # 256 memoryview slices cost ~50 us plus ~50 us to find their spans.
-            return _cycle(bytes(req.raw).split(), req.max_tokens)
-        tokens = req.prompt.split()
+            return _cycle(_split(bytes(req.raw), limit), limit)
+        tokens = _split(req.prompt, limit)
         pieces = [tok if i == 0 else " " + tok for i, tok in enumerate(tokens)]
-        if req.max_tokens is not None and req.max_tokens > len(tokens) and tokens:
+        if limit is not None and limit > len(tokens) and tokens:
             # After the first pass every token is preceded by a space, the first too.
             cycle = [" " + tok for tok in tokens]
-            return itertools.chain(pieces, _cycle(cycle, req.max_tokens - len(pieces)))
-        return _cycle(pieces, req.max_tokens)
+            return itertools.chain(pieces, _cycle(cycle, limit - len(pieces)))
+        return _cycle(pieces, limit)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = np.empty((len(texts), EMBED_DIM), dtype=np.float32)

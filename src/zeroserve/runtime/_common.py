@@ -111,7 +111,9 @@ def output_leases(arena: Arena, outputs: Mapping[str, Any]) -> list[Lease]:
 
 
 def check_outputs(name: str, batch_size: int, outputs: Any) -> Sequence[Mapping[str, Any]]:
-    if not isinstance(outputs, Sequence) or len(outputs) != batch_size:
+    if type(outputs) is not list and not isinstance(outputs, Sequence):  # list: the fast check
+        raise WorkerError(f"model {name!r} returned {type(outputs).__name__}, not a list")
+    if len(outputs) != batch_size:
         got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
         raise WorkerError(f"model {name!r} returned {got} outputs for a batch of {batch_size}")
     return outputs

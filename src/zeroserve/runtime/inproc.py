@@ -61,7 +61,7 @@ STREAM_THREADS = 4
 
 def validate_inputs(inputs: Any) -> Mapping[str, Any]:
     """Per-request preprocessing: a mapping of names to arrays or buffers."""
-    if not isinstance(inputs, Mapping):
+    if type(inputs) is not dict and not isinstance(inputs, Mapping):  # dict: no ABC check
         raise RequestError(
             f"inputs must be a mapping of name to tensor, not {type(inputs).__name__}"
         )
@@ -131,6 +131,7 @@ class InProcessExecutor(Executor):
         self._busy = 0
         self._streams = 0
         self._ready = False
+        self._async_infer: bool | None = None  # known after the first infer_now
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, timeout: float) -> None:
@@ -201,7 +202,9 @@ class InProcessExecutor(Executor):
         model = self.model
         if self.pool is not None or model is None or self._slots.locked():
             return None
-        if inspect.iscoroutinefunction(model.infer):
+        if self._async_infer is None:
+            self._async_infer = inspect.iscoroutinefunction(model.infer)
+        if self._async_infer:
             return None
         validate_inputs(inputs)
         self._busy += 1

@@ -28,6 +28,10 @@ MAX_CONNECTIONS = 4096
 # also when leases referenced by the transport are released.
 WRITE_HIGH_WATER = 256 * 1024
 WRITE_LOW_WATER = 0
+# A request answered before its body was read (404, 429, ...) keeps its connection if
+# its Content-Length body is at most this many bytes: reading and dropping 64 KiB costs
+# less than the client's reconnect (a new TCP handshake, under overload at that).
+DISCARD_MAX_BYTES = 64 * 1024
 # Stream writer: at most this many pieces or bytes are gathered before a write and a
 # yield to the loop, so a producer that never awaits cannot starve other connections.
 STREAM_BATCH_PIECES = 64

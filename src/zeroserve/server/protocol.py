@@ -42,6 +42,7 @@ from ..errors import ProtocolError, ZeroserveError
 from ..http import response as framing
 from ..http.connection import BodyComplete, HttpConnection, RequestHead, State
 from .options import (
+    DISCARD_MAX_BYTES,
     GATHER_MAX_BYTES,
     GATHER_MIN_BUFFERS,
     STREAM_BATCH_BYTES,
@@ -112,6 +113,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self._flush_mode = False
         self._closed = False
         self._responding = False  # a handler runs or a response is being written
+        self._discarding = False  # reading the body of a request answered early
         self._started = 0.0
         # streaming state (one stream at a time per connection)
         self._out_head: bytes | None = None  # a stream's head, sent with its first pieces
@@ -251,6 +253,13 @@ class HttpProtocol(asyncio.BufferedProtocol):
         return done
 
     def _on_body_complete(self) -> RequestHead | BodyComplete | None:
+        if self._discarding:  # the body of a request already answered early
+            self._discarding = False
+            try:
+                return self.conn.response_complete(keep_alive=True)
+            except ProtocolError as exc:
+                self._protocol_error(exc)
+                return None
         req = self.request
         assert req is not None
         if self._sink is not None:
@@ -328,7 +337,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         return self._finish(req, keep_alive)
 
     def _finish(self, req: Request, keep_alive: bool) -> RequestHead | BodyComplete | None:
-        metrics.REQUEST_SECONDS.labels(req.route.name).observe(self.loop.time() - self._started)
+        req.route.timer(self.loop.time() - self._started)
         self.request = None
         self._responding = False
         ticket = req.state.pop("ticket", None)  # a handler that failed before using it
@@ -360,13 +369,23 @@ class HttpProtocol(asyncio.BufferedProtocol):
 
     # -- errors -----------------------------------------------------------------------------
     def _early_error(self, head: RequestHead, exc: ZeroserveError) -> RequestHead | BodyComplete | None:
-        """Answer before the body is read. An unread body makes the framing unusable, so
-        the connection closes after the answer."""
+        """Answer before the body is read (404, 413, 429, ...). A small Content-Length body
+        is then read into a scratch buffer and dropped, so the connection stays usable: a
+        client told 429 retries on it instead of reconnecting, which matters most under
+        overload. Other bodies (large, chunked, or held back by Expect: 100-continue) make
+        the framing unusable: the connection closes after the answer."""
         transport = self.transport
         assert transport is not None
         fmt = self.server.app.error_format(head.path)
         resp = error_response(exc, fmt)
-        keep_alive = head.keep_alive and not head.has_body and not self.server.draining
+        discard = (
+            bool(head.content_length)
+            and head.content_length is not None
+            and head.content_length <= DISCARD_MAX_BYTES
+            and not head.expect_continue
+            and exc.status != 413
+        )
+        keep_alive = head.keep_alive and (not head.has_body or discard) and not self.server.draining
         size = framing.buffers_size(resp.body)
         out = framing.encode_head(resp.status, resp.headers, content_length=size, keep_alive=keep_alive)
         transport.writelines([out] if head.method == "HEAD" else [out, *resp.body])
@@ -376,6 +395,14 @@ class HttpProtocol(asyncio.BufferedProtocol):
             transport.close()
             return None
         self._started = self.loop.time()
+        if head.has_body:
+            assert head.content_length is not None
+            self._discarding = True
+            done = self.conn.receive_into(memoryview(bytearray(head.content_length)))
+            if done is None:
+                self.deadline = self.loop.time() + self.server.options.body_timeout
+                return None
+            self._discarding = False
         try:
             return self.conn.response_complete(keep_alive=True)
         except ProtocolError as exc2:
