@@ -24,12 +24,16 @@ from .base import GenerateRequest, Inputs, Model, Outputs, Piece, TensorSpec
 EMBED_DIM = 64
 
 
+_IS_SPACE = np.zeros(256, dtype=bool)
+_IS_SPACE[list(b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")] = True  # what str.split() splits at (ASCII)
+
+
 def _split(text: Any, limit: int | None) -> list[Any]:
     """Whitespace-separated tokens; only the first ``limit`` when fewer are needed (a 64 KB
     prompt asked for 16 tokens must not be split into thousands)."""
     if limit is None:
         return list(text.split())
-    tokens = text.split(None, limit)
+    tokens: list[Any] = text.split(None, limit)
     return tokens[:limit] if len(tokens) > limit else tokens
 
 
@@ -70,6 +74,13 @@ class EchoModel(Model):
         return out
 
     def count_tokens(self, text: str) -> int:
+        if text.isascii():
+            # Counting word starts in numpy avoids building a str per word (a 64 KB
+            # prompt has ~9,000): ~20 us instead of ~250 us.
+            space = _IS_SPACE[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
+            if not len(space):
+                return 0
+            return int(np.count_nonzero(space[:-1] & ~space[1:])) + int(not space[0])
         return len(text.split())
 
     # V2 metadata. Echo is an identity over any inputs: each output has its input's name,

@@ -150,6 +150,20 @@ class Generation:
                 return text
         raise StopAsyncIteration
 
+    def take_ready(self, max_items: int) -> list[str]:
+        """Texts of pieces the model has ready right now, without waiting (what the
+        writer sends in the same write). Stops short of the end of the stream, which
+        ``__anext__`` reports; with stop strings it takes nothing (the filter decides
+        piece by piece)."""
+        batch = getattr(self._stream, "receive_batch_nowait", None)
+        if self._done or self._filter is not None or batch is None:
+            return []
+        pieces = batch(max_items)
+        self._tokens += len(pieces)
+        texts = [t for t in map(as_text, pieces) if t]
+        self.parts += texts
+        return texts
+
     async def aclose(self) -> None:
         await self._stream.aclose()
 

@@ -114,7 +114,24 @@ class ChoiceStream:
         self.include_usage = include_usage
         self.tickets = tickets
         self._live: Generation | None = None
-        self.pieces: AsyncIterator[Any] = self._run()
+        self._gen: AsyncIterator[Any] = self._run()
+        self.pieces = self  # what the server iterates (with receive_batch_nowait)
+
+    def __aiter__(self) -> ChoiceStream:
+        return self
+
+    def __anext__(self) -> Any:
+        return self._gen.__anext__()
+
+    def receive_batch_nowait(self, max_items: int) -> list[bytes]:
+        """Content chunks of the running choice that are ready now: the server writes them
+        with the chunk it just got. Only content: role, finish and usage chunks come from
+        ``__anext__``, in their order."""
+        live = self._live
+        if live is None:
+            return []
+        index, content = live.index, self.chunks.content
+        return [content(index, text) for text in live.take_ready(max_items)]
 
     async def _run(self) -> AsyncIterator[Any]:
         chunks = self.chunks
@@ -150,7 +167,7 @@ class ChoiceStream:
     async def aclose(self) -> None:
         """Stop everything: the piece iterator, a running generation, every ticket."""
         try:
-            await self.pieces.aclose()  # type: ignore[attr-defined]
+            await self._gen.aclose()  # type: ignore[attr-defined]
             if self._live is not None:
                 await self._live.aclose()
         finally:

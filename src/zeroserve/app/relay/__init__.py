@@ -64,11 +64,25 @@ def relay_for(handle: Any) -> Relay | None:
     return relay
 
 
+_REMOTE_SERVED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _serves_remote(engine: Any) -> bool:
+    """Whether ``engine`` serves any remote model (computed once per engine)."""
+    known = _REMOTE_SERVED.get(engine)
+    if known is None:
+        known = any(isinstance(engine.model(n).meta, RemoteModel) for n in engine.names())
+        _REMOTE_SERVED[engine] = known
+    return known
+
+
 def relay_for_request(engine: Any, req: Request) -> Relay | None:
     """The relay for a JSON request whose ``"model"`` names a remote model, with the
     request admitted (``Overloaded`` 429 raised here); None otherwise (a local model, an
     unknown one, or a body that is not a JSON object: the caller's own decoding reports
     those). Only the ``"model"`` string is decoded, not the body."""
+    if not _serves_remote(engine):
+        return None  # the common case: no need to scan the body at all
     spans = model_spans(req.body)
     if not spans:
         return None
