@@ -37,9 +37,11 @@ async def serve_async(
 ) -> None:
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena)
+    app: App | None = None
     try:
         await engine.start()
-        server = Server(App(engine), arena, options)
+        app = App(engine)
+        server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
         names = ", ".join(engine.names())
@@ -48,6 +50,8 @@ async def serve_async(
             ready(server)
         await server.wait_stopped()
     finally:
+        if app is not None:
+            await app.aclose()  # the gateway's pooled upstream connections
         await engine.aclose()
         arena.close()
 

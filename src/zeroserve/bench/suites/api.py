@@ -51,7 +51,7 @@ from ..procs import (
     http_post,
     pin_prefix,
 )
-from ..report import percentile
+from ..report import _cpu, _eps, _f, _p, _rps, _x, percentile
 from ..runner import RunResult, prepare, scrape
 from ..scenarios import Case, Validator, sse_events
 from ..servers import ServerSpec
@@ -478,36 +478,6 @@ class Grid:
         errors = sum(r.wrk_errors for r in runs)
         total = errors + sum(r.requests for r in runs)
         return errors / total if total else math.nan
-
-
-def _f(x: float, digits: int = 3) -> str:
-    if math.isnan(x):
-        return "-"
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    if abs(x) >= 100:
-        return f"{x:.0f}"
-    return f"{x:.{digits}g}"
-
-
-def _x(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.2f}x"
-
-
-def _rps(r: RunResult) -> float:
-    return r.rps
-
-
-def _eps(r: RunResult) -> float:
-    return r.events_per_s
-
-
-def _cpu(r: RunResult) -> float:
-    return r.cpu_ms_per_request
-
-
-def _p(pct: float) -> Callable[[RunResult], float]:
-    return lambda r: r.latency_pct_ms.get(pct, math.nan)
 
 
 @dataclass(frozen=True)
