@@ -83,7 +83,9 @@ def test_stream_client_counts_tokens_and_first_token(tmp_path: Path) -> None:
     stats = asyncio.run(run())
     assert stats.failures == 0, stats.errors
     assert stats.streams > 0
-    assert stats.tokens == 5 * stats.streams
+    # Tokens are counted inside the window, streams when they complete: the (at most 2)
+    # streams still running when the window closes add some tokens but no stream.
+    assert 5 * stats.streams <= stats.tokens <= 5 * (stats.streams + 2)
     assert len(stats.ttft_ms) >= stats.streams
 
 
