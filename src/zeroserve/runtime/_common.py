@@ -6,7 +6,9 @@ from __future__ import annotations
 import abc
 import inspect
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +119,41 @@ def check_outputs(name: str, batch_size: int, outputs: Any) -> Sequence[Mapping[
         got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
         raise WorkerError(f"model {name!r} returned {got} outputs for a batch of {batch_size}")
     return outputs
+
+
+class ThreadStepper:
+    """Steps a sync generator one ``next()`` per pool call (thread executor and process
+    workers alike). A lock serialises ``step`` and ``close`` so an abort that lands
+    mid-step closes the generator right after that step; the generator's return value
+    (a finish reason) is kept in ``result``."""
+
+    END: Any = object()  # what ``step`` returns once the generator is exhausted
+
+    def __init__(self, gen: Iterator[Any]) -> None:
+        self.gen = gen
+        self.result: Any = None
+        self._lock = threading.Lock()
+
+    def step(self) -> Any:
+        with self._lock:
+            try:
+                return next(self.gen)
+            except StopIteration as stop:
+                self.result = stop.value
+                return ThreadStepper.END
+
+    def close(self) -> None:
+        with self._lock:
+            close = getattr(self.gen, "close", None)
+            if close is not None:
+                close()
+
+    def close_in(self, pool: ThreadPoolExecutor) -> None:
+        """Close the generator on a pool thread (it may be mid-step there)."""
+        try:
+            pool.submit(self.close)
+        except RuntimeError:  # the pool is shut down
+            pass
 
 
 class Producer(abc.ABC):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -40,6 +39,7 @@ from ._common import (
     ModelLoadError,
     ModelSpec,
     Producer,
+    ThreadStepper,
     WorkerStatistics,
     check_outputs,
     make_model,
@@ -49,8 +49,6 @@ from ._common import (
 )
 from .arena import Arena
 from .channel import NOTHING, Channel
-
-_END = object()
 
 # A sync generator on the inline executor hands the loop back at least every 16 pieces:
 # at a few microseconds a piece that bounds a stall to well under a millisecond.
@@ -322,36 +320,17 @@ class InProcessExecutor(Executor):
     async def _pump_thread(self, gen: Iterator[Any], channel: Channel) -> Any:
         """Step ``gen`` in the pool into ``channel``; returns the generator's return value."""
         assert self.pool is not None
-        lock = threading.Lock()
         loop = asyncio.get_running_loop()
-        finished: list[Any] = []
-
-        def step() -> Any:
-            with lock:
-                try:
-                    return next(gen)
-                except StopIteration as stop:
-                    finished.append(stop.value)
-                    return _END
-
-        def close() -> None:
-            with lock:
-                c = getattr(gen, "close", None)
-                if c is not None:
-                    c()
-
+        stepper = ThreadStepper(gen)
         try:
             while True:
                 await channel.wait_writable()
-                piece = await loop.run_in_executor(self.pool, step)
-                if piece is _END:
-                    return finished[0] if finished else None
+                piece = await loop.run_in_executor(self.pool, stepper.step)
+                if piece is ThreadStepper.END:
+                    return stepper.result
                 await channel.send(piece)
         finally:
-            try:
-                self.pool.submit(close)
-            except RuntimeError:  # pool shut down
-                pass
+            stepper.close_in(self.pool)
 
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(

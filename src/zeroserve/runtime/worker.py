@@ -30,7 +30,6 @@ import asyncio
 import os
 import signal
 import socket
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,7 +40,7 @@ import numpy as np
 from .. import errors
 from ..models.base import GenerateRequest, Model
 from . import protocol as p
-from ._common import check_outputs, make_model, maybe_await, model_failure
+from ._common import ThreadStepper, check_outputs, make_model, maybe_await, model_failure
 from .arena import attach
 from .tensors import (
     BYTES,
@@ -57,7 +56,6 @@ from .tensors import (
 # Threads for sync model calls in one worker: a batch or two plus stepping a handful of
 # concurrent generators. CPU-bound Python models gain nothing from more (the GIL).
 WORKER_THREADS = 8
-_END = object()
 
 
 def worker_main(
@@ -289,38 +287,17 @@ class _Worker:
                 if aclose is not None:
                     await aclose()
         else:
-            gen = iter(it)
-            lock = threading.Lock()
-
-            finished: list[Any] = []
-
-            def step() -> Any:
-                with lock:
-                    try:
-                        return next(gen)
-                    except StopIteration as stop:
-                        finished.append(stop.value)
-                        return _END
-
-            def close() -> None:
-                with lock:
-                    c = getattr(gen, "close", None)
-                    if c is not None:
-                        c()
-
+            stepper = ThreadStepper(iter(it))
             loop = asyncio.get_running_loop()
             try:
                 while True:
                     await credit.take()
-                    piece = await loop.run_in_executor(self.pool, step)
-                    if piece is _END:
-                        result = finished[0] if finished else None
+                    piece = await loop.run_in_executor(self.pool, stepper.step)
+                    if piece is ThreadStepper.END:
+                        result = stepper.result
                         break
                     self.send(self._piece(msg.id, piece))
                     await self.writer.drain()
             finally:
-                try:
-                    self.pool.submit(close)
-                except RuntimeError:
-                    pass
+                stepper.close_in(self.pool)
         self.send(p.End(msg.id, result if isinstance(result, str) else None))
