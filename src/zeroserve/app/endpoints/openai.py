@@ -283,25 +283,7 @@ class _OpenAI:
             if body.max_completion_tokens is not None
             else body.max_tokens
         )
-        jobs, prompt_tokens = self._jobs(
-            handle,
-            [prompt],
-            body.n or 1,
-            max_tokens=max_tokens,
-            stop=body.stop,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=body.seed,
-        )
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return self._respond(
-            handle,
-            jobs,
-            prompt_tokens,
-            chat=True,
-            stream=bool(body.stream),
-            include_usage=include_usage,
-        )
+        return self._generate(handle, body, [prompt], max_tokens, chat=True)
 
     # -- completions -------------------------------------------------------------------
     def completions(self, req: Request) -> Any:
@@ -319,11 +301,17 @@ class _OpenAI:
                 raise RequestError(f"'{name}' is not supported by this server", param=name)
         prompts = _texts(body.prompt, "prompt")
         handle = self._handle(body.model, "generate")
+        return self._generate(handle, body, prompts, body.max_tokens, chat=False)
+
+    def _generate(
+        self, handle: Any, body: Any, prompts: list[str], max_tokens: int | None, *, chat: bool
+    ) -> Any:
+        """Chat and completions alike: one job per prompt and choice, then the answer."""
         jobs, prompt_tokens = self._jobs(
             handle,
             prompts,
             body.n or 1,
-            max_tokens=body.max_tokens,
+            max_tokens=max_tokens,
             stop=body.stop,
             temperature=body.temperature,
             top_p=body.top_p,
@@ -334,7 +322,7 @@ class _OpenAI:
             handle,
             jobs,
             prompt_tokens,
-            chat=False,
+            chat=chat,
             stream=bool(body.stream),
             include_usage=include_usage,
         )
