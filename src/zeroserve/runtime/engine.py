@@ -226,29 +226,25 @@ class _ModelRuntime:
         self.embed_batcher: Batcher[Any] | None = None
 
     def start_batchers(self) -> None:
-        spec, ex, clock = self.spec, self.executor, self.engine.clock
-        if "infer" in spec.capabilities:
-            self.infer_batcher = Batcher(
-                max_batch_size=spec.max_batch_size,
-                max_delay_s=spec.max_batch_delay_ms / 1000.0,
-                clock=clock,
-                acquire=ex.acquire,
-                release=ex.release,
-                run=self._run_infer,
-                name=f"{spec.name}-infer",
-            )
-            self.infer_batcher.start()
-        if "embed" in spec.capabilities:
-            self.embed_batcher = Batcher(
-                max_batch_size=spec.max_batch_size,
-                max_delay_s=spec.max_batch_delay_ms / 1000.0,
-                clock=clock,
-                acquire=ex.acquire,
-                release=ex.release,
-                run=self._run_embed,
-                name=f"{spec.name}-embed",
-            )
-            self.embed_batcher.start()
+        caps = self.spec.capabilities
+        if "infer" in caps:
+            self.infer_batcher = self._start_batcher("infer", self._run_infer)
+        if "embed" in caps:
+            self.embed_batcher = self._start_batcher("embed", self._run_embed)
+
+    def _start_batcher(self, kind: str, run: Any) -> Batcher[Any]:
+        spec, ex = self.spec, self.executor
+        batcher: Batcher[Any] = Batcher(
+            max_batch_size=spec.max_batch_size,
+            max_delay_s=spec.max_batch_delay_ms / 1000.0,
+            clock=self.engine.clock,
+            acquire=ex.acquire,
+            release=ex.release,
+            run=run,
+            name=f"{spec.name}-{kind}",
+        )
+        batcher.start()
+        return batcher
 
     async def aclose(self) -> None:
         for b in (self.infer_batcher, self.embed_batcher):
