@@ -200,7 +200,7 @@ def _chat_pieces(req: ChatRequest) -> tuple[Iterator[str], list[str], int]:
     """(pieces, [finish reason, set when the pieces are exhausted], prompt tokens)."""
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if req.model == "tinyllm":
-        from zeroserve.models.base import GenerateRequest
+        from zeroserve import GenerateRequest
 
         model = _TINYLLM["model"]
         prompt = model.chat_template([m.model_dump() for m in req.messages])
