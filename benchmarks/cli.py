@@ -26,6 +26,8 @@ from .servers import ECHO
 from .suites import SUITES
 
 PREAMBLE = "# Benchmarks\n"
+# Suites whose load is the harness's own clients; every other one drives wrk.
+WITHOUT_WRK = frozenset({"W5", "W6", "W7", "tinyllm"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not wanted:
         print(f"benchmarks: unknown suites {unknown}; known: {', '.join(SUITES)}", file=sys.stderr)
         return 2
-    if shutil.which("wrk") is None and set(wanted) - {"W6", "W5", "tinyllm", "W7"}:
+    if shutil.which("wrk") is None and set(wanted) - WITHOUT_WRK:
         print(
             "benchmarks: wrk not found; install it with `make bench-tools` "
             "(apt-get install wrk nghttp2-client strace)",

@@ -326,3 +326,39 @@ def test_another_openai_compatible_server(fastapi_peer: str, stream: bool) -> No
         assert rc == 0, (endpoint, err, report)
         _all_ok(report, 6)
         assert report["output_tokens"] == 6 * 4, (endpoint, report)
+
+
+class _DropsIdle(BaseHTTPRequestHandler):
+    """Answers 200 with Content-Length and no ``Connection: close``, then closes the
+    connection anyway, as a server does when its keep-alive timeout passes."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        body = b'{"usage": {"completion_tokens": 2}}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_kept_alive_connection_closed_by_the_server_is_reopened() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _DropsIdle)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        rc, report, err = bench(url, "--model", "m", "-n", "6", "-c", "1")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert rc == 0, (err, report)
+    assert report["requests"] == {"sent": 6, "ok": 6, "errors": 0}
+    assert report["output_tokens"] == 12

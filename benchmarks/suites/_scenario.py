@@ -30,8 +30,8 @@ numbers swing with background load; compare ratios."""
 QUICK = (1, 1, 0)
 
 
-def servers_for(ctx: SuiteContext) -> tuple[list[Server], dict[str, str]]:
-    """The comparative servers (``--servers`` filters them) and why any was left out."""
+def servers_for(ctx: SuiteContext) -> list[Server]:
+    """The comparative servers, filtered by ``--servers``."""
     every = comparative(ctx.zeroserve_args)
     wanted = set(ctx.servers) if ctx.servers else {s.name for s in every}
     unknown = wanted - {s.name for s in every}
@@ -39,7 +39,7 @@ def servers_for(ctx: SuiteContext) -> tuple[list[Server], dict[str, str]]:
         raise ValueError(
             f"unknown servers {sorted(unknown)}; known: " + ", ".join(s.name for s in every)
         )
-    return [s for s in every if s.name in wanted], {}
+    return [s for s in every if s.name in wanted]
 
 
 def run(
@@ -48,7 +48,7 @@ def run(
     """Measure every case of ``scenario``; save the raw runs; draw the plots."""
     settings = ctx.settings(quick=QUICK, count_writes=shutil.which("strace") is not None)
     cases = cases_for([scenario], ctx.quick)
-    servers, _ = servers_for(ctx)
+    servers = servers_for(ctx)
     grid = run_grid(servers, cases, settings)
     (ctx.results_dir / f"wrk-{scenario}.json").write_text(
         json.dumps(grid.to_json(), indent=1, default=str)

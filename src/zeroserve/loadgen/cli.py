@@ -35,8 +35,9 @@ token (TTFT) and inter-token latency (mean, p50, p90, p99, max) and the errors b
 
 Tokens are counted as the answer arrives: with --stream, one per SSE chunk carrying
 content (OpenAI) or per event (raw); without, the OpenAI answer's
-usage.completion_tokens. The comparative benchmark against other servers is `make bench`
-in the source tree, not this command.
+usage.completion_tokens. Exit status: 0 when every request succeeded, 1 when any failed,
+2 for bad arguments or when the models cannot be listed. The comparative benchmark against
+other servers is `make bench` in the source tree, not this command.
 """
 
 EXAMPLES = """\

@@ -82,14 +82,24 @@ class Connection:
 
     async def request(self, raw: bytes, on_piece: OnPiece) -> Response:
         """Send ``raw`` (a whole request) and read the whole answer. On any exception the
-        connection is closed (it may be mid-response)."""
+        connection is closed (it may be mid-response). A kept-alive connection the server
+        closed while idle fails before any byte of the answer: that request is sent once
+        more on a fresh connection."""
         try:
+            reused = self._writer is not None and not self._writer.is_closing()
             reader, writer = await self._open()
             writer.write(raw)
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.LimitOverrunError as exc:
                 raise ResponseError("response head too large") from exc
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                    raise
+                await self.close()
+                reader, writer = await self._open()
+                writer.write(raw)
+                head = await reader.readuntil(b"\r\n\r\n")
             status, headers = _parse_head(head[:-4])
             keep = "close" not in headers.get("connection", "").lower()
             if status in (204, 304) or 100 <= status < 200:

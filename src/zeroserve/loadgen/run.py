@@ -102,6 +102,8 @@ async def _one(conn: Connection, raw: bytes, plan: Plan, timeout_s: float) -> Re
             resp = await conn.request(raw, counter.feed)
     except TimeoutError:
         return Result(False, 0, "timeout", start, time.perf_counter())
+    except ConnectionRefusedError:
+        return Result(False, 0, "connect (refused)", start, time.perf_counter())
     except (ConnectionError, asyncio.IncompleteReadError) as exc:
         return Result(False, 0, f"connection ({type(exc).__name__})", start, time.perf_counter())
     except OSError as exc:
@@ -128,7 +130,8 @@ async def run(
     progress: TextIO | None = sys.stderr,
 ) -> Run:
     """Drive the load; ``requests`` or ``duration_s`` (one of them) bounds it."""
-    host = target.host if target.port in (80, 443) else f"{target.host}:{target.port}"
+    name = f"[{target.host}]" if ":" in target.host else target.host  # IPv6 literal
+    host = name if target.port in (80, 443) else f"{name}:{target.port}"
     raw = plan.request(host, extra_headers)
     limit = requests if requests is not None else MAX_REQUESTS
     bar = Progress(progress, requests, duration_s)
