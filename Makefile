@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $(STAMP)
 
-# Everything the tests exercise: test clients, the benchmark peers, and the optional
+# Everything the tests exercise: test clients, the benchmark peers (benchmarks/peers/), and the optional
 # backends (torch CPU build, transformers, sentence-transformers), which CI tests too.
 $(TEST_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[onnx,test,bench,transformers,sentence-transformers]'
@@ -30,7 +30,7 @@ serve: install
 	$(VENV)/bin/zeroserve serve --host $(HOST) --port $(PORT)
 
 lint: install-test
-	$(VENV)/bin/ruff check src tests tools
+	$(VENV)/bin/ruff check src tests tools benchmarks
 
 typecheck: install-test
 	$(VENV)/bin/mypy
@@ -54,10 +54,12 @@ bench-peers:
 	-test -x /tmp/pytriton-venv/bin/python || (/usr/bin/python3.11 -m venv /tmp/pytriton-venv && /tmp/pytriton-venv/bin/pip install -q nvidia-pytriton)
 	-test -x /tmp/litellm-venv/bin/python || ($(PYTHON) -m venv /tmp/litellm-venv && /tmp/litellm-venv/bin/pip install -q 'litellm[proxy]')
 
-# W1/W2 (wrk) against FastAPI, granian and aiohttp, then the suites W3-W8, P64, the
-# default model and the gateway. Writes BENCHMARKS.md and bench-results/.
+# The comparative benchmark (benchmarks/, not in the wheel): every suite of its catalog,
+# W1/W2 (wrk) against FastAPI, granian and aiohttp, then W3, W4, the default model, the
+# gateway, W5-W8 and P64. Writes BENCHMARKS.md and bench-results/. `python -m benchmarks
+# --help` for one suite at a time; `zeroserve bench URL` is the product's load generator.
 bench: install-test bench-tools bench-peers
-	$(VENV)/bin/zeroserve bench
+	$(PY) -m benchmarks
 
 # Retrain the embedded demo model (tools/train_tinyllm.py, ~8 min on one core) and rewrite
 # src/zeroserve/models/tinyllm/{weights.safetensors,tokenizer.json,config.json}. torch lives

@@ -19,11 +19,10 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"errors", "metrics", "models"},
     "app": {"runtime", "errors", "metrics", "models", "http"},
     "server": {"http", "app", "runtime", "errors", "metrics", "models"},
-    # The harness drives servers as subprocesses; only the models it serves (bench/models.py)
-    # and the peer apps import the public Model API.
-    "bench": {"__init__", "models"},
+    # The load generator is a client: it imports nothing of the server.
+    "loadgen": set(),
     "config": {"errors", "http", "runtime", "server", "models", "metrics"},
-    "cli": {"__init__", "config", "errors", "models", "server", "bench", "runtime", "app", "http", "metrics"},
+    "cli": {"__init__", "config", "errors", "models", "server", "loadgen", "runtime", "app", "http", "metrics"},
     "__init__": {"errors", "models"},
     "__main__": {"cli"},
 }

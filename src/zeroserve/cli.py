@@ -11,6 +11,8 @@ from typing import Any
 from . import __version__
 from .config import Config, ConfigError, load_config
 from .errors import ZeroserveError
+from .loadgen import add_arguments as add_loadgen_arguments
+from .loadgen import main as loadgen_main
 from .models.loader import ModelSpec, parse_spec
 
 log = logging.getLogger("zeroserve")
@@ -47,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list the models a configuration serves, with capabilities")
     _common(models)
 
-    bench = sub.add_parser("bench", help="run the benchmark suite (see BENCHMARKS.md)", add_help=False)
-    bench.add_argument("args", nargs=argparse.REMAINDER)
+    bench = sub.add_parser("bench", help="load a running server: req/s, TTFT, inter-token latency, percentiles")
+    add_loadgen_arguments(bench)
     return p
 
 
@@ -76,12 +78,9 @@ def model_specs(cfg: Config) -> list[ModelSpec]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        # The bench harness owns its options (argparse's REMAINDER would reject them).
-        from .bench import main as bench_main
-
-        return int(bench_main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        return loadgen_main(args)
     overrides: dict[str, Any] = {"models": args.models}
     if args.command == "serve":
         overrides.update(

@@ -73,7 +73,7 @@ class TinyLlamaModel(Model):
     ``generate`` has its own KV cache and random generator.
     """
 
-    # Thread, measured by tests/models/bench_tinyllm.py: a decode step (~0.6 ms CPU) is
+    # Thread, measured by benchmarks/scripts/bench_tinyllm.py: a decode step (~0.6 ms CPU) is
     # ~100 small numpy calls and only its matmuls (~20% of it) run without the GIL, so
     # threads add little parallelism (4 streams: process CPU/wall ~1.1). But each step
     # releases the GIL at every matmul, so an event loop beside it stays responsive

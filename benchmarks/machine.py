@@ -1,0 +1,128 @@
+"""Machine facts and CPU pinning: where the server, the load and an upstream run.
+
+The server under test is pinned to :data:`SERVER_CPU`, the load generator, probes and the
+harness itself to :data:`LOAD_CPU`, and a gateway's upstream to :data:`AUX_CPU` when the
+machine has a third CPU (else it shares the server's). With fewer than two CPUs nothing
+is pinned and the report says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+SERVER_CPU = 0
+LOAD_CPU = 1
+AUX_CPU = 2
+SOFTWARE = (
+    "zeroserve",
+    "uvicorn",
+    "fastapi",
+    "pydantic",
+    "uvloop",
+    "httptools",
+    "granian",
+    "aiohttp",
+    "msgspec",
+)
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def pin_prefix(cpu: int | None) -> list[str]:
+    """``taskset -c N`` when pinning is possible, else nothing (one-core machines)."""
+    if cpu is None or cpu not in os.sched_getaffinity(0) or shutil.which("taskset") is None:
+        return []
+    return ["taskset", "-c", str(cpu)]
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """The CPUs of one run; all None when the machine cannot keep them apart."""
+
+    server_cpu: int | None
+    load_cpu: int | None
+
+    @property
+    def pinned(self) -> bool:
+        return self.server_cpu is not None
+
+    @property
+    def aux_cpu(self) -> int | None:
+        """CPU for a gateway's upstream: a third one if there is one, else the server's."""
+        if self.server_cpu is None:
+            return None
+        return (
+            AUX_CPU
+            if cpu_count() >= 3 and AUX_CPU in os.sched_getaffinity(0)
+            else (self.server_cpu)
+        )
+
+    @classmethod
+    def detect(cls) -> Pinning:
+        if cpu_count() >= 2 and {SERVER_CPU, LOAD_CPU} <= os.sched_getaffinity(0):
+            return cls(SERVER_CPU, LOAD_CPU)
+        return cls(None, None)
+
+
+@contextlib.contextmanager
+def harness_on_load_cpu(pins: Pinning) -> Iterator[None]:
+    """Keep the harness (clients, probes, samplers) off the server's core; restore the
+    affinity on exit, because the harness may run inside another process (the tests)."""
+    original = os.sched_getaffinity(0)
+    if pins.load_cpu is not None:
+        os.sched_setaffinity(0, {pins.load_cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, original)
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def _wrk_version() -> str:
+    if shutil.which("wrk") is None:
+        return ""
+    out = subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False)
+    text = out.stdout or out.stderr
+    return text.splitlines()[0].split(" Copyright")[0] if text else ""
+
+
+def facts() -> list[str]:
+    """Date, machine and software lines for a report (one line each)."""
+    mem = ""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kib / 1024 / 1024:.0f} GiB RAM"
+    versions = []
+    for pkg in SOFTWARE:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions.append(f"{pkg} {metadata.version(pkg)}")
+    wrk_v = _wrk_version()
+    try:
+        load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        load = "?"
+    return [
+        f"Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; "
+        f"load average {load} (background load skews absolute numbers)",
+        f"Machine: {_cpu_model()}, {cpu_count()} CPUs available{mem}; {platform.system()} "
+        f"{platform.release()}; Python {platform.python_version()}",
+        "Software: " + ", ".join(versions) + (f"; {wrk_v}" if wrk_v else ""),
+    ]

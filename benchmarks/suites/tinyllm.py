@@ -1,0 +1,113 @@
+"""The default model: tinyllm chat streams at 1, 8 and 32 concurrent streams, zeroserve
+against FastAPI running the same model object, measured with the harness's stream client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+from ..context import SuiteContext
+from ..procs import ServerFailed
+from ..report import Section, footer, num, times
+from ..servers import BASELINE, fastapi_peer, started, zeroserve
+from ..stats import median, percentile
+from ..streamclient import StreamStats, stream_load
+from ._api import GROUP, GROUP_TITLE
+
+# Default model streams: greedy decoding, so every server generates the same text.
+TINYLLM_CONCURRENCY = (1, 8, 32)
+
+TINYLLM_PROMPT = "str.split"
+TINYLLM_MAX_TOKENS, QUICK_TINYLLM_MAX_TOKENS = 64, 32
+
+
+def _tinyllm_body(max_tokens: int) -> bytes:
+    return json.dumps(
+        {
+            "model": "tinyllm",
+            "stream": True,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": TINYLLM_PROMPT}],
+        }
+    ).encode()
+
+
+def tinyllm(ctx: SuiteContext) -> Section:
+    settings = ctx.settings()
+    max_tokens = QUICK_TINYLLM_MAX_TOKENS if ctx.quick else TINYLLM_MAX_TOKENS
+    servers = [zeroserve("tinyllm?queue_depth=1024"), fastapi_peer("--tinyllm")]
+    body = _tinyllm_body(max_tokens)
+    concs = TINYLLM_CONCURRENCY
+    res: dict[tuple[int, str], list[StreamStats]] = {}
+    errors: dict[str, str] = {}
+    skipped = {s.name: why for s in servers if (why := s.missing())}
+    for rnd in range(settings.rounds):
+        for conc in concs:
+            for srv in servers:
+                if srv.name in skipped or srv.name in errors:
+                    continue
+                try:
+                    with started(srv, ctx.pins, ctx.results_dir) as server:
+                        # warm-up: one stream, so load and first-call costs are outside
+                        asyncio.run(stream_load(server.port, "/v1/chat/completions", body, 1, 0.01))
+                        st = asyncio.run(
+                            stream_load(
+                                server.port, "/v1/chat/completions", body, conc, settings.duration_s
+                            )
+                        )
+                except ServerFailed as exc:
+                    errors[srv.name] = f"start failed: {exc}"
+                    continue
+                res.setdefault((conc, srv.name), []).append(st)
+                print(
+                    f"  tinyllm x{conc} {srv.name} r{rnd}: {st.tokens / st.duration_s:,.0f} "
+                    f"tokens/s, {st.streams} streams, ttft p50 "
+                    f"{percentile(st.ttft_ms, 50):.1f} ms, {st.failures} failures "
+                    f"{st.errors[:1]}",
+                    flush=True,
+                )
+
+    def tps(conc: int, name: str) -> list[float]:
+        return [s.tokens / s.duration_s for s in res.get((conc, name), [])]
+
+    lines = [
+        "### Default model: tinyllm streams",
+        "",
+        f"`POST /v1/chat/completions` with `stream: true`, `{TINYLLM_PROMPT}` as the user "
+        f"message, `temperature` 0 (greedy: every server generates the same text), "
+        f"`max_tokens` {max_tokens}. Client: this module's asyncio client, one fresh "
+        "connection per stream, N streams back to back for the window. Tokens: chunks "
+        "with non-empty `delta.content` received inside the window. TTFT: connect to the "
+        "first content chunk. FastAPI runs the same model object "
+        "(`zeroserve.models.tinyllm`) behind a `StreamingResponse` over a sync iterator "
+        "(thread pool), as zeroserve runs it (`executor=thread`).",
+        *footer(ctx, settings),
+        "",
+        "| streams | server | tokens/s | vs FastAPI | TTFT p50 ms | TTFT p99 ms "
+        "| streams done | failures |",
+        "|--:|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for conc in concs:
+        for srv in servers:
+            runs = res.get((conc, srv.name), [])
+            if not runs:
+                why = skipped.get(srv.name) or errors.get(srv.name, "no result")
+                lines.append(
+                    f"| {conc} | {srv.title} | not measured: "
+                    f"{why.splitlines()[0][:140]} | | | | | |"
+                )
+                continue
+            ratios = [
+                a / b for a, b in zip(tps(conc, srv.name), tps(conc, BASELINE), strict=False) if b
+            ]
+            ttft = [x for s in runs for x in s.ttft_ms]
+            lines.append(
+                f"| {conc} | {srv.title} | {num(median(tps(conc, srv.name)))} "
+                f"| {times(median(ratios) if ratios else math.nan)} "
+                f"| {num(percentile(ttft, 50))} | {num(percentile(ttft, 99))} "
+                f"| {sum(s.streams for s in runs)} | {sum(s.failures for s in runs)} |"
+            )
+    lines += ["", "No numeric target: these are the numbers against FastAPI."]
+    return Section(GROUP, GROUP_TITLE, "\n".join(lines))

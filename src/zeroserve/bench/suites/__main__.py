@@ -1,5 +1,0 @@
-from __future__ import annotations
-
-from . import main
-
-raise SystemExit(main())
