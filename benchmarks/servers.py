@@ -21,6 +21,7 @@ External peers (never installed into the project's venv; ``make bench-peers``):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -123,10 +124,43 @@ def fastapi_peer(*extra: str, title: str = "FastAPI+pydantic") -> Server:
     return peer("fastapi_app", BASELINE, title, ("fastapi", "uvicorn"), *extra)
 
 
+# An A/B of zeroserve against itself: with ZSBENCH_BASELINE_SRC naming another checkout's
+# ``src/`` (for example ``git worktree add /tmp/base REV``), W1/W2 also run "zeroserve@base"
+# from that tree in the same rounds, so a change is measured against its parent under the
+# same background noise rather than against a number from another day.
+BASELINE_SRC_ENV = "ZSBENCH_BASELINE_SRC"
+SELF_BASELINE = "zeroserve-base"  # never a peer in the targets: it is ourselves
+
+
+def zeroserve_baseline(zeroserve_args: tuple[str, ...]) -> Server | None:
+    src = os.environ.get(BASELINE_SRC_ENV)
+    if not src:
+        return None
+    base_src = str(Path(src).resolve())
+
+    def env(port: int) -> dict[str, str]:
+        return {"PYTHONPATH": base_src}
+
+    def missing() -> str | None:
+        if not (Path(base_src) / "zeroserve" / "cli.py").exists():
+            return f"{base_src}/zeroserve/cli.py not found ({BASELINE_SRC_ENV})"
+        return None
+
+    return dataclasses.replace(
+        zeroserve(extra=zeroserve_args),
+        name=SELF_BASELINE,
+        title="zeroserve@base",
+        env=env,
+        missing=missing,
+    )
+
+
 def comparative(zeroserve_args: tuple[str, ...]) -> list[Server]:
     """W1/W2's servers, subject first then the baseline (the A B A B order)."""
+    base = zeroserve_baseline(zeroserve_args)
     return [
         zeroserve(extra=zeroserve_args),
+        *([base] if base is not None else []),
         fastapi_peer(title="FastAPI+uvicorn"),
         peer("granian_app", "granian", "granian RSGI", ("granian",)),
         peer("aiohttp_app", "aiohttp", "aiohttp", ("aiohttp",)),

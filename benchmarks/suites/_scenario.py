@@ -16,7 +16,7 @@ from ..context import Settings, SuiteContext
 from ..report import cpu, eps, error_text, num, p, peak_rss, rps, times
 from ..runner import Grid, run_grid
 from ..scenarios import Case, cases_for
-from ..servers import BASELINE, SUBJECT, Server, comparative
+from ..servers import BASELINE, SELF_BASELINE, SUBJECT, Server, comparative
 
 GROUP = "W1-W2"
 TITLE = """## W1, W2: raw echo and streams against the Python servers
@@ -138,7 +138,11 @@ def copies_by_site(grid: Grid, cases: Sequence[Case]) -> list[str]:
 def peers_behind(grid: Grid, case: Case, servers: Sequence[Server]) -> str | None:
     """Which Python peers (other than the baseline) beat the subject's req/s; None when
     no such peer was measured."""
-    others = [s for s in servers if s.name not in (SUBJECT, BASELINE) and grid.ok(case.key, s.name)]
+    others = [
+        s
+        for s in servers
+        if s.name not in (SUBJECT, BASELINE, SELF_BASELINE) and grid.ok(case.key, s.name)
+    ]
     if not others:
         return None
     subj = grid.med(case.key, SUBJECT, rps)
