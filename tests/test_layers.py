@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "zeroserve"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "metrics": set(),
-    "http": {"errors"},
+    "http": {"errors", "metrics"},
     "models": {"errors"},
     "runtime": {"errors", "metrics", "models"},
     "app": {"runtime", "errors", "metrics", "models", "http"},
