@@ -28,7 +28,7 @@ import socket
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import metrics
-from ..app.problems import ErrorFormat, error_body, error_response, internal_error
+from ..app.problems import ErrorFormat, error_response, internal_error
 from ..app.request import Request
 from ..app.response import Response, StreamResponse
 from ..errors import ProtocolError, ZeroserveError
@@ -36,7 +36,7 @@ from ..http import framing
 from ..http.connection import BodyComplete, HttpConnection, RequestHead, State
 from .flow import WriteFlow
 from .sinks import LeaseSink
-from .stream import StreamWriter
+from .stream import StreamWriter, abort
 
 if TYPE_CHECKING:
     from .server import Server
@@ -57,7 +57,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self.loop = server.loop
         self.conn = HttpConnection(server.options.http)
         self.flow = WriteFlow(self.loop)
-        self.writer = StreamWriter(self.loop, self.flow)
+        self._writer: StreamWriter | None = None  # made by the connection's first stream
         self.transport: asyncio.Transport | None = None
         self.deadline = 0.0  # loop time after which the connection is timed out
         self.request: Request | None = None
@@ -225,7 +225,12 @@ class HttpProtocol(asyncio.BufferedProtocol):
             except ZeroserveError as exc:
                 result = error_response(exc, fmt)
             if isinstance(result, StreamResponse):
-                await self._stream(req, result)
+                writer = self._writer
+                if writer is None:
+                    writer = self._writer = StreamWriter(self.loop, self.flow, self.conn, self.server)
+                answer = await writer.respond(req, result)
+                if answer is not None:  # the stream failed before its head was sent
+                    self._write_response(answer, req.route.name)
                 nxt = self._finish(req)
             else:
                 nxt = self._send(req, result)
@@ -368,63 +373,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             self.transport.pause_reading()
 
     def _abort(self) -> None:
-        self.flow.closed = True
-        self.conn.close()
-        if self.transport is not None:
-            self.transport.abort()
-
-    # -- streaming ----------------------------------------------------------------------------
-    async def _stream(self, req: Request, resp: StreamResponse) -> None:
-        transport = self.transport
-        assert transport is not None
-        it = resp.pieces.__aiter__()
-        sse = resp.framing == "sse"
-        writer = self.writer
-        first: Any = None
-        try:
-            try:
-                first = await it.__anext__()
-            except StopAsyncIteration:
-                first = None
-            except ZeroserveError as exc:
-                # Nothing was sent yet: answer with a proper status.
-                self._write_response(error_response(exc, req.route.errors), req.route.name)
-                return
-            conn = self.conn
-            head = conn.start_response(resp.status, resp.headers, content_length=None, draining=self.server.draining)
-            metrics.count_request(req.route.name, resp.status)
-            if not conn.body_allowed:
-                transport.write(head)
-                return
-            failed = await writer.write(head, it, first, sse=sse, chunked=conn.chunked_out)
-            if failed is not None:
-                self._stream_failed(req, failed, sse)
-                return
-        finally:
-            aclose = getattr(it, "aclose", None)
-            if resp.aclose is not None:
-                await _maybe_await(resp.aclose())
-            elif aclose is not None:
-                await aclose()
-        if self.flow.closed:
-            raise ConnectionResetError("client disconnected")
-        if writer.framer.pending or first is not None:
-            writer.flush(last=True)
-
-    def _stream_failed(self, req: Request, exc: Exception, sse: bool) -> None:
-        """A stream failed after its head was sent. SSE clients get a final error event in
-        the route's error format and a clean end; raw chunked streams are cut off (an
-        incomplete chunked body is how HTTP/1.1 signals a failed transfer)."""
-        if not isinstance(exc, ZeroserveError):
-            log.error("stream for %s %s failed", req.method, req.path, exc_info=exc)
-            exc = ZeroserveError("internal server error while streaming")
-        writer = self.writer
-        if sse:
-            writer.framer.add_event(error_body(exc, req.route.errors))
-            writer.flush(last=True)
-            return
-        writer.flush()
-        self._abort()
+        abort(self.flow, self.conn)
 
     # -- server hooks ---------------------------------------------------------------------------
     def check_timeout(self, now: float) -> None:
@@ -442,7 +391,3 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if self.conn.idle and self.request is None and self.task is None and self.transport is not None:
             self.transport.close()
 
-
-async def _maybe_await(value: Any) -> None:
-    if inspect.isawaitable(value):
-        await value

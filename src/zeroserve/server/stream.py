@@ -9,31 +9,120 @@ gathered before the writer flushes and yields, so a producer that never awaits c
 starve other connections; while the transport is paused the writer waits for the drain
 (``WriteFlow.drain``): that is the backpressure the producer feels.
 
-The head and its framing come from ``HttpConnection.start_response``; this module only
-moves bytes (docs/architecture.md, "server/: asyncio glue").
+``respond`` runs one streaming response: it awaits the first piece (a failure then is
+still answered with a proper status), takes the head and its framing from
+``HttpConnection.start_response``, and ends the body, or a failed one (an SSE stream gets
+a final error event and a clean end; a raw chunked stream is cut off, which is how
+HTTP/1.1 signals a failed transfer). It only moves bytes (docs/architecture.md,
+"server/: asyncio glue").
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
+from .. import metrics
+from ..app.problems import error_body, error_response
+from ..app.request import Request
+from ..app.response import Response, StreamResponse
+from ..errors import ZeroserveError
+from ..http.connection import HttpConnection
 from ..http.framing import StreamFramer
 from .flow import WriteFlow
 from .options import STREAM_BATCH_BYTES, STREAM_BATCH_PIECES
+
+log = logging.getLogger("zeroserve.server")
+
+
+class Draining(Protocol):
+    """The server, as far as a stream needs it: whether it is draining."""
+
+    @property
+    def draining(self) -> bool: ...
+
+
+def abort(flow: WriteFlow, conn: HttpConnection) -> None:
+    """Cut the connection off now (nothing queued is sent)."""
+    flow.closed = True
+    conn.close()
+    if flow.transport is not None:
+        flow.transport.abort()
 
 
 class StreamWriter:
     """Writes the streamed bodies of one connection, one at a time."""
 
-    __slots__ = ("_flush_scheduled", "flow", "framer", "loop")
+    __slots__ = ("_flush_scheduled", "_server", "conn", "flow", "framer", "loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, flow: WriteFlow) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        flow: WriteFlow,
+        conn: HttpConnection,
+        server: Draining,
+    ) -> None:
         self.loop = loop
         self.flow = flow
+        self.conn = conn
+        self._server = server
         self.framer = StreamFramer()
         self._flush_scheduled = False
+
+    async def respond(self, req: Request, resp: StreamResponse) -> Response | None:
+        """Send one streaming response. Returns the error response to send instead if
+        the stream failed before its first piece (nothing was sent yet), else None.
+        Raises ``ConnectionResetError`` if the client went away."""
+        transport = self.flow.transport
+        assert transport is not None
+        it = resp.pieces.__aiter__()
+        sse = resp.framing == "sse"
+        first: Any = None
+        try:
+            try:
+                first = await it.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except ZeroserveError as exc:
+                return error_response(exc, req.route.errors)
+            conn = self.conn
+            head = conn.start_response(
+                resp.status, resp.headers, content_length=None, draining=self._server.draining
+            )
+            metrics.count_request(req.route.name, resp.status)
+            if not conn.body_allowed:
+                transport.write(head)
+                return None
+            failed = await self.write(head, it, first, sse=sse, chunked=conn.chunked_out)
+            if failed is not None:
+                self._failed(req, failed, sse)
+                return None
+        finally:
+            aclose = getattr(it, "aclose", None)
+            if resp.aclose is not None:
+                await _maybe_await(resp.aclose())
+            elif aclose is not None:
+                await aclose()
+        if self.flow.closed:
+            raise ConnectionResetError("client disconnected")
+        if self.framer.pending or first is not None:
+            self.flush(last=True)
+        return None
+
+    def _failed(self, req: Request, exc: Exception, sse: bool) -> None:
+        """The stream failed after its head was sent."""
+        if not isinstance(exc, ZeroserveError):
+            log.error("stream for %s %s failed", req.method, req.path, exc_info=exc)
+            exc = ZeroserveError("internal server error while streaming")
+        if sse:
+            self.framer.add_event(error_body(exc, req.route.errors))
+            self.flush(last=True)
+            return
+        self.flush()
+        abort(self.flow, self.conn)
 
     async def write(
         self, head: bytes, it: AsyncIterator[Any], first: Any, *, sse: bool, chunked: bool
@@ -88,3 +177,8 @@ class StreamWriter:
         buffers = self.framer.flush(last)
         if buffers:
             transport.writelines(buffers)
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
