@@ -295,7 +295,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if ticket is not None:
             ticket.release()
         if req.lease is not None:
-            self.flow.release_after_drain((req.lease.release,))
+            self.flow.release_one_after_drain(req.lease.release)
             req.lease = None
         self.flow.schedule_releases()
         return self._end_response()

@@ -76,6 +76,9 @@ class WriteFlow:
     def release_after_drain(self, callbacks: Iterable[Callable[[], None]]) -> None:
         self._pending.extend(callbacks)
 
+    def release_one_after_drain(self, callback: Callable[[], None]) -> None:
+        self._pending.append(callback)
+
     def schedule_releases(self) -> None:
         """Run the queued releases now if nothing is queued in the transport, else once
         it is empty."""
