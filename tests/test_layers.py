@@ -14,10 +14,12 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "zeroserve"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "metrics": set(),
-    "http": {"errors"},
+    "http": {"errors", "metrics"},
     "models": {"errors"},
     "runtime": {"errors", "metrics", "models"},
-    "app": {"runtime", "errors", "metrics", "models", "http"},
+    # The gateway's sockets; configured by the remote model's parsed options (models/remote.py).
+    "upstream": {"http", "errors", "metrics", "models"},
+    "app": {"runtime", "errors", "metrics", "models", "http", "upstream"},
     "server": {"http", "app", "runtime", "errors", "metrics", "models"},
     # The load generator is a client: it imports nothing of the server.
     "loadgen": set(),

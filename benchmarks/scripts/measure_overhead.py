@@ -56,8 +56,8 @@ async def timed(n: int, call: Callable[[], Awaitable[None]]) -> list[float]:
 
 
 async def clients(url: str, n: int) -> list[str]:
-    from zeroserve.app.relay._pool import Upstream
     from zeroserve.models.remote import RemoteModel
+    from zeroserve.upstream import Upstream
 
     lines = []
     cfg = RemoteModel(location=f"{url}/v1").config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zeroserve.http import BodyComplete, HttpConnection, HttpLimits, RequestHead
+from zeroserve.http import BodyComplete, HttpConnection, HttpLimits, RequestHead, State
 
 
 class ByteSink:
@@ -53,8 +53,9 @@ def feed(data: bytes, *, step: int | None = None, limits: HttpLimits | None = No
             assert head is not None
             data_ = body.data if isinstance(body, ByteSink) else body
             out.requests.append(Parsed(head, bytes(data_ or b"")))
-            ev = conn.response_complete(keep_alive=head.keep_alive)
-            if not head.keep_alive:
+            conn.start_response(200, [], content_length=0, draining=False)
+            ev = conn.end_response(draining=False)
+            if conn.state is State.CLOSED:
                 return
 
     while pos < len(data) and conn.state.value != "closed":
@@ -68,3 +69,22 @@ def feed(data: bytes, *, step: int | None = None, limits: HttpLimits | None = No
         on_event(conn.buffer_updated(n))
     out.leftover = conn.buffered
     return out
+
+
+def pump(conn: HttpConnection, data: bytes, *, step: int | None = None) -> list[RequestHead | BodyComplete]:
+    """Feed ``data`` to ``conn`` in reads of at most ``step`` bytes, without answering;
+    return the events in order. The caller drives the response side."""
+    events: list[RequestHead | BodyComplete] = []
+    pos = 0
+    while pos < len(data) and conn.state is not State.CLOSED:
+        buf = conn.next_buffer()
+        assert len(buf) > 0, "the connection offered no buffer while input remains"
+        n = min(len(buf), len(data) - pos)
+        if step is not None:
+            n = min(n, step)
+        buf[:n] = data[pos : pos + n]
+        pos += n
+        ev = conn.buffer_updated(n)
+        if ev is not None:
+            events.append(ev)
+    return events

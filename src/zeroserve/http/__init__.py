@@ -1,18 +1,23 @@
-"""HTTP/1.1 without I/O: request parsing and limits, response framing as buffer lists."""
+"""HTTP/1.1 without I/O, both roles: the server connection (requests in, responses out),
+the client's response reader, the chunked coding both share, and response framing as
+buffer lists (docs/architecture.md, "HTTP/1.1: one connection, both roles")."""
 
+from .chunked import ChunkedDecoder
 from .connection import BodyComplete, BodySink, HttpConnection, RequestHead, State
+from .framing import CONTINUE, LAST_CHUNK, StreamFramer, chunk, encode_head, sse_event, status_line
 from .limits import HttpLimits
-from .response import CONTINUE, LAST_CHUNK, chunk, encode_head, sse_event, status_line
 
 __all__ = [
     "CONTINUE",
     "LAST_CHUNK",
     "BodyComplete",
     "BodySink",
+    "ChunkedDecoder",
     "HttpConnection",
     "HttpLimits",
     "RequestHead",
     "State",
+    "StreamFramer",
     "chunk",
     "encode_head",
     "sse_event",

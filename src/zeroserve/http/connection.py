@@ -1,4 +1,8 @@
-"""HTTP/1.1 request side of one connection, without I/O (sans-I/O).
+"""HTTP/1.1 server side of one connection, both directions, without I/O (sans-I/O).
+
+Everything that decides what the next byte in or out of a server connection means is
+here (docs/architecture.md, "HTTP/1.1: one connection, both roles"); one head is parsed
+and validated by ``request.py``, a chunked body decoded by ``chunked.py``.
 
 Strategy
 --------
@@ -7,39 +11,54 @@ with ``buffer_updated(n)``. Heads are read into a small per-connection buffer wh
 receive window starts at ``head_window_bytes`` and doubles while no blank line is found,
 so body bytes that arrive with the head (and must be copied into the body buffer) stay
 a small share of the body. Only the head, through its blank line, is fed to httptools
-(llhttp), which then fires ``on_headers_complete`` and waits: the body is ours to place.
+(llhttp) by ``request.parse_head``: the body is ours to place.
 
 A Content-Length body is received straight into the view the I/O layer passes to
 ``receive_into()`` (an arena lease of exactly that size), so no user-space copy takes
 place apart from the head-overflow bytes. A chunked body is decoded here from the head
-buffer (used as scratch) into the ``BodySink`` the I/O layer passes to
-``receive_chunked()``: one copy, which the sink counts.
+buffer (used as scratch) by the ``ChunkedDecoder`` both roles share into the
+``BodySink`` the I/O layer passes to ``receive_chunked()``: one copy, which the sink
+counts.
+
+The response side renders heads and decides framing: ``start_response()`` picks
+Content-Length, chunked (HTTP/1.1 streams) or close-delimited (HTTP/1.0 streams), drops
+the body of a HEAD answer (``body_allowed``) and adds ``connection: close`` when the
+connection will not be reused; ``continue_line()`` is the 100-continue interim answer;
+``end_response(draining=...)`` decides keep-alive, once, from the request, the
+response's framing, the client's EOF and the server's drain. An answer given before the
+body was read (404, 429, ...) leaves a small Content-Length body to be read and dropped
+in the ``DISCARD`` state, so the connection stays usable; any other unread body closes
+it. ``reject()`` answers a protocol error and closes.
 
 Invariants
 ----------
 * One request at a time: after a request's body is complete the connection is in
   ``HANDLING`` and bytes that arrive (pipelined requests, or EOF) are buffered, never
-  parsed, until ``response_complete()``. Responses therefore leave in request order.
+  parsed, until ``end_response()``. Responses therefore leave in request order.
 * Every limit is checked before the bytes it guards are stored: the head against
   ``max_head_bytes`` (431) and ``max_uri_bytes`` (414) while it is still incomplete, the
   Content-Length against ``max_body_bytes`` (413) before any body byte is read.
-* No request is processed with an ambiguous length (RFC 9112 §6.3): both Content-Length
-  and Transfer-Encoding, duplicate Content-Length, a transfer coding other than a single
-  final ``chunked``, or Transfer-Encoding in HTTP/1.0 are 400 and close the connection.
+* No request is processed with an ambiguous length (RFC 9112 §6.3, checked by
+  ``request.py``): such a request is 400 and closes the connection.
+* Keep-alive is decided only by ``end_response()``: a response is followed by another
+  request only if the request allowed it (HTTP/1.1 without ``Connection: close``, or
+  HTTP/1.0 with ``Connection: keep-alive``), its body was framed by length or chunks,
+  its request body was read (or is being discarded), the client did not half-close, and
+  the server is not draining.
 """
 
 from __future__ import annotations
 
 import enum
-import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import unquote
-
-import httptools
 
 from ..errors import ProtocolError
-from .limits import MAX_CHUNK_LINE_BYTES, HttpLimits
+from .chunked import ChunkedDecoder
+from .framing import CONTINUE, encode_head
+from .limits import DISCARD_MAX_BYTES, HttpLimits
+from .request import HeadCollector, RequestHead, parse_head
 
 __all__ = ["BodyComplete", "BodySink", "HttpConnection", "RequestHead", "State"]
 
@@ -49,7 +68,8 @@ class State(enum.Enum):
     BODY = "body"  # receiving a Content-Length body into the given view
     CHUNKED = "chunked"  # decoding a chunked body into the sink
     AWAIT_BODY = "await_body"  # head parsed; the I/O layer must call receive_*()
-    HANDLING = "handling"  # request complete; waiting for response_complete()
+    HANDLING = "handling"  # request complete; waiting for end_response()
+    DISCARD = "discard"  # answered early; reading and dropping the request's body
     CLOSED = "closed"
 
 
@@ -59,72 +79,13 @@ class BodySink(Protocol):
     def write(self, data: memoryview) -> None: ...
 
 
-@dataclass(slots=True)
-class RequestHead:
-    method: str
-    target: bytes
-    path: str
-    query: str
-    version: str
-    headers: list[tuple[bytes, bytes]]  # names lower-cased, values as received
-    content_length: int | None
-    chunked: bool
-    keep_alive: bool
-    expect_continue: bool
-    head_bytes: int
-
-    @property
-    def has_body(self) -> bool:
-        return self.chunked or bool(self.content_length)
-
-    def header(self, name: bytes) -> bytes | None:
-        for k, v in self.headers:
-            if k == name:
-                return v
-        return None
-
-
 @dataclass(slots=True, frozen=True)
 class BodyComplete:
     size: int
 
 
-# RFC 9110 §7.2 / RFC 3986 §3.2.2: host = IP-literal / IPv4address / reg-name, then [":" port].
-_HOST_RE = re.compile(rb"(\[[0-9A-Fa-f:.vV]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]*)?")
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-_MAX_CHUNK_SIZE_DIGITS = 16  # 2**64 - 1; anything longer is an overflow attempt
-
-
-class _HeadCollector:
-    """httptools callbacks for one head. Reused; ``reset()`` between requests."""
-
-    __slots__ = ("complete", "headers", "max_headers", "too_many", "url")
-
-    def __init__(self, max_headers: int) -> None:
-        self.max_headers = max_headers
-        self.reset()
-
-    def reset(self) -> None:
-        self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.complete = False
-        self.too_many = False
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if len(self.headers) >= self.max_headers:
-            self.too_many = True
-            return
-        self.headers.append((name.lower(), value))
-
-    def on_headers_complete(self) -> None:
-        self.complete = True
-
-
 class HttpConnection:
-    """The request-parsing state machine of one HTTP/1.1 connection."""
+    """The state machine of one HTTP/1.1 server connection: requests in, responses out."""
 
     def __init__(self, limits: HttpLimits | None = None) -> None:
         self.limits = limits or HttpLimits()
@@ -134,18 +95,23 @@ class HttpConnection:
         self._end = 0  # end of received bytes in _buf
         self._scan = 0  # where the search for the blank line resumes
         self._window = self.limits.head_window_bytes
-        self._collector = _HeadCollector(self.limits.max_headers)
+        self._collector = HeadCollector(self.limits.max_headers)
         self.state = State.HEAD
         self.head: RequestHead | None = None
         self._body: memoryview | None = None
         self._body_pos = 0
         self._sink: BodySink | None = None
-        self._chunk_left = 0  # bytes left in the current chunk's data
-        self._chunk_phase = 0  # 0 size line, 1 data, 2 data CRLF, 3 trailers
-        self._chunked_total = 0
-        self._trailer_bytes = 0
+        self._chunked = ChunkedDecoder(
+            max_body=self.limits.max_body_bytes, max_trailer_bytes=self.limits.max_head_bytes
+        )
+        self._discard_left = 0  # body bytes still to drop in DISCARD
         self.overflow_copied = 0  # body bytes copied from the head buffer (accounting)
-        self.eof = False
+        self.eof = False  # the client half-closed: no request follows this one
+        # The response being sent (set by start_response):
+        self.body_allowed = True  # False for the answer to HEAD: the head only
+        self.chunked_out = False  # a streamed body is chunked (else close-delimited)
+        self._reusable = False  # keep-alive as far as the request and framing allow
+        self._continue_sent = False
 
     # -- what the I/O layer asks ----------------------------------------------------------
     def next_buffer(self) -> memoryview:
@@ -201,6 +167,8 @@ class HttpConnection:
             return self._parse_head()
         if state is State.CHUNKED:
             return self._decode_chunked()
+        if state is State.DISCARD:
+            return self._discard()
         return None  # HANDLING / AWAIT_BODY: keep the bytes for later
 
     def receive_into(self, body: memoryview) -> BodyComplete | None:
@@ -228,21 +196,86 @@ class HttpConnection:
         if self.state is not State.AWAIT_BODY or self.head is None or not self.head.chunked:
             raise RuntimeError("receive_chunked() without a chunked body pending")
         self._sink = sink
-        self._chunk_phase = 0
-        self._chunked_total = 0
-        self._trailer_bytes = 0
+        self._chunked.reset()
         self.state = State.CHUNKED
         return self._decode_chunked()
 
-    def response_complete(self, *, keep_alive: bool) -> RequestHead | None:
-        """The response to the current request has been handed to the transport. Returns
-        the next pipelined head if one is already buffered (or ``None``)."""
+    # -- response side --------------------------------------------------------------------
+    def continue_line(self) -> bytes | None:
+        """The ``100 Continue`` interim response to send before reading the body, if the
+        request asked for one (once per request)."""
+        head = self.head
+        if head is None or not head.expect_continue or self._continue_sent or self.state is not State.AWAIT_BODY:
+            return None
+        self._continue_sent = True
+        return CONTINUE
+
+    def start_response(
+        self, status: int, headers: Iterable[tuple[bytes, bytes]], *,
+        content_length: int | None, draining: bool,
+    ) -> bytes:
+        """The head of the response to the current request. ``content_length`` None is a
+        streamed body: chunked on HTTP/1.1, delimited by closing on HTTP/1.0. Sets
+        ``body_allowed`` (False for HEAD) and ``chunked_out``. Called in ``HANDLING``, or
+        in ``AWAIT_BODY`` for an answer given before the body was read (which is then
+        discarded by ``end_response`` if small enough, else the connection closes)."""
+        head = self.head
+        if head is None or self.state not in (State.HANDLING, State.AWAIT_BODY):
+            raise RuntimeError("start_response() without a request to answer")
+        reusable = head.keep_alive and not draining and not self.eof
+        chunked = False
+        if content_length is None:
+            chunked = head.version == "1.1"
+            reusable = reusable and chunked
+        if self.state is State.AWAIT_BODY:  # an early answer: can the body be skipped?
+            cl = head.content_length
+            reusable = reusable and (
+                not head.chunked and cl is not None and cl <= DISCARD_MAX_BYTES
+                and not head.expect_continue and status != 413
+            )
+        self._reusable = reusable
+        self.chunked_out = chunked
+        self.body_allowed = head.method != "HEAD"
+        return encode_head(status, headers, content_length=content_length, chunked=chunked, keep_alive=reusable)
+
+    def end_response(self, *, draining: bool) -> RequestHead | None:
+        """The response to the current request has been handed to the transport. Decides
+        keep-alive: afterwards ``state`` is ``CLOSED`` (the I/O layer closes the
+        transport once what is queued is sent), ``DISCARD`` (an early answer's body is
+        being dropped), or ``HEAD``; returns the next pipelined head if one is already
+        buffered (or ``None``). Raises ``ProtocolError`` for a bad pipelined head."""
+        keep = self._reusable and not draining and not self.eof and self.state is not State.CLOSED
+        head = self.head
+        unread = (head.content_length or 0) if head is not None and self.state is State.AWAIT_BODY else 0
         self.head = None
         self._body = None
         self._sink = None
-        if not keep_alive or self.state is State.CLOSED:
+        self._reusable = False
+        self._continue_sent = False
+        if not keep:
             self.state = State.CLOSED
             return None
+        if unread:
+            take = min(unread, self._end - self._start)
+            self._start += take
+            self._discard_left = unread - take
+            if self._discard_left:
+                self.state = State.DISCARD
+                return None
+        return self._next_request()
+
+    def reject(self, status: int, headers: Iterable[tuple[bytes, bytes]], content_length: int) -> bytes:
+        """The head of the answer to a protocol error. The connection closes after it:
+        the framing of what follows can no longer be trusted (RFC 9112 §6.3)."""
+        self.state = State.CLOSED
+        self.body_allowed = True
+        return encode_head(status, headers, content_length=content_length, keep_alive=False)
+
+    def close(self) -> None:
+        """The connection is closed (by either side, or cut off mid-response)."""
+        self.state = State.CLOSED
+
+    def _next_request(self) -> RequestHead | None:
         self.state = State.HEAD
         self._window = self.limits.head_window_bytes
         self._scan = self._start
@@ -250,8 +283,13 @@ class HttpConnection:
             return self._parse_head()
         return None
 
-    def close(self) -> None:
-        self.state = State.CLOSED
+    def _discard(self) -> RequestHead | None:
+        take = min(self._discard_left, self._end - self._start)
+        self._start += take
+        self._discard_left -= take
+        if self._discard_left:
+            return None
+        return self._next_request()
 
     # -- head ---------------------------------------------------------------------------
     def _parse_head(self) -> RequestHead | None:
@@ -282,28 +320,8 @@ class HttpConnection:
         head_end = idx + 4
         if buf.find(b"\r\n", self._start, head_end) - self._start > limits.max_uri_bytes + 32:
             raise ProtocolError("request URI too long", status=414)
-        c = self._collector
-        c.reset()
-        parser = httptools.HttpRequestParser(c)
-        try:
-            parser.feed_data(self._mv[self._start : head_end])
-        except httptools.HttpParserUpgrade:
-            pass  # no protocol upgrades; the request is served as plain HTTP/1.1
-        except httptools.HttpParserInvalidMethodError as exc:
-            raise ProtocolError(f"unsupported method: {exc}", status=501) from None
-        except httptools.HttpParserInvalidURLError as exc:
-            raise ProtocolError(f"invalid request target: {exc}") from None
-        except httptools.HttpParserError as exc:
-            raise ProtocolError(f"malformed request: {exc}") from None
-        if not c.complete:
-            raise ProtocolError("malformed request head")
-        if c.too_many:
-            raise ProtocolError("too many header fields", status=431)
-        if len(c.url) > limits.max_uri_bytes:
-            raise ProtocolError("request URI too long", status=414)
-        head_bytes = head_end - self._start
+        head = parse_head(self._mv[self._start : head_end], self._collector, limits)
         self._start = self._scan = head_end
-        head = self._validate(parser, c.url, c.headers, head_bytes)
         self.head = head
         if head.has_body:
             self.state = State.AWAIT_BODY
@@ -311,154 +329,13 @@ class HttpConnection:
             self.state = State.HANDLING
         return head
 
-    def _validate(
-        self, parser: httptools.HttpRequestParser, url: bytes,
-        headers: list[tuple[bytes, bytes]], head_bytes: int,
-    ) -> RequestHead:
-        version = parser.get_http_version()
-        if version not in ("1.1", "1.0"):
-            raise ProtocolError(f"HTTP version {version} not supported", status=505)
-        content_length: int | None = None
-        chunked = False
-        host_count = 0
-        host = b""
-        conn_tokens: list[bytes] = []
-        expect: bytes | None = None
-        te_values: list[bytes] = []
-        for name, value in headers:
-            if name == b"content-length":
-                if content_length is not None:
-                    raise ProtocolError("duplicate Content-Length")
-                v = value.strip(b" \t")
-                if not v.isdigit() or len(v) > 19:
-                    raise ProtocolError("invalid Content-Length")
-                content_length = int(v)
-            elif name == b"transfer-encoding":
-                te_values.extend(t.strip(b" \t").lower() for t in value.split(b","))
-            elif name == b"host":
-                host_count += 1
-                host = value.strip(b" \t")
-            elif name == b"connection":
-                conn_tokens.extend(t.strip(b" \t").lower() for t in value.split(b","))
-            elif name == b"expect":
-                expect = value.strip(b" \t").lower()
-        if te_values:
-            if version == "1.0":
-                raise ProtocolError("Transfer-Encoding in an HTTP/1.0 request")
-            if content_length is not None:
-                raise ProtocolError("both Content-Length and Transfer-Encoding")
-            if te_values != [b"chunked"]:
-                raise ProtocolError("unsupported transfer coding")
-            chunked = True
-        if version == "1.1" and host_count != 1:
-            raise ProtocolError("missing Host header" if not host_count else "duplicate Host header")
-        if host_count > 1 or (host and not _HOST_RE.fullmatch(host)):
-            raise ProtocolError("invalid Host header")
-        if content_length is not None and content_length > self.limits.max_body_bytes:
-            raise ProtocolError(
-                f"request body of {content_length} bytes exceeds the limit of "
-                f"{self.limits.max_body_bytes} bytes",
-                status=413,
-            )
-        expect_continue = False
-        if expect is not None:
-            if expect != b"100-continue":
-                raise ProtocolError("unsupported Expect header", status=417, close=False)
-            expect_continue = version == "1.1"
-        if version == "1.1":
-            keep_alive = b"close" not in conn_tokens
-        else:
-            keep_alive = b"keep-alive" in conn_tokens
-        path, query = _split_target(url)
-        return RequestHead(
-            method=parser.get_method().decode("ascii"),
-            target=url,
-            path=path,
-            query=query,
-            version=version,
-            headers=headers,
-            content_length=content_length,
-            chunked=chunked,
-            keep_alive=keep_alive,
-            expect_continue=expect_continue,
-            head_bytes=head_bytes,
-        )
-
     # -- chunked body -------------------------------------------------------------------
     def _decode_chunked(self) -> BodyComplete | None:
-        buf, mv = self._buf, self._mv
         sink = self._sink
         assert sink is not None
-        while True:
-            phase = self._chunk_phase
-            if phase == 1:  # data
-                take = min(self._chunk_left, self._end - self._start)
-                if not take:
-                    return None
-                sink.write(mv[self._start : self._start + take])
-                self._start += take
-                self._chunk_left -= take
-                if self._chunk_left == 0:
-                    self._chunk_phase = 2
-                continue
-            if phase == 2:  # CRLF after data
-                if self._end - self._start < 2:
-                    return None
-                if buf[self._start] != 13 or buf[self._start + 1] != 10:
-                    raise ProtocolError("missing CRLF after chunk data")
-                self._start += 2
-                self._chunk_phase = 0
-                continue
-            nl = buf.find(b"\r\n", self._start, self._end)
-            if nl < 0:
-                if self._end - self._start >= min(MAX_CHUNK_LINE_BYTES, len(buf) - 2):
-                    if phase == 3:
-                        raise ProtocolError("chunked trailer line too long", status=431)
-                    raise ProtocolError("chunk line too long")
-                return None
-            line = bytes(mv[self._start : nl])
-            self._start = nl + 2
-            if phase == 3:  # trailers: skipped, bounded by the head limit
-                if not line:
-                    self.state = State.HANDLING
-                    return BodyComplete(self._chunked_total)
-                self._trailer_bytes += len(line) + 2
-                if self._trailer_bytes > self.limits.max_head_bytes:
-                    raise ProtocolError("chunked trailers too large", status=431)
-                continue
-            size_field = line.split(b";", 1)[0].rstrip(b" \t")
-            if not size_field or len(size_field) > _MAX_CHUNK_SIZE_DIGITS or not _HEX.issuperset(size_field):
-                raise ProtocolError("invalid chunk size")
-            size = int(size_field, 16)
-            if size == 0:
-                self._chunk_phase = 3
-                continue
-            self._chunked_total += size
-            if self._chunked_total > self.limits.max_body_bytes:
-                raise ProtocolError(
-                    f"request body exceeds the limit of {self.limits.max_body_bytes} bytes",
-                    status=413,
-                )
-            self._chunk_left = size
-            self._chunk_phase = 1
-
-
-def _split_target(url: bytes) -> tuple[str, str]:
-    if url.startswith(b"/"):
-        raw_path, _, raw_query = url.partition(b"?")
-    elif url == b"*":
-        return "*", ""
-    else:  # absolute-form (RFC 9112 §3.2.2)
-        try:
-            parsed = httptools.parse_url(url)
-        except httptools.HttpParserInvalidURLError:
-            raise ProtocolError("invalid request target") from None
-        raw_path = parsed.path or b"/"
-        raw_query = parsed.query or b""
-    path = raw_path.decode("latin-1")
-    if "%" in path:
-        try:
-            path = unquote(path, errors="strict")
-        except UnicodeDecodeError:
-            raise ProtocolError("request path is not valid percent-encoded UTF-8") from None
-    return path, raw_query.decode("latin-1")
+        dec = self._chunked
+        self._start = dec.feed(self._buf, self._mv, self._start, self._end, sink.write)
+        if dec.done:
+            self.state = State.HANDLING
+            return BodyComplete(dec.total)
+        return None

@@ -20,8 +20,12 @@ MAX_BODY_BYTES = 128 * 1024 * 1024
 # ~1 KiB, i.e. <= 1.6 % of a 64 KiB body. Typical heads (curl, wrk, httpx) are 100-400 B;
 # the openai SDK's is ~700 B.
 HEAD_WINDOW_BYTES = 1024
-# Longest chunk-size line (hex size + extensions) in a chunked body, bytes.
+# Longest chunk-size or trailer line in a chunked body, bytes; hyper and h11 allow ~4 KiB.
 MAX_CHUNK_LINE_BYTES = 4096
+# A request answered before its body was read (404, 429, ...) keeps its connection if
+# its Content-Length body is at most this many bytes: reading and dropping 64 KiB costs
+# less than the client's reconnect (a new TCP handshake, under overload at that).
+DISCARD_MAX_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)

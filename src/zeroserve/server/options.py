@@ -28,10 +28,6 @@ MAX_CONNECTIONS = 4096
 # also when leases referenced by the transport are released.
 WRITE_HIGH_WATER = 256 * 1024
 WRITE_LOW_WATER = 0
-# A request answered before its body was read (404, 429, ...) keeps its connection if
-# its Content-Length body is at most this many bytes: reading and dropping 64 KiB costs
-# less than the client's reconnect (a new TCP handshake, under overload at that).
-DISCARD_MAX_BYTES = 64 * 1024
 # Stream writer: at most this many pieces or bytes are gathered before a write and a
 # yield to the loop, so a producer that never awaits cannot starve other connections.
 # Measured on W2 (32 streams of 256 tokens, one core): 64 pieces gave the most tokens/s
@@ -39,11 +35,6 @@ DISCARD_MAX_BYTES = 64 * 1024
 # noise and cut that to 12 ms; 16 lost 40 % of the throughput for no latency gain.
 STREAM_BATCH_PIECES = 32
 STREAM_BATCH_BYTES = 64 * 1024
-# A stream batch of more than 8 buffers averaging under 256 bytes each is joined into one
-# buffer before the write: writev over hundreds of tiny iovecs costs more CPU than copying
-# them (see BENCHMARKS.md, W2). Payload-sized pieces are never joined.
-GATHER_MIN_BUFFERS = 8
-GATHER_MAX_BYTES = 256
 
 
 @dataclass(frozen=True, slots=True)

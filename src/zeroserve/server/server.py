@@ -10,8 +10,8 @@ import socket
 from typing import Any
 
 from .. import metrics
+from .connection import HttpProtocol
 from .options import ServerOptions
-from .protocol import HttpProtocol
 
 log = logging.getLogger("zeroserve.server")
 

@@ -18,8 +18,8 @@ The engine hosts a remote model like any other (it has no capabilities, so admis
 ``names()`` and ``/v1/models`` work unchanged); the relay of each is created on first
 use, keyed by the model instance, so every engine has its own.
 
-Note: this package does socket I/O (the upstream client) although ``server/`` is
-otherwise the only package that does; see docs/gateway.md, "Layering".
+The sockets to the upstreams are ``upstream/``'s and their bytes ``http.client``'s; this
+package decides where a request goes and what it carries (docs/gateway.md, "Layering").
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import msgspec
 from ... import metrics
 from ...errors import ModelNotFound
 from ...models.remote import RemoteModel
+from ...upstream import UpstreamStatistics, UpstreamUnreachable
 from ..request import Request
-from ._pool import UpstreamStatistics, UpstreamUnreachable
 from ._relay import Relay, RelayStatistics, UpstreamUnavailable, api_key
 from ._rewrite import model_spans
 

@@ -36,13 +36,12 @@ from prometheus_client import Histogram
 
 from ... import metrics
 from ...errors import DeadlineExceeded, UpstreamError, ZeroserveError
+from ...http.client import Framing, request_head, response_headers
 from ...models.remote import RemoteOptions
+from ...upstream import Exchange, Upstream, UpstreamStatistics, UpstreamUnreachable
 from ..request import Request
 from ..response import Response, StreamResponse
-from ._exchange import Exchange
-from ._pool import Upstream, UpstreamStatistics, UpstreamUnreachable
 from ._rewrite import rewrite_model
-from ._wire import Framing, request_head, response_headers
 
 Buffer = bytes | bytearray | memoryview
 

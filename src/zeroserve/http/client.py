@@ -1,22 +1,25 @@
-"""HTTP/1.1 client side of one upstream connection, without I/O: request heads out,
-response heads and body bytes in.
+"""HTTP/1.1 client role of one connection, without I/O: request heads out, response
+heads and body bytes in (the gateway's side towards its upstreams), and the hop-by-hop
+filtering of an intermediary (RFC 9110 §7.6.1).
 
 Strategy
 --------
 The response head is collected until its blank line and handed to httptools'
-``HttpResponseParser`` (llhttp) alone, as the server side does with requests. The body
-framing (Content-Length, chunked, or until close; RFC 9112 §6.3) is decoded here, and
-every body fragment is a ``memoryview`` slice of the ``bytes`` object the transport
-received: no copy is made (httptools' ``on_body`` would hand a fresh ``bytes`` copy of
-each fragment), and the slice keeps that object alive for as long as a client transport
-still holds it, so buffer lifetime needs no bookkeeping.
+``HttpResponseParser`` (llhttp) alone, as the server role does with requests. The body
+framing (Content-Length, chunked, or until close; RFC 9112 §6.3) is decoded here, a
+chunked body by the same ``ChunkedDecoder`` as the server role's (same rules, same
+errors), and every body fragment is a ``memoryview`` slice of the ``bytes`` object the
+transport received: no copy is made (httptools' ``on_body`` would hand a fresh ``bytes``
+copy of each fragment), and the slice keeps that object alive for as long as a client
+transport still holds it, so buffer lifetime needs no bookkeeping.
 
 Invariants
 ----------
 * ``feed`` returns body views in order; ``head`` is set before the first body view.
-* The head is bounded by ``MAX_HEAD_BYTES`` and chunk-size lines by ``MAX_LINE_BYTES``;
-  anything malformed raises ``WireError``. After ``done``, any further byte is an error
-  (we never pipeline, so an upstream that sends more is broken).
+* The head is bounded by ``MAX_HEAD_BYTES``, chunk lines by ``MAX_CHUNK_LINE_BYTES`` and
+  trailers by ``MAX_HEAD_BYTES``; anything malformed raises ``ProtocolError``. After
+  ``done``, any further byte is an error (we never pipeline, so an upstream that sends
+  more is broken).
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from dataclasses import dataclass
 
 import httptools
 
-# Largest upstream response head. Servers cap theirs at 8-64 KiB (nginx 8 KiB, Node
-# 16 KiB); 64 KiB accepts any honest upstream and bounds a broken one.
+from ..errors import ProtocolError
+from .chunked import ChunkedDecoder
+
+# Largest upstream response head (and its chunked trailers). Servers cap theirs at
+# 8-64 KiB (nginx 8 KiB, Node 16 KiB); 64 KiB accepts any honest upstream and bounds a
+# broken one.
 MAX_HEAD_BYTES = 64 * 1024
-# Longest chunk-size line (hex size plus extensions); hyper and h11 allow ~4 KiB.
-MAX_LINE_BYTES = 4096
 
 # RFC 9110 §7.6.1 hop-by-hop fields, plus what the relay sets itself on each side.
 HOP_BY_HOP = frozenset(
@@ -45,10 +50,6 @@ _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"date"}
 _REQUEST_DROP = HOP_BY_HOP | {b"host", b"content-length", b"expect"}
 
 Headers = list[tuple[bytes, bytes]]
-
-
-class WireError(Exception):
-    """The upstream sent bytes that are not a valid HTTP/1.1 response."""
 
 
 class Framing(enum.Enum):
@@ -86,27 +87,23 @@ class _Collector:
 class _S(enum.Enum):
     HEAD = 0
     LENGTH = 1
-    SIZE = 2
-    DATA = 3
-    DATA_END = 4
-    TRAILERS = 5
-    CLOSE = 6
-    DONE = 7
+    CHUNKED = 2
+    CLOSE = 3
+    DONE = 4
 
 
 class ResponseReader:
     """Decodes one response at a time. ``start(method)`` before each response."""
 
-    __slots__ = ("_crlf", "_head_buf", "_left", "_line", "_no_body", "_state", "head", "received")
+    __slots__ = ("_chunked", "_head_buf", "_left", "_no_body", "_state", "head", "received")
 
     def __init__(self) -> None:
         self.head: ResponseHead | None = None
         self.received = 0  # bytes of this response seen so far (head included)
         self._state = _S.DONE
         self._head_buf = bytearray()
-        self._line = bytearray()
+        self._chunked = ChunkedDecoder(max_body=None, max_trailer_bytes=MAX_HEAD_BYTES)
         self._left = 0
-        self._crlf = 0
         self._no_body = False
 
     def start(self, method: str) -> None:
@@ -114,7 +111,7 @@ class ResponseReader:
         self.received = 0
         self._state = _S.HEAD
         self._head_buf.clear()
-        self._line.clear()
+        self._chunked.reset()
         self._no_body = method == "HEAD"
 
     @property
@@ -124,7 +121,7 @@ class ResponseReader:
     def feed(self, data: bytes) -> list[memoryview]:
         """Consume received bytes; return the body fragments they hold (views of ``data``)."""
         if self._state is _S.DONE:
-            raise WireError("bytes received outside a response")
+            raise ProtocolError("bytes received outside a response")
         if not isinstance(data, bytes):
             data = bytes(data)  # transports hand over bytes; this is for tests
         self.received += len(data)
@@ -136,22 +133,23 @@ class ResponseReader:
             state = self._state
             if state is _S.HEAD:
                 pos = self._feed_head(view, pos)
-            elif state is _S.LENGTH or state is _S.DATA:
+            elif state is _S.CHUNKED:
+                chunked = self._chunked
+                pos = chunked.feed(data, view, pos, end, out.append)
+                if chunked.done:
+                    self._state = _S.DONE
+            elif state is _S.LENGTH:
                 n = min(self._left, end - pos)
                 out.append(view[pos : pos + n])
                 pos += n
                 self._left -= n
                 if not self._left:
-                    self._state = _S.DONE if state is _S.LENGTH else _S.DATA_END
+                    self._state = _S.DONE
             elif state is _S.CLOSE:
                 out.append(view[pos:])
                 pos = end
-            elif state is _S.DATA_END:
-                pos = self._feed_crlf(view, pos)
-            elif state is _S.SIZE or state is _S.TRAILERS:
-                pos = self._feed_line(data, view, pos)
             else:
-                raise WireError("bytes received after the end of the response")
+                raise ProtocolError("bytes received after the end of the response")
         return out
 
     def feed_eof(self) -> bool:
@@ -178,7 +176,7 @@ class ResponseReader:
         idx = buf.find(b"\r\n\r\n", scan)
         if idx < 0:
             if len(buf) >= MAX_HEAD_BYTES:
-                raise WireError(f"response head over {MAX_HEAD_BYTES} bytes")
+                raise ProtocolError(f"response head over {MAX_HEAD_BYTES} bytes")
             return pos + len(take)
         head_len = idx + 4
         consumed = pos + len(take) - (len(buf) - head_len)
@@ -198,7 +196,7 @@ class ResponseReader:
         elif head.framing is Framing.LENGTH:
             self._state = _S.LENGTH
         elif head.framing is Framing.CHUNKED:
-            self._state = _S.SIZE
+            self._state = _S.CHUNKED
         else:
             self._state = _S.CLOSE
         return consumed
@@ -209,7 +207,7 @@ class ResponseReader:
         try:
             parser.feed_data(raw)
         except httptools.HttpParserError as exc:
-            raise WireError(f"malformed response head: {exc}") from None
+            raise ProtocolError(f"malformed response head: {exc}") from None
         status = parser.get_status_code()
         # Decided here, not by llhttp's should_keep_alive(), which reads state that a
         # message completed by its head alone (content-length: 0) has already reset.
@@ -221,7 +219,7 @@ class ResponseReader:
                 tokens.update(t.strip().lower() for t in value.split(b","))
             elif name == b"content-length":
                 if length is not None or not value.strip().isdigit():
-                    raise WireError("invalid or repeated content-length")
+                    raise ProtocolError("invalid or repeated content-length")
                 length = int(value)
             elif name == b"transfer-encoding":
                 codings = [v.strip().lower() for v in value.split(b",")]
@@ -243,51 +241,6 @@ class ResponseReader:
             framing = Framing.CLOSE
             keep_alive = False
         return ResponseHead(status, c.headers, framing, length, keep_alive)
-
-    # -- chunked ----------------------------------------------------------------------------
-    def _feed_line(self, data: bytes, view: memoryview, pos: int) -> int:
-        line = self._line
-        # Search the new bytes only; the line so far never holds a newline.
-        nl = data.find(b"\n", pos, pos + MAX_LINE_BYTES + 1)
-        if nl < 0:
-            line += view[pos:]
-            if len(line) > MAX_LINE_BYTES:
-                raise WireError("chunk line too long")
-            return len(view)
-        line += view[pos:nl]
-        if len(line) > MAX_LINE_BYTES:
-            raise WireError("chunk line too long")
-        text = bytes(line).rstrip(b"\r")
-        line.clear()
-        if self._state is _S.TRAILERS:
-            if not text:
-                self._state = _S.DONE
-            return nl + 1
-        size_text = text.split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise WireError(f"invalid chunk size {size_text[:20]!r}") from None
-        if size_text.startswith((b"-", b"+", b"0x", b"0X")) or len(size_text) > 16:
-            raise WireError("invalid chunk size")
-        if size == 0:
-            self._state = _S.TRAILERS
-        else:
-            self._left = size
-            self._state = _S.DATA
-        return nl + 1
-
-    def _feed_crlf(self, view: memoryview, pos: int) -> int:
-        expected = b"\r\n"
-        while pos < len(view) and self._crlf < 2:
-            if view[pos] != expected[self._crlf]:
-                raise WireError("chunk data not followed by CRLF")
-            self._crlf += 1
-            pos += 1
-        if self._crlf == 2:
-            self._crlf = 0
-            self._state = _S.SIZE
-        return pos
 
 
 def request_head(

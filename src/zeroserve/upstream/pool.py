@@ -31,10 +31,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ...errors import DeadlineExceeded, UpstreamError
-from ...models.remote import RemoteOptions, UpstreamURL
-from ._exchange import Exchange
-from ._wire import ResponseHead, ResponseReader, WireError
+from ..errors import DeadlineExceeded, ProtocolError, UpstreamError
+from ..http.client import ResponseHead, ResponseReader
+from ..models.remote import RemoteOptions, UpstreamURL
+from .exchange import Exchange
 
 Buffer = bytes | bytearray | memoryview
 
@@ -96,7 +96,7 @@ class UpstreamConnection(asyncio.Protocol):
             return
         try:
             views = self.reader.feed(data)
-        except WireError as exc:
+        except ProtocolError as exc:
             ex.fail(UpstreamError(f"upstream {self.upstream.url.url} sent an invalid response: {exc}"))
             self.abort()
             return

@@ -25,11 +25,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ZeroserveError
-from ._wire import ResponseHead
+from ..errors import ZeroserveError
+from ..http.client import ResponseHead
 
 if TYPE_CHECKING:
-    from ._pool import UpstreamConnection
+    from .pool import UpstreamConnection
 
 
 class Exchange:

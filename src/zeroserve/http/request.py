@@ -1,0 +1,205 @@
+"""One request head: parsed by httptools (llhttp), then validated by our rules.
+
+Invariants
+----------
+* No request is processed with an ambiguous length (RFC 9112 §6.3): both Content-Length
+  and Transfer-Encoding, duplicate Content-Length, a transfer coding other than a single
+  final ``chunked``, or Transfer-Encoding in HTTP/1.0 are 400.
+* HTTP/1.1 needs exactly one valid Host; the target and header counts are bounded by
+  ``HttpLimits`` (414, 431); a Content-Length over the body limit is 413 before any body
+  byte is read.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+import httptools
+import msgspec
+
+from ..errors import ProtocolError
+from .limits import HttpLimits
+
+__all__ = ["HeadCollector", "RequestHead", "parse_head", "split_target"]
+
+
+class RequestHead(msgspec.Struct, frozen=True, gc=False):
+    """A parsed request head. Frozen: what the connection decides from it (keep-alive,
+    framing) cannot be changed behind its back. A ``msgspec.Struct`` because it is built
+    once per request: several times faster than a frozen dataclass. Not tracked by the
+    GC (``gc=False``): it holds only strings, bytes and a list of byte pairs."""
+
+    method: str
+    target: bytes
+    path: str
+    query: str
+    version: str
+    headers: list[tuple[bytes, bytes]]  # names lower-cased, values as received
+    content_length: int | None
+    chunked: bool
+    keep_alive: bool  # what the request allows; end_response() decides
+    expect_continue: bool
+    head_bytes: int
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def header(self, name: bytes) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return None
+
+
+# RFC 9110 §7.2 / RFC 3986 §3.2.2: host = IP-literal / IPv4address / reg-name, then [":" port].
+_HOST_RE = re.compile(rb"(\[[0-9A-Fa-f:.vV]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]*)?")
+
+
+class HeadCollector:
+    """httptools callbacks for one head. Reused; ``reset()`` between requests."""
+
+    __slots__ = ("complete", "headers", "max_headers", "too_many", "url")
+
+    def __init__(self, max_headers: int) -> None:
+        self.max_headers = max_headers
+        self.reset()
+
+    def reset(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False
+        self.too_many = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= self.max_headers:
+            self.too_many = True
+            return
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.complete = True
+
+
+def parse_head(raw: memoryview, c: HeadCollector, limits: HttpLimits) -> RequestHead:
+    """Parse and validate one complete head (through its blank line). Raises
+    ``ProtocolError`` with the status to answer."""
+    c.reset()
+    parser = httptools.HttpRequestParser(c)
+    try:
+        parser.feed_data(raw)
+    except httptools.HttpParserUpgrade:
+        pass  # no protocol upgrades; the request is served as plain HTTP/1.1
+    except httptools.HttpParserInvalidMethodError as exc:
+        raise ProtocolError(f"unsupported method: {exc}", status=501) from None
+    except httptools.HttpParserInvalidURLError as exc:
+        raise ProtocolError(f"invalid request target: {exc}") from None
+    except httptools.HttpParserError as exc:
+        raise ProtocolError(f"malformed request: {exc}") from None
+    if not c.complete:
+        raise ProtocolError("malformed request head")
+    if c.too_many:
+        raise ProtocolError("too many header fields", status=431)
+    if len(c.url) > limits.max_uri_bytes:
+        raise ProtocolError("request URI too long", status=414)
+    return _validate(parser, c.url, c.headers, len(raw), limits)
+
+
+def _validate(
+    parser: httptools.HttpRequestParser,
+    url: bytes,
+    headers: list[tuple[bytes, bytes]],
+    head_bytes: int,
+    limits: HttpLimits,
+) -> RequestHead:
+    version = parser.get_http_version()
+    if version not in ("1.1", "1.0"):
+        raise ProtocolError(f"HTTP version {version} not supported", status=505)
+    content_length: int | None = None
+    chunked = False
+    host_count = 0
+    host = b""
+    conn_tokens: list[bytes] = []
+    expect: bytes | None = None
+    te_values: list[bytes] = []
+    for name, value in headers:
+        if name == b"content-length":
+            if content_length is not None:
+                raise ProtocolError("duplicate Content-Length")
+            v = value.strip(b" \t")
+            if not v.isdigit() or len(v) > 19:
+                raise ProtocolError("invalid Content-Length")
+            content_length = int(v)
+        elif name == b"transfer-encoding":
+            te_values.extend(t.strip(b" \t").lower() for t in value.split(b","))
+        elif name == b"host":
+            host_count += 1
+            host = value.strip(b" \t")
+        elif name == b"connection":
+            conn_tokens.extend(t.strip(b" \t").lower() for t in value.split(b","))
+        elif name == b"expect":
+            expect = value.strip(b" \t").lower()
+    if te_values:
+        if version == "1.0":
+            raise ProtocolError("Transfer-Encoding in an HTTP/1.0 request")
+        if content_length is not None:
+            raise ProtocolError("both Content-Length and Transfer-Encoding")
+        if te_values != [b"chunked"]:
+            raise ProtocolError("unsupported transfer coding")
+        chunked = True
+    if version == "1.1" and host_count != 1:
+        raise ProtocolError("missing Host header" if not host_count else "duplicate Host header")
+    if host_count > 1 or (host and not _HOST_RE.fullmatch(host)):
+        raise ProtocolError("invalid Host header")
+    if content_length is not None and content_length > limits.max_body_bytes:
+        raise ProtocolError(
+            f"request body of {content_length} bytes exceeds the limit of "
+            f"{limits.max_body_bytes} bytes",
+            status=413,
+        )
+    expect_continue = False
+    if expect is not None:
+        if expect != b"100-continue":
+            raise ProtocolError("unsupported Expect header", status=417, close=False)
+        expect_continue = version == "1.1"
+    # What the request allows; HttpConnection.end_response() decides.
+    keep_alive = b"close" not in conn_tokens if version == "1.1" else b"keep-alive" in conn_tokens
+    path, query = split_target(url)
+    return RequestHead(
+        method=parser.get_method().decode("ascii"),
+        target=url,
+        path=path,
+        query=query,
+        version=version,
+        headers=headers,
+        content_length=content_length,
+        chunked=chunked,
+        keep_alive=keep_alive,
+        expect_continue=expect_continue,
+        head_bytes=head_bytes,
+    )
+
+
+def split_target(url: bytes) -> tuple[str, str]:
+    if url.startswith(b"/"):
+        raw_path, _, raw_query = url.partition(b"?")
+    elif url == b"*":
+        return "*", ""
+    else:  # absolute-form (RFC 9112 §3.2.2)
+        try:
+            parsed = httptools.parse_url(url)
+        except httptools.HttpParserInvalidURLError:
+            raise ProtocolError("invalid request target") from None
+        raw_path = parsed.path or b"/"
+        raw_query = parsed.query or b""
+    path = raw_path.decode("latin-1")
+    if "%" in path:
+        try:
+            path = unquote(path, errors="strict")
+        except UnicodeDecodeError:
+            raise ProtocolError("request path is not valid percent-encoded UTF-8") from None
+    return path, raw_query.decode("latin-1")

@@ -1,0 +1,393 @@
+"""The connection callbacks: an ``asyncio.BufferedProtocol`` gluing ``http/`` to ``app/``.
+
+Strategy
+--------
+``get_buffer()`` returns exactly the view ``HttpConnection.next_buffer()`` asks for, so a
+Content-Length body is received by the kernel straight into its arena lease. Requests on
+one connection are served one at a time (responses leave in request order); bytes of
+pipelined requests wait in the head buffer, and reading pauses only when that is full,
+so a client that closes while its request runs is noticed at once (its task is
+cancelled).
+
+Every HTTP decision (framing, HEAD, 100-continue, keep-alive, discarding the body of an
+early answer) is ``HttpConnection``'s; this module moves its bytes, runs the app, and
+keeps the timeouts. Write flow control is ``flow.WriteFlow``, streamed bodies are
+``stream.StreamWriter``'s, chunked request bodies go to ``sinks.LeaseSink``
+(docs/architecture.md, "server/: asyncio glue").
+
+Timeouts share one per-server ticker (``Server._tick``) that compares each connection's
+``deadline`` with the clock; reads only store a float.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import socket
+from typing import TYPE_CHECKING, Any, cast
+
+from .. import metrics
+from ..app.problems import ErrorFormat, error_response, internal_error
+from ..app.request import Request
+from ..app.response import Response, StreamResponse
+from ..errors import ProtocolError, ZeroserveError
+from ..http import framing
+from ..http.connection import BodyComplete, HttpConnection, RequestHead, State
+from .flow import WriteFlow
+from .sinks import LeaseSink
+from .stream import StreamWriter, abort
+
+if TYPE_CHECKING:
+    from .server import Server
+
+log = logging.getLogger("zeroserve.server")
+
+_BUSY_BODY = (
+    b'{"error":{"message":"too many connections","type":"server_error","param":null,"code":"busy"}}'
+)
+_SERVICE_UNAVAILABLE = framing.refusal(
+    503, [(b"content-type", b"application/json"), (b"retry-after", b"1")], _BUSY_BODY
+)
+
+
+class HttpProtocol(asyncio.BufferedProtocol):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.conn = HttpConnection(server.options.http)
+        self.flow = WriteFlow(self.loop)
+        self._writer: StreamWriter | None = None  # made by the connection's first stream
+        self.transport: asyncio.Transport | None = None
+        self.deadline = 0.0  # loop time after which the connection is timed out
+        self.request: Request | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._sink: LeaseSink | None = None
+        self._paused_reading = False
+        self._responding = False  # a handler runs or a response is being written
+        self._started = 0.0
+
+    # -- asyncio.BufferedProtocol --------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport; they implement it.
+        self.transport = transport = cast(asyncio.Transport, transport)
+        server = self.server
+        if len(server.connections) >= server.options.max_connections or server.draining:
+            self.flow.closed = True
+            transport.write(_SERVICE_UNAVAILABLE)
+            transport.close()
+            return
+        server.connections.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.flow.attach(transport)
+        self.deadline = self.loop.time() + server.options.head_timeout
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.conn.next_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        conn = self.conn
+        was_idle = conn.idle
+        try:
+            event = conn.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            self._protocol_error(exc)
+            return
+        if event is None:
+            state = conn.state
+            if state is State.BODY or state is State.CHUNKED or state is State.DISCARD:
+                self.deadline = self.loop.time() + self.server.options.body_timeout
+            elif state is State.HEAD and was_idle:
+                self.deadline = self.loop.time() + self.server.options.head_timeout
+            if conn.reading_blocked:
+                self._pause_reading()
+            return
+        self._drive(event)
+
+    def eof_received(self) -> bool | None:
+        # A client that half-closes is treated as gone (as uvicorn does): cancel its work.
+        self.conn.eof = True
+        return None  # the transport closes itself -> connection_lost
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.flow.closed = True
+        self.server.connections.discard(self)
+        self.conn.close()
+        req = self.request
+        if req is not None:
+            req.mark_disconnected()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        elif req is not None:
+            self._release_request(req)
+        if self._sink is not None:
+            self._sink.lease.release()
+            self._sink = None
+        self.flow.lost()
+
+    def pause_writing(self) -> None:
+        self.flow.pause()
+
+    def resume_writing(self) -> None:
+        self.flow.resume()
+
+    # -- request flow ---------------------------------------------------------------------
+    def _drive(self, event: RequestHead | BodyComplete | None) -> None:
+        """Handle events until one needs to wait (body bytes, an async handler)."""
+        while event is not None and not self.flow.closed:
+            if isinstance(event, RequestHead):
+                event = self._on_head(event)
+            else:
+                event = self._on_body_complete()
+
+    def _on_head(self, head: RequestHead) -> RequestHead | BodyComplete | None:
+        self._started = self.loop.time()
+        app = self.server.app
+        try:
+            req = app.on_head(head)
+        except ZeroserveError as exc:
+            return self._early_error(head, exc)
+        except Exception:
+            log.exception("error in head handler for %s %s", head.method, head.path)
+            return self._early_error(head, ZeroserveError("internal server error"))
+        self.request = req
+        if not head.has_body:
+            return self._dispatch(req)
+        assert self.transport is not None
+        try:
+            if head.chunked:
+                self._sink = LeaseSink(self.server.arena.allocate)
+            else:
+                assert head.content_length is not None
+                req.lease = self.server.arena.allocate(head.content_length)
+        except ZeroserveError as exc:
+            self._release_request(req)
+            self.request = None
+            return self._early_error(head, exc)
+        conn = self.conn
+        line = conn.continue_line()
+        if line is not None:
+            self.transport.write(line)
+        before = conn.overflow_copied
+        try:
+            if self._sink is not None:
+                done = conn.receive_chunked(self._sink)
+            else:
+                done = conn.receive_into(req.lease.view)
+        except ProtocolError as exc:
+            self._protocol_error(exc)
+            return None
+        copied = conn.overflow_copied - before
+        if copied:
+            metrics.count_copy("head_overflow", copied)
+        if done is None:
+            self.deadline = self.loop.time() + self.server.options.body_timeout
+            return None
+        return done
+
+    def _on_body_complete(self) -> RequestHead | BodyComplete | None:
+        req = self.request
+        assert req is not None
+        if self._sink is not None:
+            req.lease = self._sink.finish()
+            self._sink = None
+        req.body = req.lease.view
+        return self._dispatch(req)
+
+    def _dispatch(self, req: Request) -> RequestHead | BodyComplete | None:
+        self._responding = True
+        self.deadline = 0.0  # no read deadline while the app works
+        metrics.count_payload("in", len(req.body))
+        try:
+            result = self.server.app.handle(req)
+        except ZeroserveError as exc:
+            result = error_response(exc, req.route.errors)
+        except Exception:
+            log.exception("unhandled error in %s %s", req.method, req.path)
+            result = internal_error(req.route.errors)
+        if inspect.isawaitable(result) or isinstance(result, StreamResponse):
+            task = self.task = self.loop.create_task(self._run(req, result))
+            # A task cancelled before its first step never enters _run's handlers.
+            task.add_done_callback(lambda t: self._release_request(req) if t.cancelled() else None)
+            return None
+        return self._send(req, result)
+
+    async def _run(self, req: Request, pending: Any) -> None:
+        fmt = req.route.errors
+        try:
+            try:
+                result = await pending if inspect.isawaitable(pending) else pending
+            except ZeroserveError as exc:
+                result = error_response(exc, fmt)
+            if isinstance(result, StreamResponse):
+                writer = self._writer
+                if writer is None:
+                    writer = self._writer = StreamWriter(self.loop, self.flow, self.conn, self.server)
+                answer = await writer.respond(req, result)
+                if answer is not None:  # the stream failed before its head was sent
+                    self._write_response(answer, req.route.name)
+                nxt = self._finish(req)
+            else:
+                nxt = self._send(req, result)
+        except asyncio.CancelledError:
+            self._release_request(req)
+            raise
+        except (ConnectionError, OSError):
+            self._release_request(req)
+            self._abort()
+            return
+        except Exception:
+            log.exception("unhandled error in %s %s", req.method, req.path)
+            if self.request is req and not self.flow.closed:
+                nxt = self._send(req, internal_error(fmt))
+            else:
+                return
+        finally:
+            self.task = None
+        self._drive(nxt)
+
+    def _send(self, req: Request, resp: Response) -> RequestHead | BodyComplete | None:
+        transport = self.transport
+        if transport is None or self.flow.closed:
+            self._release_request(req)
+            return None
+        # _write_response, inlined: this is the path of every fixed response.
+        body = resp.body
+        size = framing.buffers_size(body)
+        conn = self.conn
+        head = conn.start_response(resp.status, resp.headers, content_length=size, draining=self.server.draining)
+        if not conn.body_allowed or not size:
+            transport.write(head)
+        else:
+            transport.writelines([head, *body])
+            metrics.count_payload("out", size)
+        self.flow.release_after_drain(resp.release)
+        metrics.count_request(req.route.name, resp.status)
+        return self._finish(req)
+
+    def _write_response(self, resp: Response, route: str) -> None:
+        """Write a whole response (its head from the connection); its releases run once
+        the transport has sent it."""
+        transport = self.transport
+        assert transport is not None
+        body = resp.body
+        size = framing.buffers_size(body)
+        conn = self.conn
+        head = conn.start_response(resp.status, resp.headers, content_length=size, draining=self.server.draining)
+        if not conn.body_allowed or not size:
+            transport.write(head)
+        else:
+            transport.writelines([head, *body])
+            metrics.count_payload("out", size)
+        self.flow.release_after_drain(resp.release)
+        metrics.count_request(route, resp.status)
+
+    def _finish(self, req: Request) -> RequestHead | BodyComplete | None:
+        req.route.timer(self.loop.time() - self._started)
+        self.request = None
+        self._responding = False
+        ticket = req.state.pop("ticket", None)  # a handler that failed before using it
+        if ticket is not None:
+            ticket.release()
+        if req.lease is not None:
+            self.flow.release_one_after_drain(req.lease.release)
+            req.lease = None
+        self.flow.schedule_releases()
+        return self._end_response()
+
+    def _end_response(self) -> RequestHead | BodyComplete | None:
+        """Hand the end of the response to the connection; close or read on as it says."""
+        transport = self.transport
+        assert transport is not None
+        conn = self.conn
+        try:
+            nxt = conn.end_response(draining=self.server.draining)
+        except ProtocolError as exc:
+            self._protocol_error(exc)
+            return None
+        if conn.state is State.CLOSED:
+            transport.close()  # flushes what is queued, then closes
+            return None
+        if self._paused_reading:
+            self._paused_reading = False
+            transport.resume_reading()
+        if nxt is None:
+            if conn.state is State.DISCARD:
+                self.deadline = self.loop.time() + self.server.options.body_timeout
+            else:
+                self.deadline = self.loop.time() + (
+                    self.server.options.keepalive_timeout if conn.idle else self.server.options.head_timeout
+                )
+        return nxt
+
+    # -- errors -----------------------------------------------------------------------------
+    def _early_error(self, head: RequestHead, exc: ZeroserveError) -> RequestHead | BodyComplete | None:
+        """Answer before the body is read (404, 413, 429, ...). Whether the connection
+        survives (a small body is read and dropped) is the connection's decision."""
+        fmt = self.server.app.error_format(head.path)
+        self._write_response(error_response(exc, fmt), "early")
+        self.flow.schedule_releases()
+        self._started = self.loop.time()
+        return self._end_response()
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        transport = self.transport
+        if transport is None or self.flow.closed:
+            return
+        if self._responding:
+            # Bytes after a request we are still answering broke framing: just close.
+            self._abort()
+            return
+        fmt: ErrorFormat = (
+            self.server.app.error_format(self.conn.head.path) if self.conn.head else "openai"
+        )
+        if self.request is not None:  # the body was bad: the request never ran
+            self._release_request(self.request)
+            self.request = None
+        resp = error_response(exc, fmt)
+        size = framing.buffers_size(resp.body)
+        out = self.conn.reject(resp.status, resp.headers, size)
+        transport.writelines([out, *resp.body])
+        metrics.count_request("protocol_error", exc.status)
+        if self._sink is not None:
+            self._sink.lease.release()
+            self._sink = None
+        transport.close()
+
+    def _release_request(self, req: Request) -> None:
+        if req.lease is not None:
+            req.lease.release()
+            req.lease = None
+        ticket = req.state.pop("ticket", None)
+        if ticket is not None:
+            ticket.release()
+
+    def _pause_reading(self) -> None:
+        if not self._paused_reading and self.transport is not None:
+            self._paused_reading = True
+            self.transport.pause_reading()
+
+    def _abort(self) -> None:
+        abort(self.flow, self.conn)
+
+    # -- server hooks ---------------------------------------------------------------------------
+    def check_timeout(self, now: float) -> None:
+        if self.deadline and now > self.deadline:
+            log.debug("connection timed out in state %s", self.conn.state)
+            if self.conn.state is State.HEAD and self.conn.buffered and self.transport is not None:
+                self._protocol_error(ProtocolError("request head timeout", status=408))
+                return
+            self._abort()
+        elif self.flow.paused and now - self.flow.paused_since > self.server.options.write_timeout:
+            self._abort()
+
+    def close_if_idle(self) -> None:
+        """Close between requests (for drain). Queued response bytes are still sent."""
+        if self.conn.idle and self.request is None and self.task is None and self.transport is not None:
+            self.transport.close()
+

@@ -1,0 +1,184 @@
+"""The stream writer loop: a streamed body's pieces, framed and written as they arrive.
+
+Strategy
+--------
+Pieces are framed by ``http.framing.StreamFramer`` as they arrive and flushed once per
+loop iteration (``call_soon``), so a burst costs one ``writelines`` while a lone piece
+still leaves at once. At most ``STREAM_BATCH_PIECES`` / ``STREAM_BATCH_BYTES`` are
+gathered before the writer flushes and yields, so a producer that never awaits cannot
+starve other connections; while the transport is paused the writer waits for the drain
+(``WriteFlow.drain``): that is the backpressure the producer feels.
+
+``respond`` runs one streaming response: it awaits the first piece (a failure then is
+still answered with a proper status), takes the head and its framing from
+``HttpConnection.start_response``, and ends the body, or a failed one (an SSE stream gets
+a final error event and a clean end; a raw chunked stream is cut off, which is how
+HTTP/1.1 signals a failed transfer). It only moves bytes (docs/architecture.md,
+"server/: asyncio glue").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from .. import metrics
+from ..app.problems import error_body, error_response
+from ..app.request import Request
+from ..app.response import Response, StreamResponse
+from ..errors import ZeroserveError
+from ..http.connection import HttpConnection
+from ..http.framing import StreamFramer
+from .flow import WriteFlow
+from .options import STREAM_BATCH_BYTES, STREAM_BATCH_PIECES
+
+log = logging.getLogger("zeroserve.server")
+
+
+class Draining(Protocol):
+    """The server, as far as a stream needs it: whether it is draining."""
+
+    @property
+    def draining(self) -> bool: ...
+
+
+def abort(flow: WriteFlow, conn: HttpConnection) -> None:
+    """Cut the connection off now (nothing queued is sent)."""
+    flow.closed = True
+    conn.close()
+    if flow.transport is not None:
+        flow.transport.abort()
+
+
+class StreamWriter:
+    """Writes the streamed bodies of one connection, one at a time."""
+
+    __slots__ = ("_flush_scheduled", "_server", "conn", "flow", "framer", "loop")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        flow: WriteFlow,
+        conn: HttpConnection,
+        server: Draining,
+    ) -> None:
+        self.loop = loop
+        self.flow = flow
+        self.conn = conn
+        self._server = server
+        self.framer = StreamFramer()
+        self._flush_scheduled = False
+
+    async def respond(self, req: Request, resp: StreamResponse) -> Response | None:
+        """Send one streaming response. Returns the error response to send instead if
+        the stream failed before its first piece (nothing was sent yet), else None.
+        Raises ``ConnectionResetError`` if the client went away."""
+        transport = self.flow.transport
+        assert transport is not None
+        it = resp.pieces.__aiter__()
+        sse = resp.framing == "sse"
+        first: Any = None
+        try:
+            try:
+                first = await it.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except ZeroserveError as exc:
+                return error_response(exc, req.route.errors)
+            conn = self.conn
+            head = conn.start_response(
+                resp.status, resp.headers, content_length=None, draining=self._server.draining
+            )
+            metrics.count_request(req.route.name, resp.status)
+            if not conn.body_allowed:
+                transport.write(head)
+                return None
+            failed = await self.write(head, it, first, sse=sse, chunked=conn.chunked_out)
+            if failed is not None:
+                self._failed(req, failed, sse)
+                return None
+        finally:
+            aclose = getattr(it, "aclose", None)
+            if resp.aclose is not None:
+                await _maybe_await(resp.aclose())
+            elif aclose is not None:
+                await aclose()
+        if self.flow.closed:
+            raise ConnectionResetError("client disconnected")
+        if self.framer.pending or first is not None:
+            self.flush(last=True)
+        return None
+
+    def _failed(self, req: Request, exc: Exception, sse: bool) -> None:
+        """The stream failed after its head was sent."""
+        if not isinstance(exc, ZeroserveError):
+            log.error("stream for %s %s failed", req.method, req.path, exc_info=exc)
+            exc = ZeroserveError("internal server error while streaming")
+        if sse:
+            self.framer.add_event(error_body(exc, req.route.errors))
+            self.flush(last=True)
+            return
+        self.flush()
+        abort(self.flow, self.conn)
+
+    async def write(
+        self, head: bytes, it: AsyncIterator[Any], first: Any, *, sse: bool, chunked: bool
+    ) -> Exception | None:
+        """Send ``head``, ``first`` and the rest of ``it``. Returns the exception the
+        iterator raised after the head was sent (the caller ends the stream), else None.
+        The last chunk is not written: ``flush(last=True)`` ends the body."""
+        framer = self.framer
+        flow = self.flow
+        framer.begin(head, chunked=chunked, sse=sse)
+        if first is None:
+            return None
+        batch = getattr(it, "receive_batch_nowait", None)
+        ready = [first]
+        if batch is not None:
+            ready += batch(STREAM_BATCH_PIECES - 1)
+        framer.add(ready)
+        self.flush()
+        while True:
+            try:
+                piece = await it.__anext__()
+            except StopAsyncIteration:
+                return None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                return exc
+            if batch is None:
+                framer.add([piece])
+            else:
+                # Everything else that is ready goes out in the same write.
+                ready = [piece]
+                ready += batch(STREAM_BATCH_PIECES - 1 - framer.pieces)
+                framer.add(ready)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self.flush)
+            if framer.pieces >= STREAM_BATCH_PIECES or framer.size >= STREAM_BATCH_BYTES:
+                self.flush()
+                await asyncio.sleep(0)
+            if flow.paused:
+                self.flush()
+                await flow.drain()
+
+    def flush(self, last: bool = False) -> None:
+        """Write what is pending (and the last chunk if ``last``)."""
+        self._flush_scheduled = False
+        transport = self.flow.transport
+        if transport is None or self.flow.closed:
+            self.framer.discard()
+            return
+        buffers = self.framer.flush(last)
+        if buffers:
+            transport.writelines(buffers)
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
