@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
-from ..errors import CapabilityError, DeadlineExceeded, ModelNotFound, RequestError, WouldBlock
+from ..errors import CapabilityError, DeadlineExceeded, ModelNotFound, RequestError
 from ..models.base import ExecutorKind, GenerateRequest, Model
 from ._common import (
     Executor,
@@ -131,6 +131,25 @@ class ChannelTotals:
     pending_bytes: int
     peak_pending_bytes: int
     coalesced: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    """One model's readiness, as ``/ready`` reports it."""
+
+    ready: bool
+    executor: str
+    workers: int
+    ready_workers: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatus:
+    """Why the engine is (not) ready: its lifecycle and every model's state."""
+
+    started: bool
+    closed: bool
+    models: dict[str, ModelStatus]
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,9 +355,9 @@ class ModelHandle:
         self.spec = runtime.spec
 
     @property
-    def meta(self) -> Model:
-        """A model instance for metadata (inputs/outputs/count_tokens/chat_template);
-        not loaded for ``process`` models."""
+    def model(self) -> Model:
+        """An instance of the model's class for metadata (inputs/outputs/count_tokens/
+        chat_template); not loaded for ``process`` models."""
         return self._rt.meta
 
     def admit(self) -> Ticket:
@@ -362,28 +381,19 @@ class ModelHandle:
             ticket.release()
 
     def infer_nowait(
-        self, ticket: Ticket, inputs: Mapping[str, Any], *, deadline: float | None = None
-    ) -> InferResult:
+        self, inputs: Mapping[str, Any], *, deadline: float | None = None
+    ) -> InferResult | None:
         """Run the request synchronously when the batcher would run it at once on the loop
-        anyway (inline executor, sync ``infer``, batches of one, nothing queued ahead).
-        Raises ``WouldBlock`` otherwise, leaving ``ticket`` with the caller, who then
-        awaits ``infer`` with it."""
+        anyway (inline executor, sync ``infer``, batches of one, nothing queued ahead);
+        ``None`` otherwise, and the caller awaits :meth:`infer`. It takes no ticket: the
+        caller keeps the admitted one and releases it after a result (or an error)."""
         rt = self._rt
         batcher = rt.infer_batcher
         if rt.spec.max_batch_size != 1 or batcher is None or batcher.queued:
-            raise WouldBlock
+            return None
         if deadline is not None and rt.engine.clock() >= deadline:
-            ticket.release()
             raise DeadlineExceeded("the request's deadline passed before it was queued")
-        try:
-            result = rt.executor.infer_now(inputs)
-        except BaseException:
-            ticket.release()
-            raise
-        if result is None:
-            raise WouldBlock
-        ticket.release()
-        return result
+        return rt.executor.infer_now(inputs)
 
     async def embed(
         self, ticket: Ticket, texts: list[str], *, deadline: float | None = None
@@ -544,6 +554,19 @@ class Engine:
             and not self._closed
             and all(rt.executor.ready() for rt in self._models.values())
         )
+
+    def status(self) -> EngineStatus:
+        """The lifecycle and every model's workers (what ``/ready`` reports when false)."""
+        models: dict[str, ModelStatus] = {}
+        for name, rt in self._models.items():
+            workers = rt.executor.statistics()
+            models[name] = ModelStatus(
+                ready=rt.executor.ready(),
+                executor=workers.executor,
+                workers=workers.workers,
+                ready_workers=workers.ready,
+            )
+        return EngineStatus(started=self._started, closed=self._closed, models=models)
 
     def names(self) -> list[str]:
         return list(self._models)
