@@ -11,8 +11,9 @@ import pytest
 from tests.conftest import ROOT, start_server
 
 from zeroserve.cli import build_parser, model_specs
-from zeroserve.config import ConfigError, load_config
-from zeroserve.models.loader import SpecError, parse_spec
+from zeroserve.config import load_config
+from zeroserve.errors import ConfigError, SpecError
+from zeroserve.models.loader import parse_spec
 
 
 def test_layers_override_in_order(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .config import Config, ConfigError, load_config
-from .errors import ZeroserveError
+from .config import Config, load_config
+from .errors import ConfigError, ZeroserveError
 from .loadgen import add_arguments as add_loadgen_arguments
 from .loadgen import main as loadgen_main
 from .models.loader import ModelSpec, parse_spec

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .errors import ZeroserveError
+from .errors import ConfigError
 from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
 from .runtime.arena import DEFAULT_BUDGET_BYTES
 from .server import options as so
@@ -36,10 +36,6 @@ from .server import options as so
 ENV_PREFIX = "ZEROSERVE_"
 # Variables under the prefix that are not configuration (process plumbing, test switches).
 _NOT_CONFIG = (ENV_PREFIX + "INTERNAL_", ENV_PREFIX + "TEST_")
-
-
-class ConfigError(ZeroserveError):
-    code = "invalid_config"
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ..errors import ZeroserveError
+from ..errors import SpecError
 from .base import Model
 
 BUILTINS: dict[str, str] = {
@@ -38,10 +38,6 @@ BACKENDS: dict[str, str] = {
 }
 # Options the runtime reads (the rest go to the model's constructor).
 RUNTIME_KEYS = frozenset({"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth"})
-
-
-class SpecError(ZeroserveError):
-    code = "invalid_model_spec"
 
 
 @dataclass

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..errors import DeadlineExceeded, ProtocolError, UpstreamError
+from ..errors import DeadlineExceeded, ProtocolError, UpstreamError, UpstreamUnreachable
 from ..http.client import ResponseHead, ResponseReader
 from ..models.remote import RemoteOptions, UpstreamURL
 from .exchange import Exchange
@@ -42,13 +42,6 @@ Buffer = bytes | bytearray | memoryview
 # timeouts (uvicorn, hence vLLM, and zeroserve: 5 s) so we close first, not the upstream
 # while a request is being written.
 POOL_IDLE_S = 4.0
-
-
-class UpstreamUnreachable(UpstreamError):
-    """Nothing was answered: the connection was refused, timed out, or closed before the
-    first response byte. The request may go to another upstream."""
-
-    code = "upstream_unreachable"
 
 
 @dataclass(frozen=True, slots=True)

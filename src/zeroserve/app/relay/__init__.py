@@ -29,12 +29,12 @@ import weakref
 import msgspec
 
 from ... import metrics
-from ...errors import ModelNotFound
+from ...errors import ModelNotFound, UpstreamUnavailable, UpstreamUnreachable
 from ...models.remote import RemoteModel
 from ...runtime import Engine, ModelHandle
-from ...upstream import UpstreamStatistics, UpstreamUnreachable
+from ...upstream import UpstreamStatistics
 from ..request import Request
-from ._relay import Relay, RelayStatistics, UpstreamUnavailable, api_key
+from ._relay import Relay, RelayStatistics, api_key
 from ._rewrite import model_spans
 
 __all__ = [

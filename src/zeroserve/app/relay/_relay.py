@@ -34,11 +34,17 @@ from dataclasses import dataclass
 from prometheus_client import Histogram
 
 from ... import metrics
-from ...errors import DeadlineExceeded, UpstreamError, ZeroserveError
+from ...errors import (
+    DeadlineExceeded,
+    UpstreamError,
+    UpstreamUnavailable,
+    UpstreamUnreachable,
+    ZeroserveError,
+)
 from ...http.client import Framing, request_head, response_headers
 from ...models.remote import RemoteOptions
 from ...runtime import Ticket
-from ...upstream import Exchange, Upstream, UpstreamStatistics, UpstreamUnreachable
+from ...upstream import Exchange, Upstream, UpstreamStatistics
 from ..request import Request
 from ..response import Response, StreamResponse
 from ._rewrite import rewrite_model
@@ -67,13 +73,6 @@ OVERHEAD_SECONDS = Histogram(
     registry=metrics.REGISTRY,
     buckets=_BUCKETS,
 )
-
-
-class UpstreamUnavailable(ZeroserveError):
-    """503: every upstream of the model is ejected."""
-
-    status = 503
-    code = "upstream_unavailable"
 
 
 @dataclass(frozen=True, slots=True)
