@@ -22,6 +22,7 @@
 
     ModelLoadError (Exception)     a model could not be loaded at start: the server exits
     WouldBlock (Exception)         a ``*_nowait`` operation would have had to wait
+    ConfigWarning (UserWarning)    a ``ZEROSERVE_*`` variable names no configuration key
 
 Each API renders these in its own error format (OpenAI, KServe, plain JSON); the
 ``code`` is a short machine-readable identifier and ``param`` names the offending field.
@@ -203,6 +204,10 @@ class ModelLoadError(Exception):
 class WouldBlock(Exception):
     """Raised by ``*_nowait`` operations that would have had to wait."""
 
+
+
+class ConfigWarning(UserWarning):
+    """A ``ZEROSERVE_*`` environment variable names no configuration key (ignored)."""
 
 def error_class(name: str) -> type[ZeroserveError] | None:
     """The ``ZeroserveError`` subclass called ``name`` (how a worker's error crosses the

@@ -41,7 +41,10 @@ RUNTIME_KEYS = frozenset({"executor", "max_batch_size", "max_batch_delay_ms", "w
 
 
 @dataclass
-class ModelSpec:
+class ModelRef:
+    """A model as the command line or config names it (``[NAME=]SPEC[?k=v&...]``),
+    parsed but not loaded: what to import, its options and its runtime settings."""
+
     name: str
     target: str  # "module:Class"
     options: dict[str, Any] = field(default_factory=dict)
@@ -56,7 +59,7 @@ class ModelSpec:
         return load_class(self.target)
 
 
-def parse_spec(text: str) -> ModelSpec:
+def parse_spec(text: str) -> ModelRef:
     """Parse ``[NAME=]SPEC[?k=v&...]``. Raises ``SpecError`` naming what is wrong."""
     name, sep, rest = text.partition("=")
     if not sep or any(c in name for c in ":/?"):
@@ -82,7 +85,7 @@ def parse_spec(text: str) -> ModelSpec:
                 f"({', '.join(BUILTINS)}), or NAME=backend:location ({', '.join(BACKENDS)})"
             )
     runtime = {k: options.pop(k) for k in list(options) if k in RUNTIME_KEYS}
-    return ModelSpec(name=name, target=target, options=options, runtime=runtime)
+    return ModelRef(name=name, target=target, options=options, runtime=runtime)
 
 
 def load_class(target: str) -> type[Model]:
