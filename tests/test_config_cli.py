@@ -198,3 +198,5 @@ def test_workers_share_the_port() -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+        assert proc.stdout is not None
+        proc.stdout.close()
