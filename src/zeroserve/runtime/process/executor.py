@@ -403,7 +403,9 @@ class ProcessExecutor(Executor):
         if isinstance(msg, p.Alloc):
             self._allocate(w, msg)
             return
-        call = w.calls.pop(getattr(msg, "id", -1), None)
+        if not isinstance(msg, p.InferDone | p.EmbedDone | p.End | p.Fail):
+            return  # no other frame belongs to a call
+        call = w.calls.pop(msg.id, None)
         if call is None:
             return
         try:
