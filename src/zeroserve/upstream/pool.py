@@ -72,7 +72,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.upstream = upstream
         self.transport: asyncio.Transport | None = None
         self.reader = ResponseReader()
-        self.exchange: Exchange | None = None
+        self.exchange: Exchange[UpstreamConnection] | None = None
         self.closed = False
         self.counted = False  # counted in upstream.open
         self.uses = 0
@@ -120,7 +120,7 @@ class UpstreamConnection(asyncio.Protocol):
             return UpstreamUnreachable(f"upstream {url} closed the connection without answering")
         return UpstreamError(f"upstream {url} closed the connection mid-response")
 
-    def start(self, ex: Exchange, method: str) -> None:
+    def start(self, ex: Exchange[UpstreamConnection], method: str) -> None:
         self.exchange = ex
         self.reader.start(method)
         self.uses += 1
@@ -177,7 +177,7 @@ class Upstream:
         self.read_pauses = 0
         self.batches = 0
         self.coalesced = 0
-        self.exchanges: set[Exchange] = set()
+        self.exchanges: set[Exchange[UpstreamConnection]] = set()
         self._closed = False
 
     # -- health ---------------------------------------------------------------------------
@@ -198,7 +198,7 @@ class Upstream:
     # -- exchanges ------------------------------------------------------------------------
     async def exchange(
         self, method: str, buffers: Sequence[Buffer], deadline: float
-    ) -> tuple[Exchange, ResponseHead, float]:
+    ) -> tuple[Exchange[UpstreamConnection], ResponseHead, float]:
         """Send one request (``buffers``: head then body) and wait for the response head.
         Returns the exchange, its head and the ``perf_counter`` time the request was
         handed to the transport. The caller must ``finish()`` the exchange."""
@@ -236,11 +236,11 @@ class Upstream:
                 raise
             return ex, head, written
 
-    def _expire(self, ex: Exchange) -> None:
+    def _expire(self, ex: Exchange[UpstreamConnection]) -> None:
         ex.fail(DeadlineExceeded(f"the upstream {self.url.url} did not finish before the deadline"))
         ex.conn.abort()
 
-    def _expire_head(self, ex: Exchange) -> None:
+    def _expire_head(self, ex: Exchange[UpstreamConnection]) -> None:
         if not ex.head.done():
             ex.fail(
                 DeadlineExceeded(
@@ -250,7 +250,7 @@ class Upstream:
             )
             ex.conn.abort()
 
-    def _finished(self, ex: Exchange, ok: bool) -> None:
+    def _finished(self, ex: Exchange[UpstreamConnection], ok: bool) -> None:
         self.in_flight -= 1
         self.exchanges.discard(ex)
         if ex.peak_pending_bytes > self.peak_pending_bytes:

@@ -44,7 +44,7 @@ from ...errors import (
 from ...http.client import Framing, request_head, response_headers
 from ...models.remote import RemoteOptions
 from ...runtime import Ticket
-from ...upstream import Exchange, Upstream, UpstreamStatistics
+from ...upstream import Exchange, Upstream, UpstreamConnection, UpstreamStatistics
 from ..request import Request
 from ..response import Response, StreamResponse
 from ._rewrite import rewrite_model
@@ -193,7 +193,7 @@ class Relay:
         raise self._unavailable()
 
     async def _respond(
-        self, req: Request, up: Upstream, ex: Exchange, t0: float, written: float, t_head: float
+        self, req: Request, up: Upstream, ex: Exchange[UpstreamConnection], t0: float, written: float, t_head: float
     ) -> Response | StreamResponse:
         rhead = ex.head.result()
         headers, content_type = response_headers(rhead)
@@ -279,7 +279,7 @@ class _Pieces:
 
     __slots__ = ("ex", "failed", "relay", "ticket", "up")
 
-    def __init__(self, relay: Relay, up: Upstream, ex: Exchange, ticket: Ticket | None) -> None:
+    def __init__(self, relay: Relay, up: Upstream, ex: Exchange[UpstreamConnection], ticket: Ticket | None) -> None:
         self.relay = relay
         self.up = up
         self.ex = ex
