@@ -25,7 +25,7 @@ import asyncio
 import inspect
 import logging
 import socket
-from typing import TYPE_CHECKING, cast
+from typing import Any, Protocol, cast
 
 from .. import metrics
 from ..app.problems import ErrorFormat, error_response, internal_error
@@ -35,11 +35,21 @@ from ..errors import ProtocolError, ZeroserveError
 from ..http import framing
 from ..http.connection import BodyComplete, HttpConnection, RequestHead, State
 from .flow import WriteFlow
+from .options import ServerOptions
 from .sinks import LeaseSink
 from .stream import StreamWriter, abort
 
-if TYPE_CHECKING:
-    from .server import Server
+
+class Server(Protocol):
+    """The server as a connection needs it (``server.Server``; typed here so that the
+    connection does not import the module that imports it)."""
+
+    app: Any
+    arena: Any
+    options: ServerOptions
+    connections: set[HttpProtocol]
+    draining: bool
+    loop: asyncio.AbstractEventLoop
 
 log = logging.getLogger("zeroserve.server")
 
