@@ -68,6 +68,7 @@ def start_server(*args: str, env: dict[str, str] | None = None, loop: str = "aut
             return ServerProcess(proc, m.group(2), int(m.group(3)), m.group(1).split(", "))
     proc.kill()
     proc.wait()
+    proc.stdout.close()
     raise RuntimeError("server did not start:\n" + "".join(lines))
 
 
@@ -76,9 +77,10 @@ def _drain_in_background(proc: subprocess.Popen[str]) -> None:
 
     def pump() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if os.environ.get("ZEROSERVE_TEST_VERBOSE"):
-                sys.stderr.write(line)
+        with proc.stdout:  # closed at the server's EOF: no unclosed-file warning
+            for line in proc.stdout:
+                if os.environ.get("ZEROSERVE_TEST_VERBOSE"):
+                    sys.stderr.write(line)
 
     threading.Thread(target=pump, daemon=True).start()
 

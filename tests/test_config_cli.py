@@ -11,8 +11,10 @@ import pytest
 from tests.conftest import ROOT, start_server
 
 from zeroserve.cli import build_parser, model_specs
-from zeroserve.config import ConfigError, load_config
-from zeroserve.models.loader import SpecError, parse_spec
+from zeroserve.config import load_config
+from zeroserve.errors import ConfigError, ConfigWarning, SpecError
+from zeroserve.models.loader import parse_spec
+from zeroserve.runtime import RuntimeOptions
 
 
 def test_layers_override_in_order(tmp_path: Path) -> None:
@@ -33,13 +35,71 @@ def test_layers_override_in_order(tmp_path: Path) -> None:
         ({"ZEROSERVE_PORT": "eighty"}, "port"),
         ({"ZEROSERVE_LIMITS__MAX_BODY_BYTES": "lots"}, "limits.max_body_bytes"),
         ({"ZEROSERVE_LOOP": "trio"}, "loop"),
-        ({"ZEROSERVE_NOPE": "1"}, "nope"),
+        ({"ZEROSERVE_RUNTIME__QUEUE_DEPTH": "deep"}, "runtime.queue_depth"),
     ],
 )
 def test_errors_name_the_key(env: dict[str, str], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(env=env)
     assert key in info.value.message
+
+
+def test_unknown_environment_variables_are_named_in_a_warning_not_refused() -> None:
+    # The environment is shared with other programs (ZEROSERVE_BIN of a launcher script).
+    env = {"ZEROSERVE_BIN": "x", "ZEROSERVE_LIMITS__NOPE": "1", "ZEROSERVE_PORT__X": "2",
+           "ZEROSERVE_PORT": "9004", "ZEROSERVE_INTERNAL_CHILD": "1"}
+    with pytest.warns(ConfigWarning) as caught:
+        cfg = load_config(env=env)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    for name in ("ZEROSERVE_BIN", "ZEROSERVE_LIMITS__NOPE", "ZEROSERVE_PORT__X"):
+        assert name in message
+    assert "ZEROSERVE_INTERNAL_CHILD" not in message and "ZEROSERVE_PORT," not in message
+    assert cfg.port == 9004  # the known ones still apply
+
+
+def test_unknown_environment_variable_does_not_stop_the_cli() -> None:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), "ZEROSERVE_BIN": "x"}
+    proc = subprocess.run([sys.executable, "-m", "zeroserve", "models", "--model", "echo"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "zeroserve: warning:" in proc.stderr and "ZEROSERVE_BIN" in proc.stderr
+    assert proc.stdout.split()[0] == "echo"
+
+
+def test_runtime_section_reaches_the_runtime_options(tmp_path: Path) -> None:
+    toml = tmp_path / "z.toml"
+    toml.write_text("[runtime]\nqueue_depth = 3\ndefault_deadline_s = 7.5\nchannel_capacity = 9\n")
+    cfg = load_config(str(toml), env={"ZEROSERVE_RUNTIME__CHANNEL_CAPACITY": "5"})
+    opts = cfg.runtime_options()
+    assert isinstance(opts, RuntimeOptions)
+    assert (opts.queue_depth, opts.default_deadline_s, opts.channel_capacity) == (3, 7.5, 5)
+    assert opts.load_timeout_s == RuntimeOptions().load_timeout_s  # unset keys keep defaults
+    flagged = load_config(str(toml), env={}, overrides={"runtime": {"queue_depth": 2}})
+    assert flagged.runtime_options().queue_depth == 2 and flagged.runtime.default_deadline_s == 7.5
+
+
+def _queue_depth(url: str, model: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(f'zeroserve_queue_depth{{name="{model}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no zeroserve_queue_depth for " + model)
+
+
+def test_runtime_options_reach_the_served_engine(tmp_path: Path) -> None:
+    toml = tmp_path / "z.toml"
+    toml.write_text("[runtime]\nqueue_depth = 5\n")
+    server = start_server("--config", str(toml), "--model", "echo")
+    try:
+        assert _queue_depth(server.url, "echo") == 5
+    finally:
+        assert server.stop() == 0
+    server = start_server("--model", "echo", "--queue-depth", "4",
+                          env={"ZEROSERVE_RUNTIME__QUEUE_DEPTH": "6"})
+    try:
+        assert _queue_depth(server.url, "echo") == 4  # the flag beats the environment
+    finally:
+        assert server.stop() == 0
 
 
 def test_bad_toml_is_reported(tmp_path: Path) -> None:
@@ -138,3 +198,5 @@ def test_workers_share_the_port() -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+        assert proc.stdout is not None
+        proc.stdout.close()

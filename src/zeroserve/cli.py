@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .config import Config, ConfigError, load_config
-from .errors import ZeroserveError
+from .config import Config, load_config
+from .errors import ConfigError, ConfigWarning, ZeroserveError
 from .loadgen import add_arguments as add_loadgen_arguments
 from .loadgen import main as loadgen_main
-from .models.loader import ModelSpec, parse_spec
+from .models.loader import ModelRef, parse_spec
 
 log = logging.getLogger("zeroserve")
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], help="event loop (default auto: uvloop if installed)")
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (413 beyond)")
     serve.add_argument("--arena-bytes", type=int, help="payload bytes in flight before 503")
+    serve.add_argument("--queue-depth", type=int, help="admitted requests per model before 429 (default 64)")
     serve.add_argument("--log-level", help="debug, info, warning, error")
 
     models = sub.add_parser("models", help="list the models a configuration serves, with capabilities")
@@ -64,7 +66,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file")
 
 
-def model_specs(cfg: Config) -> list[ModelSpec]:
+def model_specs(cfg: Config) -> list[ModelRef]:
     texts = list(cfg.models)
     if not texts and cfg.default_models:
         texts = list(DEFAULT_MODELS)
@@ -89,8 +91,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if args.max_body_bytes is not None:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
+        if args.queue_depth is not None:
+            overrides["runtime"] = {"queue_depth": args.queue_depth}
     try:
-        cfg = load_config(args.config, overrides=overrides)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigWarning)
+            cfg = load_config(args.config, overrides=overrides)
+        for w in caught:
+            print(f"zeroserve: warning: {w.message}", file=sys.stderr)
         logging.basicConfig(
             level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
@@ -101,14 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return serve(
             cfg.server_options(), specs, arena_bytes=cfg.arena_bytes, loop=cfg.loop,
-            workers=cfg.workers,
+            workers=cfg.workers, runtime=cfg.runtime_options(),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)
         return 2
 
 
-def _list_models(specs: list[ModelSpec]) -> int:
+def _list_models(specs: list[ModelRef]) -> int:
     for spec in specs:
         cls = spec.load_class()
         caps = ", ".join(sorted(cls.capabilities())) or "-"

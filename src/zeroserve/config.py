@@ -13,33 +13,37 @@ TOML layout (every key optional)::
 
     [limits]   # max_head_bytes, max_headers, max_uri_bytes, max_body_bytes
     [timeouts] # head, body, keepalive, write, graceful (seconds)
+    [runtime]  # the engine's RuntimeOptions: default_deadline_s, channel_capacity,
+               # coalesce_cap_bytes, queue_depth, load_timeout_s, shutdown_timeout_s,
+               # restart_backoff_s, max_restart_backoff_s, inline_yield_every
 
 Environment variables use the key in upper case, nested keys joined by ``__``:
 ``ZEROSERVE_PORT=9000``, ``ZEROSERVE_LIMITS__MAX_BODY_BYTES=1048576``,
-``ZEROSERVE_MODELS="echo,mine=my_model:MyModel"``. Errors name the key at fault.
+``ZEROSERVE_MODELS="echo,mine=my_model:MyModel"``, ``ZEROSERVE_RUNTIME__QUEUE_DEPTH=8``.
+Errors name the key at fault. The environment is shared with other programs, so a
+``ZEROSERVE_*`` variable that names no key is not an error: it gets a
+:class:`~zeroserve.errors.ConfigWarning` naming it, and is ignored.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import msgspec
 
-from .errors import ZeroserveError
+from .errors import ConfigError, ConfigWarning
 from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
+from .runtime import RuntimeOptions
 from .runtime.arena import DEFAULT_BUDGET_BYTES
 from .server import options as so
 
 ENV_PREFIX = "ZEROSERVE_"
 # Variables under the prefix that are not configuration (process plumbing, test switches).
 _NOT_CONFIG = (ENV_PREFIX + "INTERNAL_", ENV_PREFIX + "TEST_")
-
-
-class ConfigError(ZeroserveError):
-    code = "invalid_config"
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -57,6 +61,24 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     graceful: float = so.GRACEFUL_TIMEOUT_S
 
 
+_RUNTIME_DEFAULTS = RuntimeOptions()
+
+
+class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The ``[runtime]`` section: :class:`~zeroserve.runtime.RuntimeOptions` field by field
+    (their constants say why each default is what it is)."""
+
+    default_deadline_s: float = _RUNTIME_DEFAULTS.default_deadline_s
+    channel_capacity: int = _RUNTIME_DEFAULTS.channel_capacity
+    coalesce_cap_bytes: int = _RUNTIME_DEFAULTS.coalesce_cap_bytes
+    queue_depth: int = _RUNTIME_DEFAULTS.queue_depth
+    load_timeout_s: float = _RUNTIME_DEFAULTS.load_timeout_s
+    shutdown_timeout_s: float = _RUNTIME_DEFAULTS.shutdown_timeout_s
+    restart_backoff_s: float = _RUNTIME_DEFAULTS.restart_backoff_s
+    max_restart_backoff_s: float = _RUNTIME_DEFAULTS.max_restart_backoff_s
+    inline_yield_every: int = _RUNTIME_DEFAULTS.inline_yield_every
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8000
@@ -69,6 +91,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     log_level: str = "info"
     limits: Limits = msgspec.field(default_factory=Limits)
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+    runtime: Runtime = msgspec.field(default_factory=Runtime)
+
+    def runtime_options(self) -> RuntimeOptions:
+        return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
 
     def http_limits(self) -> HttpLimits:
         lim = self.limits
@@ -121,16 +147,40 @@ def load_config(
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    unknown: list[str] = []
     for key, value in env.items():
         if not key.startswith(ENV_PREFIX) or key.startswith(_NOT_CONFIG):
             continue
         parts = key[len(ENV_PREFIX) :].lower().split("__")
+        if not _is_key(parts):
+            unknown.append(key)
+            continue
         node = out
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         leaf = parts[-1]
         node[leaf] = [s for s in value.split(",") if s] if leaf == "models" else value
+    if unknown:
+        warnings.warn(
+            f"ignoring environment variables that name no configuration key: "
+            f"{', '.join(sorted(unknown))}",
+            ConfigWarning,
+            stacklevel=3,
+        )
     return out
+
+
+def _is_key(parts: list[str]) -> bool:
+    """Whether ``parts`` (``["limits", "max_body_bytes"]``) name a leaf of ``Config``."""
+    node: Any = Config
+    for part in parts:
+        if not (isinstance(node, type) and issubclass(node, msgspec.Struct)):
+            return False
+        fields = {f.name: f.type for f in msgspec.structs.fields(node)}
+        if part not in fields:
+            return False
+        node = fields[part]
+    return not (isinstance(node, type) and issubclass(node, msgspec.Struct))
 
 
 def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> None:

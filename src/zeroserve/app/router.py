@@ -3,33 +3,11 @@ segment-count index. Unknown path: 404; known path, wrong method: 405 with ``All
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-from .. import metrics
 from ..errors import MethodNotAllowed, NotFound
 from .problems import ErrorFormat
+from .request import Handler, HeadHook, Route
 
-Handler = Callable[[Any], Any]  # (Request) -> Response | StreamResponse | Awaitable[...]
-HeadHook = Callable[[Any], None]  # (Request) -> None; may raise; runs before the body
-
-
-@dataclass(slots=True)
-class Route:
-    method: str
-    pattern: str
-    handler: Handler
-    errors: ErrorFormat = "openai"
-    on_head: HeadHook | None = None
-    name: str = ""
-    segments: tuple[str, ...] = field(default=())
-    # Observes a request's duration (seconds). The histogram child is looked up once per
-    # route rather than per request (labels() takes a lock and walks a dict).
-    timer: Callable[[float], None] = field(default=lambda seconds: None)
-
-    def __post_init__(self) -> None:
-        self.timer = metrics.REQUEST_SECONDS.labels(self.pattern).observe
+__all__ = ["Handler", "HeadHook", "Route", "Router"]
 
 
 class Router:
@@ -42,7 +20,7 @@ class Router:
         self,
         method: str,
         pattern: str,
-        handler: Handler | Callable[[Any], Awaitable[Any]],
+        handler: Handler,
         *,
         errors: ErrorFormat = "openai",
         on_head: HeadHook | None = None,

@@ -164,7 +164,7 @@ def _validate(
     expect_continue = False
     if expect is not None:
         if expect != b"100-continue":
-            raise ProtocolError("unsupported Expect header", status=417, close=False)
+            raise ProtocolError("unsupported Expect header", status=417)
         expect_continue = version == "1.1"
     # What the request allows; HttpConnection.end_response() decides.
     keep_alive = b"close" not in conn_tokens if version == "1.1" else b"keep-alive" in conn_tokens

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .client import Connection, ResponseError, Target
+from ..errors import ResponseError
+from .client import Connection, Target
 from .endpoints import Plan, TokenCounter
 
 # The most requests one run may start (also the bound of a --duration run).

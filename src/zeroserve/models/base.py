@@ -71,6 +71,9 @@ class Model:
     description: ClassVar[str] = ""
     # Tokens per chat/completion context, for validation of max_tokens (None = unbounded).
     context_length: ClassVar[int | None] = None
+    # KServe V2 model metadata: the platform and the one version the model is served as.
+    platform: ClassVar[str] = "zeroserve"
+    version: ClassVar[str] = "1"
 
     def __init__(self, **options: Any) -> None:
         self.options = options

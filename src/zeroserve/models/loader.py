@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ..errors import ZeroserveError
+from ..errors import SpecError
 from .base import Model
 
 BUILTINS: dict[str, str] = {
@@ -40,12 +40,11 @@ BACKENDS: dict[str, str] = {
 RUNTIME_KEYS = frozenset({"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth"})
 
 
-class SpecError(ZeroserveError):
-    code = "invalid_model_spec"
-
-
 @dataclass
-class ModelSpec:
+class ModelRef:
+    """A model as the command line or config names it (``[NAME=]SPEC[?k=v&...]``),
+    parsed but not loaded: what to import, its options and its runtime settings."""
+
     name: str
     target: str  # "module:Class"
     options: dict[str, Any] = field(default_factory=dict)
@@ -60,7 +59,7 @@ class ModelSpec:
         return load_class(self.target)
 
 
-def parse_spec(text: str) -> ModelSpec:
+def parse_spec(text: str) -> ModelRef:
     """Parse ``[NAME=]SPEC[?k=v&...]``. Raises ``SpecError`` naming what is wrong."""
     name, sep, rest = text.partition("=")
     if not sep or any(c in name for c in ":/?"):
@@ -86,7 +85,7 @@ def parse_spec(text: str) -> ModelSpec:
                 f"({', '.join(BUILTINS)}), or NAME=backend:location ({', '.join(BACKENDS)})"
             )
     runtime = {k: options.pop(k) for k in list(options) if k in RUNTIME_KEYS}
-    return ModelSpec(name=name, target=target, options=options, runtime=runtime)
+    return ModelRef(name=name, target=target, options=options, runtime=runtime)
 
 
 def load_class(target: str) -> type[Model]:

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import RequestError, ZeroserveError
+from ..errors import OnnxModelError, RequestError
 from .base import ExecutorKind, Inputs, Model, Outputs, TensorSpec
 
 # ONNX element types (as onnxruntime names them) -> V2 datatype and numpy dtype.
@@ -61,10 +61,6 @@ PARAMETERS_INPUT = "__parameters__"
 DEFAULT_INTRA_OP_THREADS = 1
 DEFAULT_MAX_BATCH_SIZE = 8
 _OPTIMIZATION = ("disable", "basic", "extended", "all")
-
-
-class OnnxModelError(ZeroserveError):
-    code = "onnx_model_error"
 
 
 class _Tensor:

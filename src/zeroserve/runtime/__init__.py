@@ -3,22 +3,17 @@
 The app layer uses :class:`Engine` and the names below; everything else is private.
 """
 
-from ._common import InferResult, ModelLoadError, WorkerStatistics
+from ..errors import ModelLoadError
+from ._common import InferResult, WorkerStatistics
 from .admission import AdmissionStatistics, Ticket
 from .arena import Arena, ArenaStatistics, Lease, attach
 from .batcher import BatcherStatistics
 from .channel import Channel, ChannelStatistics, Policy, StreamAborted
 from .clock import Clock, ManualClock
-from .engine import (
-    ChannelTotals,
-    Engine,
-    EngineStatistics,
-    ModelConfig,
-    ModelHandle,
-    ModelStatistics,
-    RuntimeOptions,
-    Stream,
-)
+from .engine import ChannelTotals, Engine, EngineStatistics, EngineStatus
+from .handle import ModelHandle, ModelStatistics, ModelStatus
+from .options import ModelConfig, ResolvedModel, RuntimeOptions
+from .stream import Stream
 
 __all__ = [
     "AdmissionStatistics",
@@ -31,6 +26,7 @@ __all__ = [
     "Clock",
     "Engine",
     "EngineStatistics",
+    "EngineStatus",
     "InferResult",
     "Lease",
     "ManualClock",
@@ -38,7 +34,9 @@ __all__ = [
     "ModelHandle",
     "ModelLoadError",
     "ModelStatistics",
+    "ModelStatus",
     "Policy",
+    "ResolvedModel",
     "RuntimeOptions",
     "Stream",
     "StreamAborted",

@@ -15,21 +15,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import WorkerError, ZeroserveError
-from ..models.base import ExecutorKind, GenerateRequest, Model
+from ..models.base import GenerateRequest, Model
 from .arena import Arena, Lease
 from .channel import Channel
+from .options import ResolvedModel
 from .tensors import arena_offset
 
 log = logging.getLogger("zeroserve.runtime")
-
-
-class ModelLoadError(Exception):
-    """A model could not be loaded at start (its ``load`` raised, or it timed out)."""
-
-    def __init__(self, model: str, cause: str) -> None:
-        super().__init__(f"model {model!r} failed to load: {cause}")
-        self.model = model
-        self.cause = cause
 
 
 @dataclass(slots=True)
@@ -55,21 +47,6 @@ class WorkerStatistics:
     streams: int
     restarts: int
     crashes: int
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """A model's configuration with every default resolved."""
-
-    name: str
-    factory: Callable[..., Model]
-    options: Mapping[str, Any]
-    executor: ExecutorKind
-    max_batch_size: int
-    max_batch_delay_ms: float
-    workers: int
-    queue_depth: int
-    capabilities: frozenset[str]
 
 
 def make_model(factory: Callable[..., Model], options: Mapping[str, Any]) -> Model:
@@ -169,7 +146,7 @@ class Executor(abc.ABC):
 
     kind: str
 
-    def __init__(self, spec: ModelSpec, arena: Arena) -> None:
+    def __init__(self, spec: ResolvedModel, arena: Arena) -> None:
         self.spec = spec
         self.arena = arena
 

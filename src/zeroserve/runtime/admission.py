@@ -13,8 +13,9 @@ Strategy
 
 Invariants
 ----------
-* ``in_flight`` equals the number of unreleased tickets; ``Ticket.release()`` is
-  idempotent, so the engine and the app may both release safely.
+* ``in_flight`` equals the number of unreleased tickets. A ticket has one owner at a
+  time (the request, then the engine or the stream it returns), and only the owner
+  releases it: a second ``release()`` is a bug and fails its assertion.
 """
 
 from __future__ import annotations
@@ -95,14 +96,8 @@ class Ticket:
 
     def release(self) -> None:
         admission, self._admission = self._admission, None
-        if admission is not None:
-            admission._release()
-
-    def __enter__(self) -> Ticket:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+        assert admission is not None, f"{self!r} released twice"
+        admission._release()
 
     def __repr__(self) -> str:
         return f"<Ticket model={self.model!r} released={self.released}>"

@@ -31,13 +31,11 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..errors import RequestError, WouldBlock
+from ..errors import ModelLoadError, RequestError, WouldBlock
 from ..models.base import GenerateRequest, Model
 from ._common import (
     Executor,
     InferResult,
-    ModelLoadError,
-    ModelSpec,
     Producer,
     ThreadStepper,
     WorkerStatistics,
@@ -49,10 +47,8 @@ from ._common import (
 )
 from .arena import Arena
 from .channel import NOTHING, Channel
+from .options import DEFAULT_YIELD_EVERY, ResolvedModel
 
-# A sync generator on the inline executor hands the loop back at least every 16 pieces:
-# at a few microseconds a piece that bounds a stall to well under a millisecond.
-DEFAULT_YIELD_EVERY = 16
 # Threads beyond ``workers`` in a ``thread`` pool, for stepping generators.
 STREAM_THREADS = 4
 
@@ -115,7 +111,7 @@ class InProcessExecutor(Executor):
 
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: ResolvedModel,
         arena: Arena,
         *,
         model: Model | None = None,
@@ -353,7 +349,7 @@ class ThreadExecutor(InProcessExecutor):
 
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: ResolvedModel,
         arena: Arena,
         *,
         model: Model | None = None,

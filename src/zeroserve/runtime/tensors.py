@@ -6,8 +6,11 @@ other side as ``numpy.frombuffer`` over the same shared pages. Whether an array 
 the arena is decided by its address: ``arena.address <= data < arena.address + size``.
 
 ``BYTES`` tensors (1-D object arrays of ``bytes``, KServe V2's BYTES) are laid out in a
-lease as the V2 binary extension does: each element a 4-byte little-endian length, then
-its bytes.
+lease as the V2 binary extension does: each element a 4-byte little-endian length
+(:data:`BYTES_LENGTH`), then its bytes. This module is the one implementation of that
+layout: the process executor uses it in the arena, and ``app/kserve/codec.py`` reads
+request tensors with :func:`read_bytes_tensor` and frames outputs with
+:data:`BYTES_LENGTH`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import numpy as np
 from ..errors import RequestError
 
 BYTES = "BYTES"
-_LEN = struct.Struct("<I")
+# The length prefix of every BYTES element: 4 bytes, little-endian, unsigned.
+BYTES_LENGTH = struct.Struct("<I")
+_LEN = BYTES_LENGTH
 
 
 class TensorDesc(msgspec.Struct, array_like=True, frozen=True):
@@ -90,14 +95,34 @@ def write_bytes_tensor(items: Sequence[Any], out: memoryview) -> None:
         pos += mv.nbytes
 
 
-def read_bytes_tensor(buf: memoryview, count: int) -> np.ndarray:
+def read_bytes_tensor(buf: memoryview, count: int, what: str = "BYTES tensor") -> np.ndarray:
+    """The ``count`` elements laid out in ``buf`` (each copied into its own ``bytes``, as
+    the model API wants), which must hold exactly those elements. ``RequestError``
+    naming ``what`` otherwise (a truncated element, one past the end, bytes left over)."""
+    size = buf.nbytes
+    # Each element takes at least its length prefix: check before allocating ``count``.
+    if count * _LEN.size > size:
+        raise RequestError(
+            f"{what}: {count} BYTES elements cannot fit their length prefixes in {size} bytes"
+        )
     out = np.empty(count, dtype=object)
     pos = 0
+    unpack = _LEN.unpack_from
     for i in range(count):
-        (n,) = _LEN.unpack_from(buf, pos)
+        if pos + _LEN.size > size:
+            raise RequestError(f"{what}: BYTES element {i} is truncated")
+        (n,) = unpack(buf, pos)
         pos += _LEN.size
+        if n > size - pos:
+            raise RequestError(
+                f"{what}: BYTES element {i} declares {n} bytes, past its tensor's end"
+            )
         out[i] = bytes(buf[pos : pos + n])
         pos += n
+    if pos != size:
+        raise RequestError(
+            f"{what}: {size - pos} bytes follow the last of its {count} BYTES elements"
+        )
     return out
 
 

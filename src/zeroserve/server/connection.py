@@ -25,21 +25,31 @@ import asyncio
 import inspect
 import logging
 import socket
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from .. import metrics
 from ..app.problems import ErrorFormat, error_response, internal_error
 from ..app.request import Request
-from ..app.response import Response, StreamResponse
+from ..app.response import HandlerResult, Response, StreamResponse
 from ..errors import ProtocolError, ZeroserveError
 from ..http import framing
 from ..http.connection import BodyComplete, HttpConnection, RequestHead, State
 from .flow import WriteFlow
+from .options import ServerOptions
 from .sinks import LeaseSink
 from .stream import StreamWriter, abort
 
-if TYPE_CHECKING:
-    from .server import Server
+
+class Server(Protocol):
+    """The server as a connection needs it (``server.Server``; typed here so that the
+    connection does not import the module that imports it)."""
+
+    app: Any
+    arena: Any
+    options: ServerOptions
+    connections: set[HttpProtocol]
+    draining: bool
+    loop: asyncio.AbstractEventLoop
 
 log = logging.getLogger("zeroserve.server")
 
@@ -196,6 +206,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if self._sink is not None:
             req.lease = self._sink.finish()
             self._sink = None
+        assert req.lease is not None
         req.body = req.lease.view
         return self._dispatch(req)
 
@@ -217,7 +228,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             return None
         return self._send(req, result)
 
-    async def _run(self, req: Request, pending: Any) -> None:
+    async def _run(self, req: Request, pending: HandlerResult) -> None:
         fmt = req.route.errors
         try:
             try:
@@ -235,8 +246,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             else:
                 nxt = self._send(req, result)
         except asyncio.CancelledError:
-            self._release_request(req)
-            raise
+            raise  # the task's done callback releases the request (see _dispatch)
         except (ConnectionError, OSError):
             self._release_request(req)
             self._abort()
@@ -246,6 +256,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
             if self.request is req and not self.flow.closed:
                 nxt = self._send(req, internal_error(fmt))
             else:
+                if self.request is req:
+                    self._release_request(req)
                 return
         finally:
             self.task = None
@@ -291,12 +303,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
         req.route.timer(self.loop.time() - self._started)
         self.request = None
         self._responding = False
-        ticket = req.state.pop("ticket", None)  # a handler that failed before using it
-        if ticket is not None:
-            ticket.release()
-        if req.lease is not None:
-            self.flow.release_one_after_drain(req.lease.release)
-            req.lease = None
+        # A ticket the handler never handed on goes back now; the body lease once the
+        # response (which may be a view of it) has been sent.
+        req.release(self.flow.release_one_after_drain)
         self.flow.schedule_releases()
         return self._end_response()
 
@@ -360,12 +369,10 @@ class HttpProtocol(asyncio.BufferedProtocol):
         transport.close()
 
     def _release_request(self, req: Request) -> None:
-        if req.lease is not None:
-            req.lease.release()
-            req.lease = None
-        ticket = req.state.pop("ticket", None)
-        if ticket is not None:
-            ticket.release()
+        """The request ends without a response being sent: return what it owns now."""
+        if self.request is req:
+            self.request = None
+        req.release()
 
     def _pause_reading(self) -> None:
         if not self._paused_reading and self.transport is not None:

@@ -11,11 +11,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
-from ..runtime import Arena, Engine, ModelConfig
+from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
 from .server import Server
 
 if TYPE_CHECKING:
-    from ..models.loader import ModelSpec
+    from ..models.loader import ModelRef
     from .options import ServerOptions
 
 log = logging.getLogger("zeroserve")
@@ -23,7 +23,7 @@ log = logging.getLogger("zeroserve")
 _CHILD_ENV = "ZEROSERVE_INTERNAL_CHILD"
 
 
-def engine_configs(specs: list[ModelSpec]) -> dict[str, ModelConfig]:
+def engine_configs(specs: list[ModelRef]) -> dict[str, ModelConfig]:
     out: dict[str, ModelConfig] = {}
     for spec in specs:
         out[spec.name] = ModelConfig(
@@ -33,10 +33,15 @@ def engine_configs(specs: list[ModelSpec]) -> dict[str, ModelConfig]:
 
 
 async def serve_async(
-    options: ServerOptions, specs: list[ModelSpec], *, arena_bytes: int, ready: Any = None
+    options: ServerOptions,
+    specs: list[ModelRef],
+    *,
+    arena_bytes: int,
+    ready: Any = None,
+    runtime: RuntimeOptions | None = None,
 ) -> None:
     arena = Arena(arena_bytes)
-    engine = Engine(engine_configs(specs), arena=arena)
+    engine = Engine(engine_configs(specs), arena=arena, options=runtime)
     app: App | None = None
     try:
         await engine.start()
@@ -73,12 +78,12 @@ def run_loop(loop: str, coro: Any) -> None:
 
 
 def serve(
-    options: ServerOptions, specs: list[ModelSpec], *, arena_bytes: int, loop: str = "auto",
-    workers: int = 1,
+    options: ServerOptions, specs: list[ModelRef], *, arena_bytes: int, loop: str = "auto",
+    workers: int = 1, runtime: RuntimeOptions | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
-    run_loop(loop, serve_async(options, specs, arena_bytes=arena_bytes))
+    run_loop(loop, serve_async(options, specs, arena_bytes=arena_bytes, runtime=runtime))
     return 0
 
 

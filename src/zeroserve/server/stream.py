@@ -20,15 +20,13 @@ HTTP/1.1 signals a failed transfer). It only moves bytes (docs/architecture.md,
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from .. import metrics
 from ..app.problems import error_body, error_response
 from ..app.request import Request
-from ..app.response import Response, StreamResponse
+from ..app.response import PieceStream, Response, StreamResponse
 from ..errors import ZeroserveError
 from ..http.connection import HttpConnection
 from ..http.framing import StreamFramer
@@ -78,7 +76,7 @@ class StreamWriter:
         Raises ``ConnectionResetError`` if the client went away."""
         transport = self.flow.transport
         assert transport is not None
-        it = resp.pieces.__aiter__()
+        it = resp.pieces
         sse = resp.framing == "sse"
         first: Any = None
         try:
@@ -101,11 +99,7 @@ class StreamWriter:
                 self._failed(req, failed, sse)
                 return None
         finally:
-            aclose = getattr(it, "aclose", None)
-            if resp.aclose is not None:
-                await _maybe_await(resp.aclose())
-            elif aclose is not None:
-                await aclose()
+            await it.aclose()
         if self.flow.closed:
             raise ConnectionResetError("client disconnected")
         if self.framer.pending or first is not None:
@@ -125,7 +119,7 @@ class StreamWriter:
         abort(self.flow, self.conn)
 
     async def write(
-        self, head: bytes, it: AsyncIterator[Any], first: Any, *, sse: bool, chunked: bool
+        self, head: bytes, it: PieceStream, first: Any, *, sse: bool, chunked: bool
     ) -> Exception | None:
         """Send ``head``, ``first`` and the rest of ``it``. Returns the exception the
         iterator raised after the head was sent (the caller ends the stream), else None.
@@ -135,10 +129,9 @@ class StreamWriter:
         framer.begin(head, chunked=chunked, sse=sse)
         if first is None:
             return None
-        batch = getattr(it, "receive_batch_nowait", None)
+        batch = it.receive_batch_nowait
         ready = [first]
-        if batch is not None:
-            ready += batch(STREAM_BATCH_PIECES - 1)
+        ready += batch(STREAM_BATCH_PIECES - 1)
         framer.add(ready)
         self.flush()
         while True:
@@ -150,13 +143,10 @@ class StreamWriter:
                 raise
             except Exception as exc:
                 return exc
-            if batch is None:
-                framer.add([piece])
-            else:
-                # Everything else that is ready goes out in the same write.
-                ready = [piece]
-                ready += batch(STREAM_BATCH_PIECES - 1 - framer.pieces)
-                framer.add(ready)
+            # Everything else that is ready goes out in the same write.
+            ready = [piece]
+            ready += batch(STREAM_BATCH_PIECES - 1 - framer.pieces)
+            framer.add(ready)
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self.loop.call_soon(self.flush)
@@ -177,8 +167,3 @@ class StreamWriter:
         buffers = self.framer.flush(last)
         if buffers:
             transport.writelines(buffers)
-
-
-async def _maybe_await(value: Any) -> None:
-    if inspect.isawaitable(value):
-        await value

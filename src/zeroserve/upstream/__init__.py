@@ -6,8 +6,9 @@ queue. The bytes on the wire are ``http.client``'s (the client role of ``http/``
 package opens sockets so that ``app/`` does not (docs/architecture.md, "upstream/").
 """
 
+from ..errors import UpstreamUnreachable
 from .exchange import Exchange
-from .pool import POOL_IDLE_S, Upstream, UpstreamConnection, UpstreamStatistics, UpstreamUnreachable
+from .pool import POOL_IDLE_S, Upstream, UpstreamConnection, UpstreamStatistics
 
 __all__ = [
     "POOL_IDLE_S",

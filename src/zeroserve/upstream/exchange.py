@@ -23,16 +23,25 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..errors import ZeroserveError
 from ..http.client import ResponseHead
 
-if TYPE_CHECKING:
-    from .pool import UpstreamConnection
+
+class FlowControlled(Protocol):
+    """What an exchange needs of its connection (``pool.UpstreamConnection``): to stop
+    and restart reading while its body queue is over the high-water mark."""
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
 
 
-class Exchange:
+C = TypeVar("C", bound=FlowControlled)
+
+
+class Exchange(Generic[C]):
     __slots__ = (
         "_done",
         "_error",
@@ -55,9 +64,9 @@ class Exchange:
 
     def __init__(
         self,
-        conn: UpstreamConnection,
+        conn: C,
         high_water: int,
-        on_finish: Callable[[Exchange, bool], None],
+        on_finish: Callable[[Exchange[C], bool], None],
     ) -> None:
         self.conn = conn
         self.high_water = high_water

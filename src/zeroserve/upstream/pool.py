@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..errors import DeadlineExceeded, ProtocolError, UpstreamError
+from ..errors import DeadlineExceeded, ProtocolError, UpstreamError, UpstreamUnreachable
 from ..http.client import ResponseHead, ResponseReader
 from ..models.remote import RemoteOptions, UpstreamURL
 from .exchange import Exchange
@@ -42,13 +42,6 @@ Buffer = bytes | bytearray | memoryview
 # timeouts (uvicorn, hence vLLM, and zeroserve: 5 s) so we close first, not the upstream
 # while a request is being written.
 POOL_IDLE_S = 4.0
-
-
-class UpstreamUnreachable(UpstreamError):
-    """Nothing was answered: the connection was refused, timed out, or closed before the
-    first response byte. The request may go to another upstream."""
-
-    code = "upstream_unreachable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +72,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.upstream = upstream
         self.transport: asyncio.Transport | None = None
         self.reader = ResponseReader()
-        self.exchange: Exchange | None = None
+        self.exchange: Exchange[UpstreamConnection] | None = None
         self.closed = False
         self.counted = False  # counted in upstream.open
         self.uses = 0
@@ -127,7 +120,7 @@ class UpstreamConnection(asyncio.Protocol):
             return UpstreamUnreachable(f"upstream {url} closed the connection without answering")
         return UpstreamError(f"upstream {url} closed the connection mid-response")
 
-    def start(self, ex: Exchange, method: str) -> None:
+    def start(self, ex: Exchange[UpstreamConnection], method: str) -> None:
         self.exchange = ex
         self.reader.start(method)
         self.uses += 1
@@ -184,7 +177,7 @@ class Upstream:
         self.read_pauses = 0
         self.batches = 0
         self.coalesced = 0
-        self.exchanges: set[Exchange] = set()
+        self.exchanges: set[Exchange[UpstreamConnection]] = set()
         self._closed = False
 
     # -- health ---------------------------------------------------------------------------
@@ -205,7 +198,7 @@ class Upstream:
     # -- exchanges ------------------------------------------------------------------------
     async def exchange(
         self, method: str, buffers: Sequence[Buffer], deadline: float
-    ) -> tuple[Exchange, ResponseHead, float]:
+    ) -> tuple[Exchange[UpstreamConnection], ResponseHead, float]:
         """Send one request (``buffers``: head then body) and wait for the response head.
         Returns the exchange, its head and the ``perf_counter`` time the request was
         handed to the transport. The caller must ``finish()`` the exchange."""
@@ -243,11 +236,11 @@ class Upstream:
                 raise
             return ex, head, written
 
-    def _expire(self, ex: Exchange) -> None:
+    def _expire(self, ex: Exchange[UpstreamConnection]) -> None:
         ex.fail(DeadlineExceeded(f"the upstream {self.url.url} did not finish before the deadline"))
         ex.conn.abort()
 
-    def _expire_head(self, ex: Exchange) -> None:
+    def _expire_head(self, ex: Exchange[UpstreamConnection]) -> None:
         if not ex.head.done():
             ex.fail(
                 DeadlineExceeded(
@@ -257,7 +250,7 @@ class Upstream:
             )
             ex.conn.abort()
 
-    def _finished(self, ex: Exchange, ok: bool) -> None:
+    def _finished(self, ex: Exchange[UpstreamConnection], ok: bool) -> None:
         self.in_flight -= 1
         self.exchanges.discard(ex)
         if ex.peak_pending_bytes > self.peak_pending_bytes:

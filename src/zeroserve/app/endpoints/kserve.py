@@ -37,6 +37,7 @@ from urllib.parse import unquote
 
 from ... import metrics
 from ...errors import CapabilityError, ModelNotFound, PayloadTooLarge, RequestError
+from ...runtime import Engine, ModelHandle
 from ..kserve import codec
 from ..kserve.schemas import MetadataTensor, ModelMetadata, ModelReady, ServerMetadata, encoder
 from ..request import Request
@@ -45,9 +46,6 @@ from ..router import Router
 
 SERVER_NAME = "zeroserve"
 EXTENSIONS = ["binary_tensor_data"]
-DEFAULT_VERSION = "1"
-# Platform reported for models that do not name one (their ``platform`` attribute).
-DEFAULT_PLATFORM = "zeroserve"
 # Largest body a compressed request may inflate to: the default cap on an uncompressed
 # body (http.limits.MAX_BODY_BYTES), so compression cannot smuggle in a bigger request.
 MAX_INFLATED_BYTES = 128 * 1024 * 1024
@@ -66,13 +64,13 @@ def _json(obj: Any, status: int = 200) -> Response:
     return Response(status, [encoder.encode(obj)], content_type=JSON)
 
 
-def register(router: Router, engine: Any) -> None:
+def register(router: Router, engine: Engine) -> None:
     server_meta = _json(ServerMetadata(SERVER_NAME, _version(), EXTENSIONS))
     live_ok = _json({"live": True})
     ready_ok = _json({"ready": True})
     ready_no = _json({"ready": False}, 400)
 
-    def handle_of(req: Request) -> Any:
+    def handle_of(req: Request) -> ModelHandle:
         name = unquote(req.params["model"])
         handle = engine.model(name)
         version = req.params.get("version")
@@ -91,12 +89,12 @@ def register(router: Router, engine: Any) -> None:
 
     def model_metadata(req: Request) -> Response:
         handle = handle_of(req)
-        meta = handle.meta
+        meta = handle.model
         return _json(
             ModelMetadata(
                 name=handle.name,
                 versions=_versions(handle),
-                platform=str(getattr(meta, "platform", DEFAULT_PLATFORM)),
+                platform=str(meta.platform),
                 inputs=[_tensor(t) for t in meta.inputs()],
                 outputs=[_tensor(t) for t in meta.outputs()],
             )
@@ -111,29 +109,22 @@ def register(router: Router, engine: Any) -> None:
         handle = handle_of(req)
         if "infer" not in handle.capabilities:
             raise CapabilityError(f"model {handle.name!r} does not support V2 inference")
-        check_bytes = getattr(engine, "check_bytes", None)
         length = req.head.content_length
-        if check_bytes is not None and length:
-            check_bytes(length)
-        req.state["handle"] = handle
-        req.state["ticket"] = handle.admit()  # last: nothing after it may raise
+        if length:
+            engine.check_bytes(length)
+        req.admit(handle)  # last: nothing after it may raise
 
     async def infer(req: Request) -> Response:
-        handle = req.state["handle"]
-        ticket = req.state.pop("ticket")
-        try:
-            body = _body(req)
-            json_size = codec.header_length(req.header(_IHCL), body.nbytes)
-            decoded = codec.decode_request(body, json_size)
-            inputs = decoded.inputs
-            params = codec.model_parameters(decoded.request)
-            if params is not None:
-                inputs[codec.PARAMETERS_INPUT] = params
-            deadline = _deadline(engine, decoded.request.parameters)
-        except BaseException:
-            ticket.release()
-            raise
-        result = await handle.infer(ticket, inputs, deadline=deadline)
+        handle = req.handle
+        body = _body(req)
+        json_size = codec.header_length(req.header(_IHCL), body.nbytes)
+        decoded = codec.decode_request(body, json_size)
+        inputs = decoded.inputs
+        params = codec.model_parameters(decoded.request)
+        if params is not None:
+            inputs[codec.PARAMETERS_INPUT] = params
+        deadline = _deadline(engine, decoded.request.parameters)
+        result = await handle.infer(req.take_ticket(), inputs, deadline=deadline)
         try:
             version = req.params.get("version")
             body_out, header_size = codec.encode_response(
@@ -162,15 +153,15 @@ def register(router: Router, engine: Any) -> None:
         add("POST", base + "/infer", infer, errors="kserve", on_head=infer_head)
 
 
-def _versions(handle: Any) -> list[str]:
-    return [str(getattr(handle.meta, "version", DEFAULT_VERSION))]
+def _versions(handle: ModelHandle) -> list[str]:
+    return [str(handle.model.version)]
 
 
 def _tensor(spec: Any) -> MetadataTensor:
     return MetadataTensor(spec.name, spec.datatype, list(spec.shape))
 
 
-def _model_ready(engine: Any, handle: Any) -> bool:
+def _model_ready(engine: Engine, handle: ModelHandle) -> bool:
     if not engine.ready():
         return False
     try:
@@ -179,7 +170,7 @@ def _model_ready(engine: Any, handle: Any) -> bool:
         return True
 
 
-def _deadline(engine: Any, params: dict[str, Any] | None) -> float | None:
+def _deadline(engine: Engine, params: dict[str, Any] | None) -> float | None:
     """Triton's ``timeout`` parameter (microseconds) as an absolute engine deadline."""
     if not params or "timeout" not in params:
         return None

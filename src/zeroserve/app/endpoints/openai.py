@@ -5,7 +5,9 @@ Requests are decoded once, from the body view, by the reused msgspec decoders in
 ``app/openai/schemas.py``; errors use OpenAI's ``{"error": {...}}`` body (the routes'
 ``errors="openai"``) and never echo the input. The model name is in the body, so the
 model lookup (404) and admission (429) happen when the body is complete, before any
-work: one ticket per choice, all taken up front, all released when the request ends.
+work: one ticket per choice, all taken up front. Each job owns its ticket until its
+generation starts and takes it (``_Job.take_ticket``); the request's end releases the
+tickets of jobs that never started (``_Job.release``).
 
 Choices: ``n`` > 1 (and, for ``/v1/completions``, a list of prompts) is supported. Each
 choice is its own generation: concurrent for a whole response, one after another for a
@@ -34,16 +36,17 @@ import numpy as np
 
 from ...errors import CapabilityError, ModelNotFound, RequestError
 from ...models.base import GenerateRequest
+from ...runtime import Engine, ModelHandle, Ticket
 from ..openai import schemas as s
 from ..openai.generation import Generation, count_tokens
 from ..openai.streaming import ChoiceStream, Chunks
 from ..relay import relay_for_request
 from ..request import Request
-from ..response import JSON, Response, StreamResponse
+from ..response import JSON, HandlerResult, Response, StreamResponse
 from ..router import Router
 
 
-def register(router: Router, engine: Any) -> None:
+def register(router: Router, engine: Engine) -> None:
     api = _OpenAI(engine)
     router.add("GET", "/v1/models", api.list_models)
     router.add("GET", "/v1/models/{model}", api.get_model)
@@ -61,25 +64,39 @@ def _new_id(prefix: str) -> str:
 
 
 class _Job:
-    """One choice to generate: a prompt, its sampling request and its ticket."""
+    """One choice to generate: a prompt, its sampling request and its ticket (owned
+    until the generation starts with it)."""
 
-    __slots__ = ("index", "max_tokens", "prompt_tokens", "request", "ticket")
+    __slots__ = ("_ticket", "index", "max_tokens", "prompt_tokens", "request")
 
-    def __init__(self, index: int, request: GenerateRequest, prompt_tokens: int, ticket: Any):
+    def __init__(
+        self, index: int, request: GenerateRequest, prompt_tokens: int, ticket: Ticket
+    ) -> None:
         self.index = index
         self.request = request
         self.max_tokens = request.max_tokens
         self.prompt_tokens = prompt_tokens
-        self.ticket = ticket
+        self._ticket: Ticket | None = ticket
+
+    def take_ticket(self) -> Ticket:
+        ticket, self._ticket = self._ticket, None
+        assert ticket is not None, "a job's generation starts once"
+        return ticket
+
+    def release(self) -> None:
+        """Release the ticket if the generation never started (it owns it otherwise)."""
+        ticket, self._ticket = self._ticket, None
+        if ticket is not None:
+            ticket.release()
 
 
 class _OpenAI:
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.created = int(time.time())
 
     # -- models ------------------------------------------------------------------------
-    def _model(self, name: str, param: str | None) -> Any:
+    def _model(self, name: str, param: str | None) -> ModelHandle:
         try:
             return self.engine.model(name)
         except ModelNotFound:
@@ -91,7 +108,7 @@ class _OpenAI:
 
     def _card(self, name: str) -> s.ModelCard:
         handle = self._model(name, None)
-        meta = handle.meta
+        meta = handle.model
         builtin = type(meta).__module__.startswith("zeroserve.")
         description = (
             meta.description or f"{type(meta).__name__} ({', '.join(sorted(handle.capabilities))})"
@@ -112,15 +129,15 @@ class _OpenAI:
         return _json(self._card(req.params["model"]))
 
     # -- shared ------------------------------------------------------------------------
-    def _handle(self, name: str, capability: str) -> Any:
+    def _handle(self, name: str, capability: str) -> ModelHandle:
         handle = self._model(name, "model")
         if capability not in handle.capabilities:
             what = {"generate": "text generation", "embed": "embeddings"}[capability]
             raise CapabilityError(f"model {handle.name!r} does not support {what}", param="model")
         return handle
 
-    def _admit(self, handle: Any, count: int) -> list[Any]:
-        tickets: list[Any] = []
+    def _admit(self, handle: ModelHandle, count: int) -> list[Ticket]:
+        tickets: list[Ticket] = []
         try:
             for _ in range(count):
                 tickets.append(handle.admit())  # Overloaded: 429
@@ -132,7 +149,7 @@ class _OpenAI:
 
     def _jobs(
         self,
-        handle: Any,
+        handle: ModelHandle,
         prompts: Sequence[str],
         n: int,
         *,
@@ -144,7 +161,7 @@ class _OpenAI:
     ) -> tuple[list[_Job], int]:
         """One job per (prompt, choice), indexed as OpenAI does (prompt-major); and the
         prompt tokens of the request (each prompt counted once)."""
-        meta = handle.meta
+        meta = handle.model
         counts = [count_tokens(meta, p) for p in prompts]
         ctx = meta.context_length
         if ctx is not None:
@@ -175,12 +192,12 @@ class _OpenAI:
                 jobs.append(_Job(k, greq, c, tickets[k]))
         return jobs, sum(counts)
 
-    def _starter(self, handle: Any, job: _Job) -> Callable[[], Generation]:
+    def _starter(self, handle: ModelHandle, job: _Job) -> Callable[[], Generation]:
         def start() -> Generation:
-            stream = handle.generate(job.ticket, job.request, deadline=None)
+            stream = handle.generate(job.take_ticket(), job.request, deadline=None)
             return Generation(
                 stream,
-                handle.meta,
+                handle.model,
                 index=job.index,
                 max_tokens=job.max_tokens,
                 prompt_tokens=job.prompt_tokens,
@@ -191,7 +208,7 @@ class _OpenAI:
 
     def _respond(
         self,
-        handle: Any,
+        handle: ModelHandle,
         jobs: list[_Job],
         prompt_tokens: int,
         *,
@@ -210,14 +227,14 @@ class _OpenAI:
                 [self._starter(handle, job) for job in jobs],
                 prompt_tokens=prompt_tokens,
                 include_usage=include_usage,
-                tickets=[job.ticket for job in jobs],
+                unstarted=[job.release for job in jobs],
             )
-            return StreamResponse(cs.pieces, framing="sse", aclose=cs.aclose)
+            return StreamResponse(cs, framing="sse")
         return self._whole(handle, jobs, prompt_tokens, chat=chat, ident=ident, created=created)
 
     async def _whole(
         self,
-        handle: Any,
+        handle: ModelHandle,
         jobs: list[_Job],
         prompt_tokens: int,
         *,
@@ -247,7 +264,7 @@ class _OpenAI:
             raise group.exceptions[0] from None
         finally:
             for job in jobs:
-                job.ticket.release()
+                job.release()
         completion_tokens = sum(r[2] for r in results)
         usage = s.Usage(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
         if chat:
@@ -265,7 +282,7 @@ class _OpenAI:
         return _json(s.Completion(ident, "text_completion", created, handle.name, texts, usage))
 
     # -- chat --------------------------------------------------------------------------
-    def chat(self, req: Request) -> Any:
+    def chat(self, req: Request) -> HandlerResult:
         relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
         if relay is not None:
             return relay.forward(req, "/chat/completions")
@@ -277,7 +294,7 @@ class _OpenAI:
             {"role": _ROLES.get(m.role, m.role), "content": _content(m, i)}
             for i, m in enumerate(body.messages)
         ]
-        prompt = handle.meta.chat_template(messages)
+        prompt = handle.model.chat_template(messages)
         max_tokens = (
             body.max_completion_tokens
             if body.max_completion_tokens is not None
@@ -286,7 +303,7 @@ class _OpenAI:
         return self._generate(handle, body, [prompt], max_tokens, chat=True)
 
     # -- completions -------------------------------------------------------------------
-    def completions(self, req: Request) -> Any:
+    def completions(self, req: Request) -> HandlerResult:
         relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
         if relay is not None:
             return relay.forward(req, "/completions")
@@ -304,8 +321,14 @@ class _OpenAI:
         return self._generate(handle, body, prompts, body.max_tokens, chat=False)
 
     def _generate(
-        self, handle: Any, body: Any, prompts: list[str], max_tokens: int | None, *, chat: bool
-    ) -> Any:
+        self,
+        handle: ModelHandle,
+        body: s.ChatCompletionRequest | s.CompletionRequest,
+        prompts: list[str],
+        max_tokens: int | None,
+        *,
+        chat: bool,
+    ) -> HandlerResult:
         """Chat and completions alike: one job per prompt and choice, then the answer."""
         jobs, prompt_tokens = self._jobs(
             handle,
@@ -335,16 +358,12 @@ class _OpenAI:
         body = s.decode(s.embedding_decoder, req.body)
         texts = _texts(body.input, "input")
         handle = self._handle(body.model, "embed")
-        (ticket,) = self._admit(handle, 1)
-        return self._embed(handle, ticket, texts, body)
+        req.admit(handle)  # the request owns the ticket until the engine takes it
+        return self._embed(req, texts, body)
 
-    async def _embed(
-        self, handle: Any, ticket: Any, texts: list[str], body: s.EmbeddingRequest
-    ) -> Response:
-        try:
-            vecs = await handle.embed(ticket, texts, deadline=None)
-        finally:
-            ticket.release()
+    async def _embed(self, req: Request, texts: list[str], body: s.EmbeddingRequest) -> Response:
+        handle = req.handle
+        vecs = await handle.embed(req.take_ticket(), texts, deadline=None)
         if body.dimensions is not None and body.dimensions != vecs.shape[1]:
             raise RequestError(
                 f"model {handle.name!r} returns {vecs.shape[1]}-dimensional embeddings and "
@@ -358,7 +377,7 @@ class _OpenAI:
         else:
             values = vecs.tolist()
         data = [s.Embedding("embedding", i, v) for i, v in enumerate(values)]
-        tokens = sum(count_tokens(handle.meta, t) for t in texts)
+        tokens = sum(count_tokens(handle.model, t) for t in texts)
         usage = s.EmbeddingUsage(tokens, tokens)
         return _json(s.EmbeddingList("list", data, handle.name, usage))
 

@@ -11,36 +11,31 @@ per piece; ``?stream=1`` or a model without ``infer`` gives a chunked
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
 
-from ...errors import CapabilityError, RequestError, WouldBlock
+from ...errors import CapabilityError, RequestError
 from ...models.base import GenerateRequest
+from ...runtime import Engine, InferResult, ModelHandle
 from ...runtime.channel import POLICIES
 from ..relay import relay_for
 from ..request import Request
-from ..response import EVENT_STREAM, OCTET, Response, StreamResponse
+from ..response import EVENT_STREAM, OCTET, HandlerResult, Response, StreamResponse
 from ..router import Router
 
 _TRUE = frozenset(("1", "true", "yes"))
 
 
-def register(router: Router, engine: Any) -> None:
+def register(router: Router, engine: Engine) -> None:
     def on_head(req: Request) -> None:
-        handle = engine.model(req.params["model"])
-        req.state["handle"] = handle
-        req.state["ticket"] = handle.admit()
+        req.admit(engine.model(req.params["model"]))
 
-    def raw(req: Request) -> Response | StreamResponse | Awaitable[Response | StreamResponse]:
-        handle = req.state["handle"]
+    def raw(req: Request) -> HandlerResult:
+        handle = req.handle
         relay = relay_for(handle)
         if relay is not None:  # a remote model: relay the bytes as they are
-            result: Awaitable[Response | StreamResponse] = relay.forward(
-                req, relay.raw_path(), rewrite_model=False
-            )
-            return result
+            return relay.forward(req, relay.raw_path(), rewrite_model=False)
         caps = handle.capabilities
         sse = req.accepts(EVENT_STREAM)
         want_stream = sse or req.query.get("stream", "").lower() in _TRUE or "infer" not in caps
@@ -51,26 +46,28 @@ def register(router: Router, engine: Any) -> None:
             policy = req.query.get("policy", "block")
             if policy not in POLICIES:
                 raise RequestError(f"policy must be one of {', '.join(POLICIES)}", param="policy")
-            stream = handle.generate(req.state.pop("ticket"), gen, deadline=None, policy=policy)
-            return StreamResponse(stream, framing="sse" if sse else "chunked", aclose=stream.aclose)
+            stream = handle.generate(req.take_ticket(), gen, deadline=None, policy=policy)
+            return StreamResponse(stream, framing="sse" if sse else "chunked")
         if "infer" not in caps:
             raise CapabilityError(f"model {handle.name!r} has no raw inference")
         inputs = {"raw": np.frombuffer(req.body, dtype=np.uint8)}
-        try:
-            # Trivial inline models answer without a task switch (see infer_nowait).
-            return _response(handle, handle.infer_nowait(req.state["ticket"], inputs))
-        except WouldBlock:
-            return _infer(handle, req.state.pop("ticket"), inputs)
-        finally:
-            req.state.pop("ticket", None)
+        # Trivial inline models answer without a task switch (see infer_nowait). The
+        # ticket stays with the request until the engine takes it: a task cancelled
+        # before it starts leaves it there for the server's release.
+        result = handle.infer_nowait(inputs)
+        if result is None:
+            return _infer(req, inputs)
+        req.take_ticket().release()
+        return _response(handle, result)
 
-    async def _infer(handle: Any, ticket: Any, inputs: dict[str, Any]) -> Response:
-        return _response(handle, await handle.infer(ticket, inputs, deadline=None))
+    async def _infer(req: Request, inputs: dict[str, Any]) -> Response:
+        handle = req.handle
+        return _response(handle, await handle.infer(req.take_ticket(), inputs, deadline=None))
 
     router.add("POST", "/v1/raw/{model}", raw, on_head=on_head)
 
 
-def _response(handle: Any, result: Any) -> Response:
+def _response(handle: ModelHandle, result: InferResult) -> Response:
     out = result.outputs.get("raw")
     if out is None:
         result.release()

@@ -33,7 +33,6 @@ Invariants
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ import numpy as np
 
 from ... import metrics
 from ...errors import RequestError, WorkerError
+from ...runtime.tensors import BYTES, BYTES_LENGTH, read_bytes_tensor
 from .schemas import (
     InferenceRequest,
     InferenceResponse,
@@ -55,7 +55,6 @@ from .schemas import (
 
 Buffer = bytes | bytearray | memoryview
 
-BYTES = "BYTES"
 # V2 datatype -> numpy dtype of its binary form (little-endian, native item size).
 DTYPES: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
@@ -82,7 +81,6 @@ PARAMETERS_INPUT = "__parameters__"
 # Request-level parameter of the binary extension (consumed here, not passed on).
 BINARY_DATA_OUTPUT = "binary_data_output"
 
-_LEN = struct.Struct("<I")
 # BYTES output elements at least this large are written from their own memory; smaller
 # ones are packed with their length prefixes into one buffer (a short copy is cheaper than
 # an iovec entry per element).
@@ -213,32 +211,9 @@ def _binary_tensor(
 def _bytes_elements(
     body: memoryview, offset: int, size: int, shape: list[int], count: int, name: str
 ) -> np.ndarray:
-    # Each element takes at least its 4-byte length: check before allocating `count`.
-    if count * _LEN.size > size:
-        raise RequestError(
-            f"input {_q(name)}: shape {_shape_text(shape)} has {count} BYTES elements but "
-            f"binary_data_size ({size}) cannot hold that many length prefixes"
-        )
-    out = np.empty(count, dtype=object)
-    pos = offset
-    end = offset + size
-    unpack = _LEN.unpack_from
-    for i in range(count):
-        if pos + 4 > end:
-            raise RequestError(f"input {_q(name)}: BYTES element {i} is truncated")
-        (n,) = unpack(body, pos)
-        pos += 4
-        if n > end - pos:
-            raise RequestError(
-                f"input {_q(name)}: BYTES element {i} declares {n} bytes, past its tensor's end"
-            )
-        out[i] = bytes(body[pos : pos + n])
-        pos += n
-    if pos != end:
-        raise RequestError(
-            f"input {_q(name)}: {end - pos} bytes follow the last of its {count} BYTES elements"
-        )
-    metrics.count_copy("kserve_bytes_in", size - 4 * count)
+    what = f"input {_q(name)} (shape {_shape_text(shape)})"
+    out = read_bytes_tensor(body[offset : offset + size], count, what)
+    metrics.count_copy("kserve_bytes_in", size - BYTES_LENGTH.size * count)
     return out.reshape(shape)
 
 
@@ -472,7 +447,7 @@ def _bytes_buffers(name: str, arr: np.ndarray, out: list[Buffer]) -> int:
     for item in arr.reshape(-1):
         raw = _element_bytes(name, item)
         n = raw.nbytes if isinstance(raw, memoryview) else len(raw)
-        packed += _LEN.pack(n)
+        packed += BYTES_LENGTH.pack(n)
         if n >= SPLICE_MIN_BYTES:
             out.append(packed)
             out.append(raw)
@@ -480,7 +455,7 @@ def _bytes_buffers(name: str, arr: np.ndarray, out: list[Buffer]) -> int:
         else:
             packed += raw
             copied += n
-        total += 4 + n
+        total += BYTES_LENGTH.size + n
     if packed:
         out.append(packed)
     if copied:

@@ -3,8 +3,8 @@
 Finish reason
 -------------
 The runtime's ``Stream`` is an iterator of pieces; a model's ``generate`` may *return*
-its finish reason (``tinyllm`` does), but that value does not cross the executor. When
-the stream exposes ``finish_reason`` (a runtime that forwards it), that value is used.
+its finish reason (``tinyllm`` does), which the stream's ``finish_reason`` reports where
+the executor forwards it; that value is used when there is one.
 Otherwise it is derived: ``"length"`` when the generation used its whole token budget,
 ``"stop"`` otherwise (end of text, or a stop sequence). The budget is ``max_tokens``,
 capped by what is left of the model's context after the prompt. The tokens generated
@@ -29,6 +29,7 @@ import logging
 from typing import Any
 
 from ...models.base import Model
+from ...runtime import Stream
 
 log = logging.getLogger("zeroserve.openai")
 
@@ -103,7 +104,7 @@ class Generation:
 
     def __init__(
         self,
-        stream: Any,
+        stream: Stream,
         meta: Model,
         *,
         index: int,
@@ -155,10 +156,9 @@ class Generation:
         writer sends in the same write). Stops short of the end of the stream, which
         ``__anext__`` reports; with stop strings it takes nothing (the filter decides
         piece by piece)."""
-        batch = getattr(self._stream, "receive_batch_nowait", None)
-        if self._done or self._filter is not None or batch is None:
+        if self._done or self._filter is not None:
             return []
-        pieces = batch(max_items)
+        pieces = self._stream.receive_batch_nowait(max_items)
         self._tokens += len(pieces)
         texts = [t for t in map(as_text, pieces) if t]
         self.parts += texts
@@ -175,7 +175,7 @@ class Generation:
         pieces = self._tokens
         if self._filter is not None and self._filter.stopped:
             return "stop", max(pieces, count_tokens(self._meta, self.text()) if pieces else 0)
-        reason = getattr(self._stream, "finish_reason", None)
+        reason = self._stream.finish_reason
         budget = self._budget
         if reason is None and budget is not None and pieces >= budget:
             # The common "length" case needs no re-tokenisation (echo, ASCII text).

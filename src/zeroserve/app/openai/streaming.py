@@ -27,7 +27,7 @@ client as a plain HTTP error status; later errors become a final SSE error event
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 from msgspec import UNSET
@@ -93,10 +93,12 @@ class Chunks:
 
 
 class ChoiceStream:
-    """The pieces of a streamed response, plus the cleanup the server awaits at its end.
+    """The pieces of a streamed response (a :class:`~zeroserve.app.response.PieceStream`),
+    plus the cleanup the server awaits at its end.
 
-    ``starters`` start each choice's generation when its turn comes; ``tickets`` are
-    every admission ticket of the request, released (idempotently) by :meth:`aclose`.
+    ``starters`` start each choice's generation when its turn comes (the generation then
+    owns that choice's ticket); ``unstarted`` release the tickets of choices that never
+    started, called once by :meth:`aclose`.
     """
 
     def __init__(
@@ -106,22 +108,25 @@ class ChoiceStream:
         *,
         prompt_tokens: int,
         include_usage: bool,
-        tickets: Sequence[Any],
+        unstarted: Sequence[Callable[[], None]],
     ) -> None:
         self.chunks = chunks
         self.starters = starters
         self.prompt_tokens = prompt_tokens
         self.include_usage = include_usage
-        self.tickets = tickets
+        self.unstarted = unstarted
         self._live: Generation | None = None
-        self._gen: AsyncIterator[Any] = self._run()
-        self.pieces = self  # what the server iterates (with receive_batch_nowait)
+        self._gen: AsyncGenerator[Any] = self._run()
 
     def __aiter__(self) -> ChoiceStream:
         return self
 
-    def __anext__(self) -> Any:
+    def __anext__(self) -> Awaitable[Any]:
         return self._gen.__anext__()
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None  # each choice has its own, sent in its finish chunk
 
     def receive_batch_nowait(self, max_items: int) -> list[bytes]:
         """Content chunks of the running choice that are ready now: the server writes them
@@ -133,7 +138,7 @@ class ChoiceStream:
         index, content = live.index, self.chunks.content
         return [content(index, text) for text in live.take_ready(max_items)]
 
-    async def _run(self) -> AsyncIterator[Any]:
+    async def _run(self) -> AsyncGenerator[Any]:
         chunks = self.chunks
         completion_tokens = 0
         last = len(self.starters) - 1
@@ -165,11 +170,12 @@ class ChoiceStream:
             yield tail
 
     async def aclose(self) -> None:
-        """Stop everything: the piece iterator, a running generation, every ticket."""
+        """Stop everything: the piece iterator, a running generation, the tickets of
+        choices that never started."""
         try:
-            await self._gen.aclose()  # type: ignore[attr-defined]
+            await self._gen.aclose()
             if self._live is not None:
                 await self._live.aclose()
         finally:
-            for ticket in self.tickets:
-                ticket.release()
+            for release in self.unstarted:
+                release()

@@ -25,16 +25,16 @@ package decides where a request goes and what it carries (docs/gateway.md, "Laye
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import msgspec
 
 from ... import metrics
-from ...errors import ModelNotFound
+from ...errors import ModelNotFound, UpstreamUnavailable, UpstreamUnreachable
 from ...models.remote import RemoteModel
-from ...upstream import UpstreamStatistics, UpstreamUnreachable
+from ...runtime import Engine, ModelHandle
+from ...upstream import UpstreamStatistics
 from ..request import Request
-from ._relay import Relay, RelayStatistics, UpstreamUnavailable, api_key
+from ._relay import Relay, RelayStatistics, api_key
 from ._rewrite import model_spans
 
 __all__ = [
@@ -52,9 +52,9 @@ __all__ = [
 _RELAYS: weakref.WeakKeyDictionary[RemoteModel, Relay] = weakref.WeakKeyDictionary()
 
 
-def relay_for(handle: Any) -> Relay | None:
+def relay_for(handle: ModelHandle) -> Relay | None:
     """The relay of a model handle (``engine.model(name)``), or None for a local model."""
-    meta = getattr(handle, "meta", None)
+    meta = handle.model
     if not isinstance(meta, RemoteModel):
         return None
     relay = _RELAYS.get(meta)
@@ -64,19 +64,19 @@ def relay_for(handle: Any) -> Relay | None:
     return relay
 
 
-_REMOTE_SERVED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_REMOTE_SERVED: weakref.WeakKeyDictionary[Engine, bool] = weakref.WeakKeyDictionary()
 
 
-def _serves_remote(engine: Any) -> bool:
+def _serves_remote(engine: Engine) -> bool:
     """Whether ``engine`` serves any remote model (computed once per engine)."""
     known = _REMOTE_SERVED.get(engine)
     if known is None:
-        known = any(isinstance(engine.model(n).meta, RemoteModel) for n in engine.names())
+        known = any(isinstance(engine.model(n).model, RemoteModel) for n in engine.names())
         _REMOTE_SERVED[engine] = known
     return known
 
 
-def relay_for_request(engine: Any, req: Request) -> Relay | None:
+def relay_for_request(engine: Engine, req: Request) -> Relay | None:
     """The relay for a JSON request whose ``"model"`` names a remote model, with the
     request admitted (``Overloaded`` 429 raised here); None otherwise (a local model, an
     unknown one, or a body that is not a JSON object: the caller's own decoding reports
@@ -94,29 +94,28 @@ def relay_for_request(engine: Any, req: Request) -> Relay | None:
         return None
     relay = relay_for(handle)
     if relay is not None:
-        req.state["ticket"] = handle.admit()
+        req.admit(handle)
     return relay
 
 
-def relays(engine: Any) -> dict[str, Relay]:
+def relays(engine: Engine) -> dict[str, Relay]:
     """The relays of every remote model an engine serves (created now if need be)."""
     out: dict[str, Relay] = {}
-    names = getattr(engine, "names", None)
-    if names is None:
-        return out
-    for name in names():
+    for name in engine.names():
         relay = relay_for(engine.model(name))
         if relay is not None:
             out[name] = relay
     return out
 
 
-async def aclose_relays(engine: Any) -> None:
+async def aclose_relays(engine: Engine) -> None:
     """Close the upstream connections of an engine's remote models."""
     for name, relay in relays(engine).items():
         await relay.aclose()
         handle = engine.model(name)
-        _RELAYS.pop(handle.meta, None)
+        meta = handle.model
+        if isinstance(meta, RemoteModel):
+            _RELAYS.pop(meta, None)
 
 
 def _snapshot() -> dict[str, UpstreamStatistics]:

@@ -30,15 +30,21 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import Histogram
 
 from ... import metrics
-from ...errors import DeadlineExceeded, UpstreamError, ZeroserveError
+from ...errors import (
+    DeadlineExceeded,
+    UpstreamError,
+    UpstreamUnavailable,
+    UpstreamUnreachable,
+    ZeroserveError,
+)
 from ...http.client import Framing, request_head, response_headers
 from ...models.remote import RemoteOptions
-from ...upstream import Exchange, Upstream, UpstreamStatistics, UpstreamUnreachable
+from ...runtime import Ticket
+from ...upstream import Exchange, Upstream, UpstreamConnection, UpstreamStatistics
 from ..request import Request
 from ..response import Response, StreamResponse
 from ._rewrite import rewrite_model
@@ -67,13 +73,6 @@ OVERHEAD_SECONDS = Histogram(
     registry=metrics.REGISTRY,
     buckets=_BUCKETS,
 )
-
-
-class UpstreamUnavailable(ZeroserveError):
-    """503: every upstream of the model is ejected."""
-
-    status = 503
-    code = "upstream_unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +129,11 @@ class Relay:
         ``upstream_model`` option, if given. Raises ``ZeroserveError`` (502/503/504)."""
         t0 = time.perf_counter()
         self.requests += 1
-        ticket = req.state.pop("ticket", None)
         try:
-            return await self._forward(req, path, rewrite_model, t0, ticket)
+            return await self._forward(req, path, rewrite_model, t0)
         except BaseException as exc:
-            if ticket is not None:
-                ticket.release()
+            # A ticket not yet handed to a stream stays with the request (the server
+            # releases it with the request).
             if isinstance(exc, DeadlineExceeded):
                 self.timeouts += 1
             elif isinstance(exc, asyncio.CancelledError):
@@ -143,7 +141,7 @@ class Relay:
             raise
 
     async def _forward(
-        self, req: Request, path: str, rewrite: bool, t0: float, ticket: Any
+        self, req: Request, path: str, rewrite: bool, t0: float
     ) -> Response | StreamResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.timeout
@@ -184,7 +182,7 @@ class Relay:
             else:
                 up.record_success()
             try:
-                return await self._respond(up, ex, t0, written, t_head, ticket)
+                return await self._respond(req, up, ex, t0, written, t_head)
             except BaseException:
                 ex.finish(False)
                 raise
@@ -195,7 +193,7 @@ class Relay:
         raise self._unavailable()
 
     async def _respond(
-        self, up: Upstream, ex: Exchange, t0: float, written: float, t_head: float, ticket: Any
+        self, req: Request, up: Upstream, ex: Exchange[UpstreamConnection], t0: float, written: float, t_head: float
     ) -> Response | StreamResponse:
         rhead = ex.head.result()
         headers, content_type = response_headers(rhead)
@@ -218,13 +216,13 @@ class Relay:
                 views += batch
             t_end = time.perf_counter()
             ex.finish(True)
-            if ticket is not None:
-                ticket.release()
+            if req.has_ticket:
+                req.take_ticket().release()
             if content_type is not None:
                 headers.append((b"content-type", content_type))
             overhead.observe((written - t0) + (time.perf_counter() - t_end))
             return Response(rhead.status, views, headers=headers)
-        pieces = _Pieces(self, up, ex, ticket)
+        pieces = _Pieces(self, up, ex, req.take_ticket() if req.has_ticket else None)
         overhead.observe((written - t0) + (time.perf_counter() - t_head))
         return StreamResponse(
             pieces,
@@ -232,7 +230,6 @@ class Relay:
             status=rhead.status,
             content_type=content_type,
             headers=headers,
-            aclose=pieces.aclose,
         )
 
     def _choose(self, tried: list[Upstream]) -> Upstream | None:
@@ -277,11 +274,12 @@ class Relay:
 
 
 class _Pieces:
-    """The stream's pieces: each is every upstream read pending (one client write)."""
+    """The stream's pieces: each is every upstream read pending (one client write). A
+    :class:`~zeroserve.app.response.PieceStream`; it owns the request's ticket."""
 
     __slots__ = ("ex", "failed", "relay", "ticket", "up")
 
-    def __init__(self, relay: Relay, up: Upstream, ex: Exchange, ticket: Any) -> None:
+    def __init__(self, relay: Relay, up: Upstream, ex: Exchange[UpstreamConnection], ticket: Ticket | None) -> None:
         self.relay = relay
         self.up = up
         self.ex = ex
@@ -304,7 +302,15 @@ class _Pieces:
             raise StopAsyncIteration
         return batch
 
-    def aclose(self) -> None:
+    def receive_batch_nowait(self, max_items: int) -> list[list[memoryview]]:
+        """Nothing: each piece already holds every read that was pending."""
+        return []
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None  # the upstream's own stream says, in its bytes
+
+    async def aclose(self) -> None:
         """The stream is over: at its end (the connection goes back to the pool), or cut
         short by the client, an error or the deadline (the connection is aborted)."""
         ex = self.ex
@@ -312,9 +318,9 @@ class _Pieces:
             if not ex.complete and not self.failed:
                 self.relay.client_disconnects += 1
             ex.finish(True)
-        if self.ticket is not None:
-            self.ticket.release()
-            self.ticket = None
+        ticket, self.ticket = self.ticket, None
+        if ticket is not None:
+            ticket.release()
 
 
 def api_key(options: RemoteOptions) -> str | None:

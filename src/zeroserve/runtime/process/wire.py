@@ -1,4 +1,4 @@
-"""The worker protocol: control frames between the server and a process worker.
+"""The worker wire protocol: control frames between the server and a process worker.
 
 Frames are a 4-byte little-endian length then one msgspec msgpack message (a tagged
 union, encoders and decoders built once). Only control data travels here: tensors stay
@@ -22,7 +22,7 @@ import struct
 
 import msgspec
 
-from .tensors import TensorDesc
+from ..tensors import TensorDesc
 
 HEADER = struct.Struct("<I")
 # A control frame larger than this is a protocol error (a bug), not a payload: payloads

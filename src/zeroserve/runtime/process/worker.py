@@ -18,7 +18,7 @@ generator right after the step in progress (the W6 path).
 
 Invariants
 ----------
-* Every request id gets exactly one terminal frame (see ``protocol``).
+* Every request id gets exactly one terminal frame (see ``wire``).
 * Outputs that are already in the arena (an echo of its input) are described by offset:
   no copy. Anything else is written once into leases the server allocates on request.
 * When the server goes away (EOF on the socket), the worker exits.
@@ -37,12 +37,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .. import errors
-from ..models.base import GenerateRequest, Model
-from . import protocol as p
-from ._common import ThreadStepper, check_outputs, make_model, maybe_await, model_failure
-from .arena import attach
-from .tensors import (
+from ... import errors
+from ...models.base import GenerateRequest, Model
+from .._common import ThreadStepper, check_outputs, make_model, maybe_await, model_failure
+from ..arena import attach
+from ..tensors import (
     BYTES,
     TensorDesc,
     arena_offset,
@@ -52,6 +51,7 @@ from .tensors import (
     from_desc,
     write_bytes_tensor,
 )
+from . import wire as p
 
 # Threads for sync model calls in one worker: a batch or two plus stepping a handful of
 # concurrent generators. CPU-bound Python models gain nothing from more (the GIL).
@@ -101,7 +101,7 @@ async def _serve(
         writer.write(p.frame(p.LoadFailed(f"{type(exc).__name__}: {exc}")))
         await writer.drain()
         return
-    worker = _Worker(model, view, writer, name)
+    worker = WorkerLoop(model, view, writer, name)
     writer.write(p.frame(p.Ready(os.getpid())))
     await worker.run(reader)
 
@@ -124,7 +124,9 @@ class _Credit:
         self.n -= 1
 
 
-class _Worker:
+class WorkerLoop:
+    """The worker side: serves one model's requests from the server's frames."""
+
     def __init__(self, model: Model, view: memoryview, writer: asyncio.StreamWriter, name: str):
         self.model = model
         self.view = view

@@ -1,10 +1,14 @@
 """The ``process`` executor: N spawned workers per model, payloads in shared memory.
 
+This module holds one concept, the server side of the process executor (spawning,
+dispatching frames, recovering from crashes); it is over 400 lines because those three
+share every call's state (:class:`_Call`) and are clearer read together.
+
 Strategy
 --------
 Each worker is a ``multiprocessing`` *spawn* process (no inherited locks or threads)
 given one end of a socketpair; the arena's memfd is sent over it with ``SCM_RIGHTS`` and
-mapped there (:mod:`.worker`). Control frames are msgspec msgpack (:mod:`.protocol`).
+mapped there (:mod:`.worker`). Control frames are msgspec msgpack (:mod:`.wire`).
 
 * Inputs: an ndarray that is a view into the arena (the request body) travels as a
   descriptor, and the lease holding it is retained for the request's life; anything else
@@ -40,22 +44,19 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from .. import errors, metrics
-from ..errors import Overloaded, WorkerError, WouldBlock
-from ..models.base import GenerateRequest
-from . import protocol as p
-from ._common import (
+from ... import errors, metrics
+from ...errors import ModelLoadError, Overloaded, WorkerError, WouldBlock
+from ...models.base import GenerateRequest
+from .._common import (
     Executor,
     InferResult,
-    ModelLoadError,
-    ModelSpec,
     Producer,
     WorkerStatistics,
 )
-from .arena import Arena, Lease
-from .channel import Channel
-from .inproc import validate_inputs
-from .tensors import (
+from ..arena import Arena, Lease
+from ..channel import Channel
+from ..inproc import validate_inputs
+from ..tensors import (
     BYTES,
     TensorDesc,
     arena_offset,
@@ -64,17 +65,18 @@ from .tensors import (
     from_desc,
     write_bytes_tensor,
 )
+from . import wire as p
 from .worker import worker_main
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-    from .engine import RuntimeOptions
+    from ..options import ResolvedModel, RuntimeOptions
 
 
 def _rebuild_error(name: str, message: str, status: int) -> errors.ZeroserveError:
-    cls = getattr(errors, name, None)
-    if isinstance(cls, type) and issubclass(cls, errors.ZeroserveError):
+    cls = errors.error_class(name)
+    if cls is not None:
         try:
             return cls(message, status=status)  # type: ignore[call-arg]
         except TypeError:
@@ -114,7 +116,9 @@ class _Call:
             lease.release()
 
 
-class _Worker:
+class WorkerProcess:
+    """The server's side of one spawned worker: its process, socket and calls."""
+
     __slots__ = (
         "busy",
         "calls",
@@ -161,7 +165,7 @@ class _RemoteProducer(Producer):
     def __init__(self, ex: ProcessExecutor, req: GenerateRequest, channel: Channel) -> None:
         self.ex = ex
         self.channel = channel
-        self.worker: _Worker | None = None
+        self.worker: WorkerProcess | None = None
         self.call: _Call | None = None
         self.task = asyncio.get_running_loop().create_task(self._start(req))
 
@@ -201,11 +205,11 @@ class _RemoteProducer(Producer):
 class ProcessExecutor(Executor):
     kind = "process"
 
-    def __init__(self, spec: ModelSpec, arena: Arena, options: RuntimeOptions) -> None:
+    def __init__(self, spec: ResolvedModel, arena: Arena, options: RuntimeOptions) -> None:
         super().__init__(spec, arena)
         self.options = options
         self.ctx = multiprocessing.get_context("spawn")
-        self.workers: list[_Worker | None] = [None] * spec.workers
+        self.workers: list[WorkerProcess | None] = [None] * spec.workers
         self._ids = itertools.count(1)
         self._waiters: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -273,7 +277,7 @@ class ProcessExecutor(Executor):
             else:
                 cause = f"{cause} (exit code {code})"
             raise ModelLoadError(spec.name, cause)
-        worker = _Worker(index, proc, reader, writer, msg.pid, parent)
+        worker = WorkerProcess(index, proc, reader, writer, msg.pid, parent)
         worker.task = asyncio.get_running_loop().create_task(self._read(worker))
         self.workers[index] = worker
         self._notify()
@@ -320,7 +324,7 @@ class ProcessExecutor(Executor):
         self._notify()
 
     # -- reading a worker ----------------------------------------------------------------
-    async def _read(self, w: _Worker) -> None:
+    async def _read(self, w: WorkerProcess) -> None:
         try:
             while True:
                 msg = p.TO_SERVER.decode(await p.read_frame(w.reader))
@@ -340,7 +344,7 @@ class ProcessExecutor(Executor):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _recover(self, w: _Worker) -> None:
+    async def _recover(self, w: WorkerProcess) -> None:
         code = await self._reap(w.proc)
         await _close_writer(w.writer, w.sock)
         self._fail_calls(
@@ -363,7 +367,7 @@ class ProcessExecutor(Executor):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.options.max_restart_backoff_s)
 
-    def _fail_calls(self, w: _Worker, exc: errors.ZeroserveError) -> None:
+    def _fail_calls(self, w: WorkerProcess, exc: errors.ZeroserveError) -> None:
         calls = list(w.calls.values())
         w.calls.clear()
         for call in calls:
@@ -373,7 +377,7 @@ class ProcessExecutor(Executor):
             elif not call.future.done():
                 call.future.set_exception(exc)
 
-    def _dispatch(self, w: _Worker, msg: Any) -> None:
+    def _dispatch(self, w: WorkerProcess, msg: Any) -> None:
         if isinstance(msg, p.Piece):
             call = w.calls.get(msg.id)
             if call is None or call.abandoned or call.channel is None:
@@ -399,7 +403,9 @@ class ProcessExecutor(Executor):
         if isinstance(msg, p.Alloc):
             self._allocate(w, msg)
             return
-        call = w.calls.pop(getattr(msg, "id", -1), None)
+        if not isinstance(msg, p.InferDone | p.EmbedDone | p.End | p.Fail):
+            return  # no other frame belongs to a call
+        call = w.calls.pop(msg.id, None)
         if call is None:
             return
         try:
@@ -423,12 +429,12 @@ class ProcessExecutor(Executor):
         finally:
             call.release()
 
-    def _abandon(self, w: _Worker, call: _Call) -> None:
+    def _abandon(self, w: WorkerProcess, call: _Call) -> None:
         if not call.abandoned:
             call.abandoned = True
             w.send(p.Abort(call.id))
 
-    def _return_credit(self, w: _Worker, call: _Call, n: int) -> None:
+    def _return_credit(self, w: WorkerProcess, call: _Call, n: int) -> None:
         if call.abandoned or call.id not in w.calls:
             return
         call.credit += n
@@ -436,7 +442,7 @@ class ProcessExecutor(Executor):
             w.send(p.Credit(call.id, call.credit))
             call.credit = 0
 
-    def _allocate(self, w: _Worker, msg: p.Alloc) -> None:
+    def _allocate(self, w: WorkerProcess, msg: p.Alloc) -> None:
         call = w.calls.get(msg.id)
         if call is None:
             w.send(p.Allocated(msg.id, [], "unknown request"))
@@ -505,7 +511,7 @@ class ProcessExecutor(Executor):
             if fut in self._waiters:
                 self._waiters.remove(fut)
 
-    async def acquire(self) -> _Worker:
+    async def acquire(self) -> WorkerProcess:
         while True:
             if self._closing:
                 raise errors.Closed("the engine is shutting down")
@@ -519,7 +525,7 @@ class ProcessExecutor(Executor):
         slot.busy = False
         self._notify()
 
-    async def _wait_worker(self) -> _Worker:
+    async def _wait_worker(self) -> WorkerProcess:
         """The ready worker with the fewest streams (waiting out a restart)."""
         while True:
             if self._closing:
@@ -554,7 +560,7 @@ class ProcessExecutor(Executor):
             metrics.count_copy("process_input", arr.nbytes)
         return TensorDesc(lease.offset, arr.nbytes, arr.dtype.str, arr.shape)
 
-    async def _roundtrip(self, w: _Worker, call: _Call, msg: Any) -> Any:
+    async def _roundtrip(self, w: WorkerProcess, call: _Call, msg: Any) -> Any:
         w.calls[call.id] = call
         w.send(msg)
         try:
@@ -568,7 +574,7 @@ class ProcessExecutor(Executor):
     async def infer(
         self, slot: Any, batch: list[Mapping[str, Any]]
     ) -> list[InferResult | BaseException]:
-        w: _Worker = slot
+        w: WorkerProcess = slot
         call = _Call(next(self._ids), "infer")
         results: list[InferResult | BaseException] = []
         sent: list[dict[str, TensorDesc]] = []
@@ -592,7 +598,7 @@ class ProcessExecutor(Executor):
         return results
 
     async def embed(self, slot: Any, texts: list[str]) -> np.ndarray:
-        w: _Worker = slot
+        w: WorkerProcess = slot
         call = _Call(next(self._ids), "embed")
         out: np.ndarray = await self._roundtrip(w, call, p.Embed(call.id, texts))
         return out

@@ -1,0 +1,278 @@
+"""A served model: :class:`ModelRuntime` (what the engine runs for it) and
+:class:`ModelHandle` (what the app layer holds)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CapabilityError, DeadlineExceeded, RequestError
+from ..models.base import GenerateRequest, Model
+from ._common import Executor, InferResult, WorkerStatistics
+from .admission import Admission, AdmissionStatistics, Ticket
+from .batcher import Batcher, BatcherStatistics, Pending
+from .channel import Channel, Policy
+from .clock import Clock, call_at
+from .options import ResolvedModel, RuntimeOptions
+from .stream import Stream
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    queue: AdmissionStatistics
+    infer_batches: BatcherStatistics | None
+    embed_batches: BatcherStatistics | None
+    workers: WorkerStatistics
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    """One model's readiness, as ``/ready`` reports it."""
+
+    ready: bool
+    executor: str
+    workers: int
+    ready_workers: int
+
+
+class ModelRuntime:
+    """One loaded model: its admission, batchers, executor and open streams."""
+
+    def __init__(
+        self,
+        spec: ResolvedModel,
+        meta: Model,
+        executor: Executor,
+        *,
+        clock: Clock,
+        options: RuntimeOptions,
+    ) -> None:
+        self.clock = clock
+        self.options = options
+        self.spec = spec
+        self.meta = meta
+        self.executor = executor
+        self.admission = Admission(spec.name, spec.queue_depth, clock)
+        self.streams: set[Stream] = set()
+        self.infer_batcher: Batcher[Any] | None = None
+        self.embed_batcher: Batcher[Any] | None = None
+
+    def start_batchers(self) -> None:
+        caps = self.spec.capabilities
+        if "infer" in caps:
+            self.infer_batcher = self._start_batcher("infer", self._run_infer)
+        if "embed" in caps:
+            self.embed_batcher = self._start_batcher("embed", self._run_embed)
+
+    def _start_batcher(self, kind: str, run: Any) -> Batcher[Any]:
+        spec, ex = self.spec, self.executor
+        batcher: Batcher[Any] = Batcher(
+            max_batch_size=spec.max_batch_size,
+            max_delay_s=spec.max_batch_delay_ms / 1000.0,
+            clock=self.clock,
+            acquire=ex.acquire,
+            release=ex.release,
+            run=run,
+            name=f"{spec.name}-{kind}",
+        )
+        batcher.start()
+        return batcher
+
+    async def aclose(self) -> None:
+        for b in (self.infer_batcher, self.embed_batcher):
+            if b is not None:
+                await b.aclose()
+        for s in list(self.streams):
+            s._abort()
+        await self.executor.aclose()
+
+    async def _run_infer(self, slot: Any, batch: list[Pending]) -> None:
+        live = [p for p in batch if not p.done]
+        if not live:
+            return
+        results = await self.executor.infer(slot, [p.payload for p in live])
+        for p, r in zip(live, results, strict=True):
+            if isinstance(r, BaseException):
+                p.fail(r)
+            elif not p.resolve(r):
+                r.release()
+
+    async def _run_embed(self, slot: Any, batch: list[Pending]) -> None:
+        live: list[Pending] = []
+        texts: list[str] = []
+        for p in batch:
+            if p.done:
+                continue
+            payload = p.payload
+            if not isinstance(payload, list | tuple) or not all(
+                isinstance(t, str) for t in payload
+            ):
+                p.fail(RequestError("embed takes a list of strings"))
+                continue
+            live.append(p)
+            texts.extend(payload)
+        if not live:
+            return
+        vecs = await self.executor.embed(slot, texts)
+        if vecs.ndim != 2 or vecs.shape[0] != len(texts):
+            raise RequestError(
+                f"model {self.spec.name!r} returned embeddings of shape {vecs.shape} "
+                f"for {len(texts)} texts"
+            )
+        start = 0
+        for p in live:
+            n = len(p.payload)
+            p.resolve(vecs[start : start + n])
+            start += n
+
+    def deadline(self, deadline: float | None) -> float:
+        """The absolute deadline of a request (the default one if ``None``)."""
+        if deadline is None:
+            return self.clock() + self.options.default_deadline_s
+        return deadline
+
+    def statistics(self) -> ModelStatistics:
+        return ModelStatistics(
+            queue=self.admission.statistics(),
+            infer_batches=self.infer_batcher.statistics() if self.infer_batcher else None,
+            embed_batches=self.embed_batcher.statistics() if self.embed_batcher else None,
+            workers=self.executor.statistics(),
+        )
+
+    def status(self) -> ModelStatus:
+        workers = self.executor.statistics()
+        return ModelStatus(
+            ready=self.executor.ready(),
+            executor=workers.executor,
+            workers=workers.workers,
+            ready_workers=workers.ready,
+        )
+
+    async def submit(
+        self, batcher: Batcher[Any] | None, payload: Any, deadline: float | None
+    ) -> Any:
+        assert batcher is not None
+        clock = self.clock
+        now = clock()
+        dl = self.deadline(deadline)
+        if now >= dl:
+            raise DeadlineExceeded("the request's deadline passed before it was queued")
+        p = Pending(payload, dl, now)
+
+        def expire() -> None:
+            queued = p in batcher._queue
+            batcher.discard(p)
+            where = "while it was queued" if queued else "while it was running"
+            p.fail(DeadlineExceeded(f"the request's deadline passed {where}"))
+
+        timer = call_at(clock, dl, expire)
+        batcher.submit(p)
+        try:
+            return await p.future
+        except asyncio.CancelledError:
+            fut = p.future
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                result = fut.result()
+                if isinstance(result, InferResult):
+                    result.release()
+            raise
+        finally:
+            timer.cancel()
+            batcher.discard(p)
+
+
+class ModelHandle:
+    """What the app layer holds for one model."""
+
+    def __init__(self, runtime: ModelRuntime) -> None:
+        self._rt = runtime
+        self.name = runtime.spec.name
+        self.capabilities: frozenset[str] = runtime.spec.capabilities
+        self.spec = runtime.spec
+
+    @property
+    def model(self) -> Model:
+        """An instance of the model's class for metadata (inputs/outputs/count_tokens/
+        chat_template); not loaded for ``process`` models."""
+        return self._rt.meta
+
+    def admit(self) -> Ticket:
+        """Admit one request at its head, or raise ``Overloaded(429)``."""
+        return self._rt.admission.admit()
+
+    def _require(self, capability: str) -> None:
+        if capability not in self.capabilities:
+            raise CapabilityError(f"model {self.name!r} does not support {capability}")
+
+    async def infer(
+        self, ticket: Ticket, inputs: Mapping[str, Any], *, deadline: float | None = None
+    ) -> InferResult:
+        """Run one request through the batcher and executor. Release ``result.leases``
+        (or call ``result.release()``) once the outputs have been sent."""
+        try:
+            self._require("infer")
+            result: InferResult = await self._rt.submit(self._rt.infer_batcher, inputs, deadline)
+            return result
+        finally:
+            ticket.release()
+
+    def infer_nowait(
+        self, inputs: Mapping[str, Any], *, deadline: float | None = None
+    ) -> InferResult | None:
+        """Run the request synchronously when the batcher would run it at once on the loop
+        anyway (inline executor, sync ``infer``, batches of one, nothing queued ahead);
+        ``None`` otherwise, and the caller awaits :meth:`infer`. It takes no ticket: the
+        caller keeps the admitted one and releases it after a result (or an error)."""
+        rt = self._rt
+        batcher = rt.infer_batcher
+        if rt.spec.max_batch_size != 1 or batcher is None or batcher.queued:
+            return None
+        if deadline is not None and rt.clock() >= deadline:
+            raise DeadlineExceeded("the request's deadline passed before it was queued")
+        return rt.executor.infer_now(inputs)
+
+    async def embed(
+        self, ticket: Ticket, texts: list[str], *, deadline: float | None = None
+    ) -> np.ndarray:
+        """float32 embeddings of shape ``(len(texts), dim)``."""
+        try:
+            self._require("embed")
+            out: np.ndarray = await self._rt.submit(self._rt.embed_batcher, list(texts), deadline)
+            return out
+        finally:
+            ticket.release()
+
+    def generate(
+        self,
+        ticket: Ticket,
+        req: GenerateRequest,
+        *,
+        deadline: float | None = None,
+        policy: Policy = "block",
+    ) -> Stream:
+        """Start a generation; iterate the returned stream for its pieces."""
+        rt = self._rt
+        try:
+            self._require("generate")
+            opts = rt.options
+            channel = Channel(
+                opts.channel_capacity, policy=policy, byte_cap=opts.coalesce_cap_bytes
+            )
+            dl = rt.deadline(deadline)
+            if rt.clock() >= dl:
+                raise DeadlineExceeded("the request's deadline passed before it started")
+        except BaseException:
+            ticket.release()
+            raise
+        stream = Stream(channel, ticket, rt.streams.discard)
+        rt.streams.add(stream)
+        stream._timer = call_at(rt.clock, dl, stream._expire)
+        stream._producer = rt.executor.generate(req, channel)
+        return stream
+
+    def statistics(self) -> ModelStatistics:
+        return self._rt.statistics()

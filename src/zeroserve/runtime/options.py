@@ -1,0 +1,82 @@
+"""What configures the runtime: runtime-wide :class:`RuntimeOptions`, each served model's
+:class:`ModelConfig`, and the :class:`ResolvedModel` the engine makes of the two."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..models.base import ExecutorKind, Model
+from .admission import DEFAULT_QUEUE_DEPTH
+from .channel import DEFAULT_CAPACITY, DEFAULT_COALESCE_CAP_BYTES
+
+# A sync generator on the inline executor hands the loop back at least every 16 pieces:
+# at a few microseconds a piece that bounds a stall to well under a millisecond.
+DEFAULT_YIELD_EVERY = 16
+# A request's whole life (queueing + execution) when the caller gives no deadline. Five
+# minutes covers a long generation on a small CPU model; anything longer is stuck.
+DEFAULT_DEADLINE_S = 300.0
+# How long start() waits for a model's load() (per model, workers load in parallel).
+# Loading real weights from disk takes seconds; two minutes means "it is hung".
+DEFAULT_LOAD_TIMEOUT_S = 120.0
+# How long aclose() lets process workers exit on their own before they are killed.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
+# Restart back-off for a crashed worker: first retry at once (crashes are usually one
+# bad request), then doubling up to 5 s so a crash-looping model does not spin a core.
+DEFAULT_RESTART_BACKOFF_S = 0.05
+MAX_RESTART_BACKOFF_S = 5.0
+
+EXECUTORS: tuple[ExecutorKind, ...] = ("inline", "thread", "process")
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeOptions:
+    """Runtime-wide defaults. Each is overridable; see the constants for the reasons."""
+
+    default_deadline_s: float = DEFAULT_DEADLINE_S
+    channel_capacity: int = DEFAULT_CAPACITY
+    coalesce_cap_bytes: int = DEFAULT_COALESCE_CAP_BYTES
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S
+    max_restart_backoff_s: float = MAX_RESTART_BACKOFF_S
+    inline_yield_every: int = DEFAULT_YIELD_EVERY
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One served model. ``None`` fields fall back to the model class's attributes
+    (``executor``, ``max_batch_size``, ``max_batch_delay_ms``, ``workers``) or to
+    ``RuntimeOptions.queue_depth``.
+
+    ``factory`` is a ``Model`` subclass (called with ``options`` as keyword arguments)
+    or a callable returning a ``Model``. For the ``process`` executor it must be
+    importable by name (a module-level class or function), since workers are spawned.
+    """
+
+    name: str
+    factory: Callable[..., Model]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    executor: ExecutorKind | None = None
+    max_batch_size: int | None = None
+    max_batch_delay_ms: float | None = None
+    workers: int | None = None
+    queue_depth: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """A served model as the runtime runs it: its :class:`ModelConfig` with every default
+    resolved (from the model class and :class:`RuntimeOptions`)."""
+
+    name: str
+    factory: Callable[..., Model]
+    options: Mapping[str, Any]
+    executor: ExecutorKind
+    max_batch_size: int
+    max_batch_delay_ms: float
+    workers: int
+    queue_depth: int
+    capabilities: frozenset[str]
