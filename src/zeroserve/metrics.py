@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -22,7 +22,15 @@ REGISTRY = CollectorRegistry(auto_describe=False)
 _copied: defaultdict[str, int] = defaultdict(int)
 _payload: defaultdict[str, int] = defaultdict(int)
 _requests: defaultdict[tuple[str, str], int] = defaultdict(int)
-_sources: dict[str, Callable[[], Any]] = {}
+_sources: dict[str, _Source] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Source:
+    statistics: Callable[[], Any]
+    counters: frozenset[str]
+    label: str
+    names: Mapping[str, str]
 
 
 def count_copy(site: str, nbytes: int) -> None:
@@ -47,10 +55,21 @@ def payload_bytes(direction: str) -> int:
     return _payload.get(direction, 0)
 
 
-def register_source(name: str, statistics: Callable[[], Any]) -> None:
+def register_source(
+    name: str,
+    statistics: Callable[[], Any],
+    *,
+    counters: Iterable[str] = (),
+    label: str = "name",
+    names: Mapping[str, str] | None = None,
+) -> None:
     """Publish a component's ``statistics()`` (a dataclass or a mapping of numbers, or a
-    mapping of label value -> such) as gauges named ``zeroserve_<name>_<field>``."""
-    _sources[name] = statistics
+    mapping of label value -> such, labelled ``label``) as metrics named
+    ``zeroserve_<name>_<field>``: gauges, except the cumulative fields named in
+    ``counters``, which are counters exposed as ``zeroserve_<name>_<field>_total``.
+    ``names`` renames fields on the way out, to put their unit in the name
+    (``{"used": "used_bytes"}``), as Prometheus conventions ask."""
+    _sources[name] = _Source(statistics, frozenset(counters), label, names or {})
 
 
 def unregister_source(name: str) -> None:
@@ -87,32 +106,39 @@ class _Collector:
         for (route, status), n in sorted(_requests.items()):
             r.add_metric([route, status], n)
         yield r
-        for name, fn in list(_sources.items()):
-            yield from _gauges(name, fn())
+        for name, source in list(_sources.items()):
+            yield from _families(name, source, source.statistics())
 
 
-def _gauges(name: str, snapshot: Any) -> Iterable[Metric]:
+def _family(name: str, key: str, source: _Source, labels: list[str] | None) -> Metric:
+    metric = f"zeroserve_{name}_{source.names.get(key, key)}"
+    if key in source.counters:
+        return CounterMetricFamily(metric, f"{name} {key}", labels=labels)
+    return GaugeMetricFamily(metric, f"{name} {key}", labels=labels)
+
+
+def _families(name: str, source: _Source, snapshot: Any) -> Iterable[Metric]:
     fields = _fields(snapshot)
     if not fields:
         return
     first = next(iter(fields.values()))
     if isinstance(first, dict) or dataclasses.is_dataclass(first):
         # label value -> snapshot (e.g. one per model)
-        families: dict[str, GaugeMetricFamily] = {}
+        families: dict[str, Metric] = {}
         for label, sub in fields.items():
             for key, value in _fields(sub).items():
                 if isinstance(value, bool | int | float):
                     fam = families.get(key)
                     if fam is None:
-                        fam = families[key] = GaugeMetricFamily(
-                            f"zeroserve_{name}_{key}", f"{name} {key}", labels=["name"]
-                        )
-                    fam.add_metric([str(label)], float(value))
+                        fam = families[key] = _family(name, key, source, [source.label])
+                    fam.add_metric([str(label)], float(value))  # type: ignore[attr-defined]
         yield from families.values()
         return
     for key, value in fields.items():
         if isinstance(value, bool | int | float):
-            yield GaugeMetricFamily(f"zeroserve_{name}_{key}", f"{name} {key}", value=float(value))
+            fam = _family(name, key, source, None)
+            fam.add_metric([], float(value))  # type: ignore[attr-defined]
+            yield fam
 
 
 REGISTRY.register(_Collector())  # type: ignore[arg-type]

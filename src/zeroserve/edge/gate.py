@@ -1,0 +1,214 @@
+"""The edge at a request's head: request id, CORS, API key, quota; and its end: the
+access-log record and the quota lease's release.
+
+Strategy
+--------
+The I/O layer calls ``start()`` for every head (it never raises), then ``admit()``
+before routing and before any body byte is read (it raises ``Unauthorized`` or
+``RateLimited``), and ``finish()`` exactly once when the response is done or the
+connection is gone. Everything is decided from the head's method, path, query and
+headers, so the edge is driven by plain values in its tests. With nothing configured
+``start()`` only takes the request id and ``admit()`` returns at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .. import metrics
+from .access_log import AccessLog, AccessRecord, Outcome
+from .cors import CorsPolicy, is_preflight
+from .keys import ApiKey, KeyRing
+from .options import METRICS_PATH, OPEN_PATHS, EdgeOptions
+from .quotas import KeyQuota, QuotaLease, QuotaStatistics
+from .request_id import HEADER as REQUEST_ID_HEADER
+from .request_id import RequestIds
+
+Headers = list[tuple[bytes, bytes]]
+HeaderList = Sequence[tuple[bytes, bytes]]
+Clock = Callable[[], float]
+
+_ORIGIN = b"origin"
+
+
+class EdgeContext:
+    """What the edge decided for one request. ``headers`` go on its response (any
+    response, errors included); ``preflight`` means: answer 204 with them and stop.
+    ``lease`` is owned by this context and released by ``Edge.finish``."""
+
+    __slots__ = (
+        "headers",
+        "key",
+        "lease",
+        "model",
+        "preflight",
+        "request_id",
+        "started",
+        "tokens",
+        "ttft_s",
+    )
+
+    def __init__(self, request_id: bytes, headers: Headers, started: float) -> None:
+        self.request_id = request_id
+        self.headers = headers
+        self.started = started
+        self.preflight = False
+        self.key: ApiKey | None = None
+        self.lease: QuotaLease | None = None
+        self.model: str | None = None
+        self.tokens = 0
+        self.ttft_s: float | None = None
+
+    @property
+    def key_name(self) -> str | None:
+        return self.key.name if self.key is not None else None
+
+    def count_tokens(self, n: int) -> None:
+        """Tokens the model counted (prompt, then each completion piece): debited from the
+        key's tokens-per-minute as they are produced."""
+        self.tokens += n
+        if self.lease is not None:
+            self.lease.debit_tokens(n)
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeEnd:
+    """How a request ended, for ``Edge.finish``."""
+
+    method: str
+    path: str
+    status: int
+    outcome: Outcome
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+class Edge:
+    """The configured edge (see ``EdgeOptions``). ``clock`` drives quotas and durations
+    (monotonic seconds); ``wall`` stamps log records (epoch seconds)."""
+
+    def __init__(
+        self,
+        options: EdgeOptions | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+        access_log: AccessLog | None = None,
+    ) -> None:
+        self.options = opts = options or EdgeOptions()
+        self.clock = clock
+        self._wall = wall
+        self._ids = RequestIds() if opts.request_ids else None
+        self.keys = KeyRing(opts.keys) if opts.keys else None
+        self._quotas = {k.name: KeyQuota(k, clock) for k in opts.keys}
+        self.cors = (
+            CorsPolicy(opts.cors_origins, allow_credentials=opts.cors_allow_credentials)
+            if opts.cors_origins
+            else None
+        )
+        if access_log is None and opts.access_log is not None:
+            access_log = AccessLog(opts.access_log)
+        self.access_log = access_log
+        self._open_paths = OPEN_PATHS if opts.auth_metrics else OPEN_PATHS | {METRICS_PATH}
+        self._needs_end = bool(self.keys or self.access_log)
+        if self._quotas:
+            metrics.register_source("api_key", self.statistics, counters=_KEY_COUNTERS, label="key")
+
+    def start(self, method: str, headers: HeaderList) -> EdgeContext:
+        """Request id and CORS headers for a new head. Never raises."""
+        out: Headers = []
+        request_id = b""
+        if self._ids is not None:
+            client_id: bytes | None = None
+            origin: bytes | None = None
+            for name, value in headers:
+                if name == REQUEST_ID_HEADER:
+                    client_id = value
+                elif name == _ORIGIN:
+                    origin = value
+            request_id = self._ids.take(client_id)
+            out.append((REQUEST_ID_HEADER, request_id))
+        else:
+            origin = _header(headers, _ORIGIN)
+        ctx = EdgeContext(request_id, out, self.clock())
+        cors = self.cors
+        if cors is not None and origin is not None:
+            if is_preflight(method, headers):
+                ctx.preflight = True
+                out += cors.preflight(origin)
+            else:
+                out += cors.simple(origin)
+        return ctx
+
+    def admit(self, ctx: EdgeContext, path: str, query: str, headers: HeaderList) -> None:
+        """API key and quota, before routing. Raises ``Unauthorized`` / ``RateLimited``."""
+        keys = self.keys
+        if keys is None or path in self._open_paths:
+            return
+        key = keys.authenticate(headers, query)
+        ctx.key = key
+        quota = self._quotas[key.name]
+        ctx.lease = quota.admit()
+        ctx.headers += quota.headers()
+
+    def finish(self, ctx: EdgeContext, end: EdgeEnd) -> None:
+        """The request ended (sent, refused, or the client left): release the quota lease
+        and write the access-log record. Called once per context."""
+        if not self._needs_end:
+            return
+        lease, ctx.lease = ctx.lease, None
+        if lease is not None:
+            lease.release()
+        log = self.access_log
+        if log is not None:
+            log.log(
+                AccessRecord(
+                    time=self._wall(),
+                    request_id=ctx.request_id.decode("ascii"),
+                    method=end.method,
+                    path=end.path,
+                    status=end.status,
+                    outcome=end.outcome,
+                    duration_s=round(self.clock() - ctx.started, 6),
+                    bytes_in=end.bytes_in,
+                    bytes_out=end.bytes_out,
+                    model=ctx.model,
+                    key=ctx.key_name,
+                    ttft_s=None if ctx.ttft_s is None else round(ctx.ttft_s, 6),
+                    tokens=ctx.tokens or None,
+                )
+            )
+
+    def quota(self, name: str) -> KeyQuota:
+        return self._quotas[name]
+
+    def statistics(self) -> dict[str, QuotaStatistics]:
+        return {name: q.statistics() for name, q in self._quotas.items()}
+
+    def close(self) -> None:
+        if self._quotas:
+            metrics.unregister_source("api_key")
+        if self.access_log is not None:
+            self.access_log.close()
+
+
+# Cumulative fields of QuotaStatistics (exported as *_total counters).
+_KEY_COUNTERS = frozenset(
+    {
+        "requests",
+        "tokens",
+        "rejected",
+        "rejected_concurrency",
+        "rejected_requests",
+        "rejected_tokens",
+    }
+)
+
+
+def _header(headers: HeaderList, name: bytes) -> bytes | None:
+    for k, v in headers:
+        if k == name:
+            return v
+    return None
