@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..edge import Edge, EdgeOptions
 from ..http.connection import RequestHead
 from ..runtime import Engine
 from .endpoints import kserve, openai, ops, raw
@@ -16,10 +17,12 @@ class App:
     """Routes a request at its head (so 404/405/429 are answered before the body is
     read) and hands the complete request to its handler."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, edge: EdgeOptions | None = None) -> None:
         self.engine = engine
+        self.edge = Edge(edge)
+        self.readiness = ops.Readiness()
         self.router = Router()
-        ops.register(self.router, engine)
+        ops.register(self.router, engine, self.readiness)
         raw.register(self.router, engine)
         # Remote models' relays, made now so their upstream metrics show from the start.
         self.relays = relays(engine)
@@ -39,6 +42,12 @@ class App:
     def error_format(self, path: str) -> ErrorFormat:
         return self.router.route_errors(path)
 
+    def start_draining(self) -> None:
+        """From now on ``/ready`` answers 503 (the server is draining)."""
+        self.readiness.draining = True
+
     async def aclose(self) -> None:
-        """Close what the app holds open (the relays' upstream connections)."""
+        """Close what the app holds open (the relays' upstream connections, the access
+        log's writer)."""
         await aclose_relays(self.engine)
+        self.edge.close()

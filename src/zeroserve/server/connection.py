@@ -49,6 +49,8 @@ class Server(Protocol):
     options: ServerOptions
     connections: set[HttpProtocol]
     draining: bool
+    closing: bool  # the listener is closed: new connections are refused
+    tls: bool
     loop: asyncio.AbstractEventLoop
 
 log = logging.getLogger("zeroserve.server")
@@ -66,6 +68,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self.server = server
         self.loop = server.loop
         self.conn = HttpConnection(server.options.http)
+        self.tls = server.tls  # received bytes were copied out of the decryption buffer
         self.flow = WriteFlow(self.loop)
         self._writer: StreamWriter | None = None  # made by the connection's first stream
         self.transport: asyncio.Transport | None = None
@@ -82,7 +85,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         # uvloop's transports do not subclass asyncio.Transport; they implement it.
         self.transport = transport = cast(asyncio.Transport, transport)
         server = self.server
-        if len(server.connections) >= server.options.max_connections or server.draining:
+        if len(server.connections) >= server.options.max_connections or server.closing:
             self.flow.closed = True
             transport.write(_SERVICE_UNAVAILABLE)
             transport.close()
@@ -101,6 +104,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
         return self.conn.next_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.tls:
+            metrics.count_copy("tls", nbytes)
         conn = self.conn
         was_idle = conn.idle
         try:

@@ -15,6 +15,7 @@ from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
 from .server import Server
 
 if TYPE_CHECKING:
+    from ..edge import EdgeOptions
     from ..models.loader import ModelRef
     from .options import ServerOptions
 
@@ -39,18 +40,20 @@ async def serve_async(
     arena_bytes: int,
     ready: Any = None,
     runtime: RuntimeOptions | None = None,
+    edge: EdgeOptions | None = None,
 ) -> None:
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
     app: App | None = None
     try:
         await engine.start()
-        app = App(engine)
+        app = App(engine, edge)
         server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
         names = ", ".join(engine.names())
-        print(f"zeroserve {os.getpid()} serving [{names}] on http://{options.host}:{server.port}", flush=True)
+        scheme = "https" if options.tls is not None else "http"
+        print(f"zeroserve {os.getpid()} serving [{names}] on {scheme}://{options.host}:{server.port}", flush=True)
         if ready is not None:
             ready(server)
         await server.wait_stopped()
@@ -79,11 +82,13 @@ def run_loop(loop: str, coro: Any) -> None:
 
 def serve(
     options: ServerOptions, specs: list[ModelRef], *, arena_bytes: int, loop: str = "auto",
-    workers: int = 1, runtime: RuntimeOptions | None = None,
+    workers: int = 1, runtime: RuntimeOptions | None = None, edge: EdgeOptions | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
-    run_loop(loop, serve_async(options, specs, arena_bytes=arena_bytes, runtime=runtime))
+    run_loop(
+        loop, serve_async(options, specs, arena_bytes=arena_bytes, runtime=runtime, edge=edge)
+    )
     return 0
 
 

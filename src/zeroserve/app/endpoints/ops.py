@@ -13,11 +13,26 @@ _OK = json_response({"status": "ok"})
 _PROM = b"text/plain; version=0.0.4; charset=utf-8"
 
 
-def register(router: Router, engine: Engine) -> None:
+_DRAINING = json_response({"status": "draining"}, 503)
+
+
+class Readiness:
+    """Whether the server still wants traffic: false once it drains after SIGTERM, so
+    load balancers stop sending before the listener closes."""
+
+    __slots__ = ("draining",)
+
+    def __init__(self) -> None:
+        self.draining = False
+
+
+def register(router: Router, engine: Engine, readiness: Readiness) -> None:
     def health(req: Request) -> Response:
         return _OK
 
     def ready(req: Request) -> Response:
+        if readiness.draining:
+            return _DRAINING
         if engine.ready():
             return _OK
         return json_response({"status": "unavailable", "detail": engine.status()}, 503)
