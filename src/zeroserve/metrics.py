@@ -161,3 +161,47 @@ LOOP_LAG_SECONDS = Histogram(
 def exposition() -> bytes:
     """The Prometheus text format of every zeroserve metric."""
     return generate_latest(REGISTRY)
+
+
+def merge_expositions(texts: Iterable[bytes]) -> bytes:
+    """One view of several processes' expositions (``--workers N``): samples with the same
+    name and labels are summed (counters, histogram buckets, and gauges, which are then
+    totals over the processes: connections open, requests in flight, queue depth);
+    ``*_created`` timestamps take the earliest. Adds ``zeroserve_metrics_processes``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    count = 0
+    for text in texts:
+        count += 1
+        for fam in text_string_to_metric_families(text.decode("utf-8")):
+            merged = families.get(fam.name)
+            if merged is None:
+                merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type)
+                values[fam.name] = {}
+            acc = values[fam.name]
+            for sample in fam.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                old = acc.get(key)
+                if old is None:
+                    acc[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    acc[key] = min(old, sample.value)
+                else:
+                    acc[key] = old + sample.value
+    out = CollectorRegistry(auto_describe=False)
+    procs = GaugeMetricFamily(
+        "zeroserve_metrics_processes", "HTTP processes whose metrics this view sums.", value=count
+    )
+    for name, fam in families.items():
+        for (sample_name, labels), value in values[name].items():
+            fam.add_sample(sample_name, dict(labels), value)
+
+    class _Merged:
+        def collect(self) -> Iterator[Metric]:
+            yield procs
+            yield from families.values()
+
+    out.register(_Merged())  # type: ignore[arg-type]
+    return generate_latest(out)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from ..edge import Edge, EdgeOptions
 from ..http.connection import RequestHead
 from ..runtime import Engine
@@ -17,12 +19,18 @@ class App:
     """Routes a request at its head (so 404/405/429 are answered before the body is
     read) and hands the complete request to its handler."""
 
-    def __init__(self, engine: Engine, edge: EdgeOptions | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        edge: EdgeOptions | None = None,
+        *,
+        metrics_view: Callable[[], Awaitable[bytes]] | None = None,
+    ) -> None:
         self.engine = engine
         self.edge = Edge(edge)
         self.readiness = ops.Readiness()
         self.router = Router()
-        ops.register(self.router, engine, self.readiness)
+        ops.register(self.router, engine, self.readiness, metrics_view)
         raw.register(self.router, engine)
         # Remote models' relays, made now so their upstream metrics show from the start.
         self.relays = relays(engine)

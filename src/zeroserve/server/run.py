@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
+from .metrics_peers import MetricsPeers
 from .server import Server
 
 if TYPE_CHECKING:
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("zeroserve")
 
 _CHILD_ENV = "ZEROSERVE_INTERNAL_CHILD"
+# The directory where the HTTP processes of one --workers N server meet for /metrics.
+_METRICS_DIR_ENV = "ZEROSERVE_INTERNAL_METRICS_DIR"
 
 
 def engine_configs(specs: list[ModelRef]) -> dict[str, ModelConfig]:
@@ -45,9 +50,13 @@ async def serve_async(
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
     app: App | None = None
+    peers_dir = os.environ.get(_METRICS_DIR_ENV)
+    peers = MetricsPeers(peers_dir) if peers_dir else None
     try:
         await engine.start()
-        app = App(engine, edge)
+        if peers is not None:
+            await peers.start()
+        app = App(engine, edge, metrics_view=peers.scrape if peers is not None else None)
         server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
@@ -58,6 +67,8 @@ async def serve_async(
             ready(server)
         await server.wait_stopped()
     finally:
+        if peers is not None:
+            await peers.aclose()
         if app is not None:
             await app.aclose()  # the gateway's pooled upstream connections
         await engine.aclose()
@@ -95,7 +106,8 @@ def serve(
 def _supervise(workers: int) -> int:
     """Run ``workers`` HTTP processes sharing the port through SO_REUSEPORT. Each child
     is this same command line; signals are forwarded and the parent waits for all."""
-    env = dict(os.environ, **{_CHILD_ENV: "1"})
+    peers_dir = tempfile.mkdtemp(prefix="zeroserve-metrics-")
+    env = dict(os.environ, **{_CHILD_ENV: "1", _METRICS_DIR_ENV: peers_dir})
     argv = [sys.executable, "-m", "zeroserve", *sys.argv[1:]]
     children = [subprocess.Popen(argv, env=env) for _ in range(workers)]
 
@@ -109,4 +121,5 @@ def _supervise(workers: int) -> int:
     status = 0
     for child in children:
         status = max(status, child.wait())
+    shutil.rmtree(peers_dir, ignore_errors=True)
     return status

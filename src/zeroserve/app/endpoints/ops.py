@@ -3,6 +3,8 @@ loop-local, so they stay fast however busy the models are (W8)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from ... import metrics
 from ...runtime import Engine
 from ..request import Request
@@ -26,7 +28,12 @@ class Readiness:
         self.draining = False
 
 
-def register(router: Router, engine: Engine, readiness: Readiness) -> None:
+def register(
+    router: Router,
+    engine: Engine,
+    readiness: Readiness,
+    metrics_view: Callable[[], Awaitable[bytes]] | None = None,
+) -> None:
     def health(req: Request) -> Response:
         return _OK
 
@@ -40,6 +47,10 @@ def register(router: Router, engine: Engine, readiness: Readiness) -> None:
     def metrics_endpoint(req: Request) -> Response:
         return Response(200, [metrics.exposition()], content_type=_PROM)
 
+    async def merged_metrics(req: Request) -> Response:
+        assert metrics_view is not None
+        return Response(200, [await metrics_view()], content_type=_PROM)
+
     router.add("GET", "/health", health)
     router.add("GET", "/ready", ready)
-    router.add("GET", "/metrics", metrics_endpoint)
+    router.add("GET", "/metrics", metrics_endpoint if metrics_view is None else merged_metrics)
