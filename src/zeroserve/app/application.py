@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from ..edge import Edge, EdgeOptions
+from ..edge import Edge
 from ..http.connection import RequestHead
 from ..runtime import Engine
 from .endpoints import kserve, openai, ops, raw
@@ -22,12 +22,12 @@ class App:
     def __init__(
         self,
         engine: Engine,
-        edge: EdgeOptions | None = None,
+        edge: Edge | None = None,
         *,
         metrics_view: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
         self.engine = engine
-        self.edge = Edge(edge)
+        self.edge = edge if edge is not None else Edge()
         self.readiness = ops.Readiness()
         self.router = Router()
         ops.register(self.router, engine, self.readiness, metrics_view)

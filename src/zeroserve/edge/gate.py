@@ -111,6 +111,13 @@ class Edge:
         if access_log is None and opts.access_log is not None:
             access_log = AccessLog(opts.access_log)
         self.access_log = access_log
+        if access_log is not None:
+            log = access_log
+            metrics.register_source(
+                "access_log",
+                lambda: {"records": log.written, "dropped": log.dropped, "failed": log.failed},
+                counters=("records", "dropped", "failed"),
+            )
         self._open_paths = OPEN_PATHS if opts.auth_metrics else OPEN_PATHS | {METRICS_PATH}
         self._needs_end = bool(self.keys or self.access_log)
         if self._quotas:
@@ -191,6 +198,7 @@ class Edge:
         if self._quotas:
             metrics.unregister_source("api_key")
         if self.access_log is not None:
+            metrics.unregister_source("access_log")
             self.access_log.close()
 
 

@@ -13,6 +13,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
+from ..edge import Edge
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
 from .metrics_peers import MetricsPeers
 from .server import Server
@@ -56,7 +57,9 @@ async def serve_async(
         await engine.start()
         if peers is not None:
             await peers.start()
-        app = App(engine, edge, metrics_view=peers.scrape if peers is not None else None)
+        app = App(
+            engine, Edge(edge), metrics_view=peers.scrape if peers is not None else None
+        )
         server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
