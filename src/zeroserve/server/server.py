@@ -40,6 +40,7 @@ class Server:
         self._ticker: asyncio.TimerHandle | None = None
         self._lag_probe: asyncio.TimerHandle | None = None
         self._stopped = asyncio.Event()
+        self._hurry = asyncio.Event()  # a second SIGTERM: stop waiting for the LB
         self.port = self.options.port
 
     async def start(self, sock: socket.socket | None = None) -> None:
@@ -86,9 +87,12 @@ class Server:
                 self.loop.add_signal_handler(sig, self.request_shutdown)
 
     def request_shutdown(self) -> None:
+        """SIGTERM: drain. A second one skips what is left of the ready delay."""
         if not self.draining:
             log.info("shutting down: draining in-flight requests")
             self.loop.create_task(self.shutdown())
+        else:
+            self._hurry.set()
 
     async def shutdown(self) -> None:
         """Turn not-ready, keep accepting for ``drain_ready_delay`` (so a load balancer
@@ -101,7 +105,8 @@ class Server:
         self.app.start_draining()  # /ready answers 503 from now on
         deadline = self.loop.time() + self.options.graceful_timeout
         if self.options.drain_ready_delay > 0:
-            await asyncio.sleep(self.options.drain_ready_delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self.options.drain_ready_delay)
         self.closing = True
         if self._server is not None:
             self._server.close()
