@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="allow credentialed CORS requests (listed origins only)")
     edge.add_argument("--access-log", metavar="PATH",
                       help="write one JSON line per request to PATH ('-': stderr)")
+    edge.add_argument(
+        "--otel", action="store_true", default=None, dest="tracing",
+        help="OpenTelemetry spans exported over OTLP (OTEL_EXPORTER_OTLP_* variables; needs "
+        "the [otel] extra)",
+    )
     tls = serve.add_argument_group("TLS")
     tls.add_argument("--ssl-certfile", metavar="PEM", help="serve HTTPS with this certificate chain")
     tls.add_argument("--ssl-keyfile", metavar="PEM", help="the certificate's private key")
@@ -130,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             api_keys=args.api_keys, api_keys_file=args.api_keys_file,
             auth_metrics=args.auth_metrics, cors_origins=cors or None,
             cors_allow_credentials=args.cors_allow_credentials, access_log=args.access_log,
+            tracing=args.tracing,
         )
         overrides["tls"] = _given(
             certfile=args.ssl_certfile, keyfile=args.ssl_keyfile, ca_certs=args.ssl_ca_certs

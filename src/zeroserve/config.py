@@ -17,7 +17,7 @@ TOML layout (every key optional)::
                # coalesce_cap_bytes, queue_depth, load_timeout_s, shutdown_timeout_s,
                # restart_backoff_s, max_restart_backoff_s, inline_yield_every
     [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
-               # cors_allow_credentials, access_log, request_ids
+               # cors_allow_credentials, access_log, request_ids, tracing
     [tls]      # certfile, keyfile, ca_certs (client certificates: mTLS)
 
 Environment variables use the key in upper case, nested keys joined by ``__``:
@@ -82,6 +82,7 @@ class Edge(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     cors_allow_credentials: bool = False
     access_log: str | None = None
     request_ids: bool = True
+    tracing: bool = False  # OpenTelemetry spans, exported over OTLP ([otel] extra)
 
     def options(self) -> EdgeOptions:
         keys: list[ApiKey] = []
@@ -109,6 +110,7 @@ class Edge(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             cors_allow_credentials=self.cors_allow_credentials,
             access_log=self.access_log,
             request_ids=self.request_ids,
+            tracing=self.tracing,
         )
 
 

@@ -25,6 +25,7 @@ from .options import METRICS_PATH, OPEN_PATHS, EdgeOptions
 from .quotas import KeyQuota, QuotaLease, QuotaStatistics
 from .request_id import HEADER as REQUEST_ID_HEADER
 from .request_id import RequestIds
+from .tracing import RequestTrace, Tracing
 
 Headers = list[tuple[bytes, bytes]]
 HeaderList = Sequence[tuple[bytes, bytes]]
@@ -47,6 +48,7 @@ class EdgeContext:
         "request_id",
         "started",
         "tokens",
+        "trace",
         "ttft_s",
     )
 
@@ -60,10 +62,18 @@ class EdgeContext:
         self.model: str | None = None
         self.tokens = 0
         self.ttft_s: float | None = None
+        self.trace: RequestTrace | None = None  # spans, when tracing is on
 
     @property
     def key_name(self) -> str | None:
         return self.key.name if self.key is not None else None
+
+    def upstream_headers(self) -> Headers:
+        """What a gateway upstream is told: this request's id and trace context."""
+        out: Headers = [(REQUEST_ID_HEADER, self.request_id)] if self.request_id else []
+        if self.trace is not None:
+            out += self.trace.upstream_headers()
+        return out
 
     def count_tokens(self, n: int) -> None:
         """Tokens the model counted (prompt, then each completion piece): debited from the
@@ -96,6 +106,7 @@ class Edge:
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
         access_log: AccessLog | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.options = opts = options or EdgeOptions()
         self.clock = clock
@@ -119,12 +130,16 @@ class Edge:
                 counters=("records", "dropped", "failed"),
             )
         self._open_paths = OPEN_PATHS if opts.auth_metrics else OPEN_PATHS | {METRICS_PATH}
-        self._needs_end = bool(self.keys or self.access_log)
+        if tracing is None and opts.tracing:
+            tracing = Tracing()
+        self.tracing = tracing
+        self._needs_end = bool(self.keys or self.access_log or self.tracing)
         if self._quotas:
             metrics.register_source("api_key", self.statistics, counters=_KEY_COUNTERS, label="key")
 
-    def start(self, method: str, headers: HeaderList) -> EdgeContext:
-        """Request id and CORS headers for a new head. Never raises."""
+    def start(self, method: str, headers: HeaderList, path: str = "") -> EdgeContext:
+        """Request id, CORS headers and (tracing on) the server span for a new head.
+        Never raises."""
         out: Headers = []
         request_id = b""
         if self._ids is not None:
@@ -140,6 +155,9 @@ class Edge:
         else:
             origin = _header(headers, _ORIGIN)
         ctx = EdgeContext(request_id, out, self.clock())
+        if self.tracing is not None:
+            ctx.trace = self.tracing.start(method, path, headers)
+            self.tracing.phase(ctx.trace, "admission")
         cors = self.cors
         if cors is not None and origin is not None:
             if is_preflight(method, headers):
@@ -160,6 +178,17 @@ class Edge:
         ctx.lease = quota.admit()
         ctx.headers += quota.headers()
 
+    def phase(self, ctx: EdgeContext, name: str | None, route: str | None = None) -> None:
+        """The request entered phase ``name`` (a child span; None ends the open one).
+        ``route`` renames the server span to its low-cardinality route pattern. Callers
+        check ``ctx.trace`` first, so with tracing off this is never called."""
+        tracing, rt = self.tracing, ctx.trace
+        if tracing is None or rt is None:
+            return
+        if route is not None:
+            tracing.rename(rt, f"{rt.span.name.split(' ', 1)[0]} {route}")
+        tracing.phase(rt, name)
+
     def finish(self, ctx: EdgeContext, end: EdgeEnd) -> None:
         """The request ended (sent, refused, or the client left): release the quota lease
         and write the access-log record. Called once per context."""
@@ -168,6 +197,19 @@ class Edge:
         lease, ctx.lease = ctx.lease, None
         if lease is not None:
             lease.release()
+        rt, ctx.trace = ctx.trace, None
+        if rt is not None and self.tracing is not None:
+            self.tracing.finish(
+                rt,
+                end.status,
+                end.outcome,
+                {
+                    "zeroserve.request_id": ctx.request_id.decode("ascii"),
+                    "zeroserve.model": ctx.model,
+                    "zeroserve.api_key": ctx.key_name,
+                    "zeroserve.tokens": ctx.tokens or None,
+                },
+            )
         log = self.access_log
         if log is not None:
             log.log(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..app import App
 from ..edge import Edge
+from ..edge.tracing import configure_otlp
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
 from .metrics_peers import MetricsPeers
 from .server import Server
@@ -57,6 +58,8 @@ async def serve_async(
         await engine.start()
         if peers is not None:
             await peers.start()
+        if edge is not None and edge.tracing:
+            configure_otlp()
         app = App(
             engine, Edge(edge), metrics_view=peers.scrape if peers is not None else None
         )

@@ -161,9 +161,10 @@ class Relay:
         size = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in body)
         query = req.head.query
         extra = self._extra
-        if req.edge is not None and req.edge.request_id:
-            # The id the client sees is the one the upstream logs (it replaces theirs).
-            extra = [*extra, (b"x-request-id", req.edge.request_id)]
+        if req.edge is not None:
+            # The id the client sees is the one the upstream logs, and the upstream's
+            # spans join this request's trace (these replace the client's own headers).
+            extra = [*extra, *req.edge.upstream_headers()]
         tried: list[Upstream] = []
         last: UpstreamError | None = None
         for attempt in range(self.options.retries + 1):
