@@ -7,7 +7,6 @@
     ├── NotFound                   404: unknown route, model, version or output
     │   └── ModelNotFound
     ├── Unauthorized               401: no API key, or not one we know (``WWW-Authenticate``)
-    ├── Forbidden                  403: a CORS preflight from an origin that is not listed
     ├── MethodNotAllowed           405, with the allowed methods
     ├── PayloadTooLarge            413
     ├── Overloaded                 429 (per model) or 503 (server), with ``retry_after`` seconds
@@ -115,12 +114,6 @@ class Unauthorized(ZeroserveError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, headers=[(b"www-authenticate", b'Bearer realm="zeroserve"')])
-
-
-class Forbidden(ZeroserveError):
-    status = 403
-    code = "forbidden"
-    type = "invalid_request_error"
 
 
 class MethodNotAllowed(ZeroserveError):
