@@ -186,7 +186,7 @@ class Edge:
         if tracing is None or rt is None:
             return
         if route is not None:
-            tracing.rename(rt, f"{rt.span.name.split(' ', 1)[0]} {route}")
+            tracing.routed(rt, route)
         tracing.phase(rt, name)
 
     def finish(self, ctx: EdgeContext, end: EdgeEnd) -> None:

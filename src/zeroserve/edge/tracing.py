@@ -30,11 +30,12 @@ _CONTEXT_HEADERS = (b"traceparent", b"tracestate")
 class RequestTrace:
     """The spans of one request: the server span and the phase open now."""
 
-    __slots__ = ("_tracing", "phase", "span")
+    __slots__ = ("_tracing", "method", "phase", "span")
 
-    def __init__(self, tracing: Tracing, span: Any) -> None:
+    def __init__(self, tracing: Tracing, span: Any, method: str) -> None:
         self._tracing = tracing
         self.span = span
+        self.method = method
         self.phase: Any = None
 
     def upstream_headers(self) -> Headers:
@@ -72,7 +73,7 @@ class Tracing:
             kind=self._server_kind,
             attributes={"http.request.method": method, "url.path": path},
         )
-        return RequestTrace(self, span)
+        return RequestTrace(self, span, method)
 
     def phase(self, rt: RequestTrace, name: str | None) -> None:
         """End the phase open now and begin ``name`` (None: just end it)."""
@@ -84,8 +85,11 @@ class Tracing:
                 name, context=self._trace.set_span_in_context(rt.span)
             )
 
-    def rename(self, rt: RequestTrace, name: str) -> None:
-        rt.span.update_name(name)
+    def routed(self, rt: RequestTrace, route: str) -> None:
+        """Name the server span by its route pattern (low cardinality, as OpenTelemetry's
+        HTTP conventions ask) once routing knows it."""
+        rt.span.update_name(f"{rt.method} {route}")
+        rt.span.set_attribute("http.route", route)
 
     def finish(
         self, rt: RequestTrace, status: int, outcome: str, attributes: dict[str, Any]
