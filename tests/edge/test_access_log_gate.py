@@ -118,12 +118,14 @@ def test_one_request_cycle_logs_the_key_name_never_the_key() -> None:
     ctx.count_tokens(7)
     ctx.ttft_s = 0.25
     clock.now += 1.5
-    edge.finish(ctx, EdgeEnd("POST", "/v1/completions", 200, "done", bytes_in=10, bytes_out=99))
+    ctx.status, ctx.bytes_out = 200, 99
+    edge.finish(ctx, EdgeEnd("POST", "/v1/completions", bytes_in=10))
     assert edge.statistics()["alice"].in_flight == 0
     assert edge.statistics()["alice"].tokens == 7
     ctx2 = edge.start("GET", [])
     edge.admit(ctx2, "/v1/models", "", BEARER)
-    edge.finish(ctx2, EdgeEnd("GET", "/v1/models", 200, "done"))
+    ctx2.status = 200
+    edge.finish(ctx2, EdgeEnd("GET", "/v1/models"))
     with pytest.raises(RateLimited):
         edge.admit(edge.start("GET", []), "/v1/models", "", BEARER)
     edge.close()
@@ -163,5 +165,5 @@ def test_unconfigured_edge_only_stamps_request_ids() -> None:
     ctx = edge.start("POST", [(b"origin", b"https://x.example")])
     edge.admit(ctx, "/v1/completions", "api_key=whatever", [])
     assert [n for n, _ in ctx.headers] == [b"x-request-id"]
-    edge.finish(ctx, EdgeEnd("POST", "/v1/completions", 200, "done"))
+    edge.finish(ctx, EdgeEnd("POST", "/v1/completions", "done"))
     assert not EdgeOptions().active

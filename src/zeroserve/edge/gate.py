@@ -36,10 +36,13 @@ _ORIGIN = b"origin"
 
 class EdgeContext:
     """What the edge decided for one request. ``headers`` go on its response (any
-    response, errors included); ``preflight`` means: answer 204 with them and stop.
+    response, errors included); ``preflight`` means: answer 200 with them and stop.
     ``lease`` is owned by this context and released by ``Edge.finish``."""
 
     __slots__ = (
+        "_clock",
+        "bytes_out",
+        "failed",
         "headers",
         "key",
         "lease",
@@ -47,16 +50,22 @@ class EdgeContext:
         "preflight",
         "request_id",
         "started",
+        "status",
         "tokens",
         "trace",
         "ttft_s",
     )
 
-    def __init__(self, request_id: bytes, headers: Headers, started: float) -> None:
+    def __init__(self, request_id: bytes, headers: Headers, clock: Clock) -> None:
         self.request_id = request_id
         self.headers = headers
-        self.started = started
+        self._clock = clock
+        self.started = clock()
         self.preflight = False
+        # What the response did, filled in by the server as it writes it.
+        self.status = 0
+        self.bytes_out = 0
+        self.failed: Outcome | None = None  # a stream that failed after its head
         self.key: ApiKey | None = None
         self.lease: QuotaLease | None = None
         self.model: str | None = None
@@ -67,6 +76,17 @@ class EdgeContext:
     @property
     def key_name(self) -> str | None:
         return self.key.name if self.key is not None else None
+
+    def response_headers(self, headers: Headers) -> Headers:
+        """A response's headers plus the edge's (request id, CORS, rate limits). Never
+        mutates ``headers``: responses may be shared constants."""
+        return [*headers, *self.headers] if self.headers else headers
+
+    def first_piece(self) -> None:
+        """A stream's first piece is going out: its TTFT, and the trace's stream phase."""
+        self.ttft_s = self._clock() - self.started
+        if self.trace is not None:
+            self.trace.enter("stream")
 
     def upstream_headers(self) -> Headers:
         """What a gateway upstream is told: this request's id and trace context."""
@@ -85,14 +105,21 @@ class EdgeContext:
 
 @dataclass(frozen=True, slots=True)
 class EdgeEnd:
-    """How a request ended, for ``Edge.finish``."""
+    """How a request ended, for ``Edge.finish``: ``outcome`` None means "as its status
+    says" (``outcome_of``); the status and the bytes sent are on the context."""
 
     method: str
     path: str
-    status: int
-    outcome: Outcome
+    outcome: Outcome | None = None
     bytes_in: int = 0
-    bytes_out: int = 0
+
+
+def outcome_of(status: int) -> Outcome:
+    if status == 504:
+        return "deadline"
+    if status in (401, 429, 503):
+        return "rejected"
+    return "error" if status >= 500 else "done"
 
 
 class Edge:
@@ -154,7 +181,7 @@ class Edge:
             out.append((REQUEST_ID_HEADER, request_id))
         else:
             origin = _header(headers, _ORIGIN)
-        ctx = EdgeContext(request_id, out, self.clock())
+        ctx = EdgeContext(request_id, out, self.clock)
         if self.tracing is not None:
             ctx.trace = self.tracing.start(method, path, headers)
             self.tracing.phase(ctx.trace, "admission")
@@ -194,6 +221,7 @@ class Edge:
         and write the access-log record. Called once per context."""
         if not self._needs_end:
             return
+        outcome = ctx.failed or end.outcome or outcome_of(ctx.status)
         lease, ctx.lease = ctx.lease, None
         if lease is not None:
             lease.release()
@@ -201,8 +229,8 @@ class Edge:
         if rt is not None and self.tracing is not None:
             self.tracing.finish(
                 rt,
-                end.status,
-                end.outcome,
+                ctx.status,
+                outcome,
                 {
                     "zeroserve.request_id": ctx.request_id.decode("ascii"),
                     "zeroserve.model": ctx.model,
@@ -218,11 +246,11 @@ class Edge:
                     request_id=ctx.request_id.decode("ascii"),
                     method=end.method,
                     path=end.path,
-                    status=end.status,
-                    outcome=end.outcome,
+                    status=ctx.status,
+                    outcome=outcome,
                     duration_s=round(self.clock() - ctx.started, 6),
                     bytes_in=end.bytes_in,
-                    bytes_out=end.bytes_out,
+                    bytes_out=ctx.bytes_out,
                     model=ctx.model,
                     key=ctx.key_name,
                     ttft_s=None if ctx.ttft_s is None else round(ctx.ttft_s, 6),

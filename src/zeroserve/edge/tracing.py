@@ -41,6 +41,10 @@ class RequestTrace:
     def upstream_headers(self) -> Headers:
         return self._tracing.headers(self)
 
+    def enter(self, phase: str | None) -> None:
+        """End the phase open now and begin ``phase`` (None: just end it)."""
+        self._tracing.phase(self, phase)
+
 
 class Tracing:
     """Spans from ``tracer`` (an OpenTelemetry ``Tracer``; the global provider's when

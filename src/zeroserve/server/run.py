@@ -68,7 +68,12 @@ async def serve_async(
         server.install_signal_handlers()
         names = ", ".join(engine.names())
         scheme = "https" if options.tls is not None else "http"
-        print(f"zeroserve {os.getpid()} serving [{names}] on {scheme}://{options.host}:{server.port}", flush=True)
+        # One write per line: --workers children share this stdout, and print() writes
+        # the text and its newline separately when unbuffered (lines would interleave).
+        sys.stdout.write(
+            f"zeroserve {os.getpid()} serving [{names}] on {scheme}://{options.host}:{server.port}\n"
+        )
+        sys.stdout.flush()
         if ready is not None:
             ready(server)
         await server.wait_stopped()
