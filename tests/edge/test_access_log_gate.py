@@ -96,12 +96,12 @@ def test_open_paths_need_no_key_and_metrics_can_be_closed() -> None:
     out = io.BytesIO()
     edge = edge_with(Clock(), out)
     for path in ("/health", "/ready", "/metrics", "/v2/health/ready"):
-        edge.admit(edge.start("GET", []), path, "", [])
+        edge.admit(edge.start("GET", []), path, "")
     with pytest.raises(Unauthorized):
-        edge.admit(edge.start("GET", []), "/v1/models", "", [])
+        edge.admit(edge.start("GET", []), "/v1/models", "")
     closed = Edge(EdgeOptions(keys=(ApiKey("a", b"k"),), auth_metrics=True))
     with pytest.raises(Unauthorized):
-        closed.admit(closed.start("GET", []), "/metrics", "", [])
+        closed.admit(closed.start("GET", []), "/metrics", "")
     edge.close()
     closed.close()
 
@@ -110,7 +110,7 @@ def test_one_request_cycle_logs_the_key_name_never_the_key() -> None:
     clock, out = Clock(), io.BytesIO()
     edge = edge_with(clock, out)
     ctx = edge.start("POST", [(b"x-request-id", b"req-42"), *BEARER])
-    edge.admit(ctx, "/v1/completions", "", [*BEARER])
+    edge.admit(ctx, "/v1/completions", "")
     assert ctx.key_name == "alice"
     h = dict(ctx.headers)
     assert h[b"x-request-id"] == b"req-42" and h[b"x-ratelimit-remaining-requests"] == b"1"
@@ -122,12 +122,12 @@ def test_one_request_cycle_logs_the_key_name_never_the_key() -> None:
     edge.finish(ctx, EdgeEnd("POST", "/v1/completions", bytes_in=10))
     assert edge.statistics()["alice"].in_flight == 0
     assert edge.statistics()["alice"].tokens == 7
-    ctx2 = edge.start("GET", [])
-    edge.admit(ctx2, "/v1/models", "", BEARER)
+    ctx2 = edge.start("GET", BEARER)
+    edge.admit(ctx2, "/v1/models", "")
     ctx2.status = 200
     edge.finish(ctx2, EdgeEnd("GET", "/v1/models"))
     with pytest.raises(RateLimited):
-        edge.admit(edge.start("GET", []), "/v1/models", "", BEARER)
+        edge.admit(edge.start("GET", BEARER), "/v1/models", "")
     edge.close()
     text = out.getvalue()
     assert SECRET not in text
@@ -163,7 +163,7 @@ def test_a_preflight_is_marked_and_needs_no_key() -> None:
 def test_unconfigured_edge_only_stamps_request_ids() -> None:
     edge = Edge()
     ctx = edge.start("POST", [(b"origin", b"https://x.example")])
-    edge.admit(ctx, "/v1/completions", "api_key=whatever", [])
+    edge.admit(ctx, "/v1/completions", "api_key=whatever")
     assert [n for n, _ in ctx.headers] == [b"x-request-id"]
     edge.finish(ctx, EdgeEnd("POST", "/v1/completions", "done"))
     assert not EdgeOptions().active

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .. import metrics
 from .access_log import AccessLog, AccessRecord, Outcome
 from .cors import CorsPolicy, is_preflight
-from .keys import ApiKey, KeyRing
+from .keys import ApiKey, KeyRing, parse_credential, refuse_query_key
 from .options import METRICS_PATH, OPEN_PATHS, EdgeOptions
 from .quotas import KeyQuota, QuotaLease, QuotaStatistics
 from .request_id import HEADER as REQUEST_ID_HEADER
@@ -31,8 +31,6 @@ Headers = list[tuple[bytes, bytes]]
 HeaderList = Sequence[tuple[bytes, bytes]]
 Clock = Callable[[], float]
 
-_ORIGIN = b"origin"
-
 
 class EdgeContext:
     """What the edge decided for one request. ``headers`` go on its response (any
@@ -40,7 +38,9 @@ class EdgeContext:
     ``lease`` is owned by this context and released by ``Edge.finish``."""
 
     __slots__ = (
+        "_auth",
         "_clock",
+        "_other_key",
         "bytes_out",
         "failed",
         "headers",
@@ -66,6 +66,9 @@ class EdgeContext:
         self.status = 0
         self.bytes_out = 0
         self.failed: Outcome | None = None  # a stream that failed after its head
+        # Credential header values, taken in start()'s one pass over the headers.
+        self._auth: bytes | None = None
+        self._other_key: bytes | None = None
         self.key: ApiKey | None = None
         self.lease: QuotaLease | None = None
         self.model: str | None = None
@@ -167,21 +170,25 @@ class Edge:
     def start(self, method: str, headers: HeaderList, path: str = "") -> EdgeContext:
         """Request id, CORS headers and (tracing on) the server span for a new head.
         Never raises."""
+        client_id = origin = auth = other = None
+        for name, value in headers:  # one pass for everything the edge reads
+            if name == b"x-request-id":
+                client_id = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"authorization":
+                if auth is None:
+                    auth = value
+            elif (name == b"api-key" or name == b"x-api-key") and other is None:
+                other = value
         out: Headers = []
         request_id = b""
         if self._ids is not None:
-            client_id: bytes | None = None
-            origin: bytes | None = None
-            for name, value in headers:
-                if name == REQUEST_ID_HEADER:
-                    client_id = value
-                elif name == _ORIGIN:
-                    origin = value
             request_id = self._ids.take(client_id)
             out.append((REQUEST_ID_HEADER, request_id))
-        else:
-            origin = _header(headers, _ORIGIN)
         ctx = EdgeContext(request_id, out, self.clock)
+        ctx._auth = auth
+        ctx._other_key = other
         if self.tracing is not None:
             ctx.trace = self.tracing.start(method, path, headers)
             self.tracing.phase(ctx.trace, "admission")
@@ -194,16 +201,20 @@ class Edge:
                 out += cors.simple(origin)
         return ctx
 
-    def admit(self, ctx: EdgeContext, path: str, query: str, headers: HeaderList) -> None:
-        """API key and quota, before routing. Raises ``Unauthorized`` / ``RateLimited``."""
+    def admit(self, ctx: EdgeContext, path: str, query: str) -> None:
+        """API key (from the headers ``start`` saw) and quota, before routing. Raises
+        ``Unauthorized`` / ``RateLimited``."""
         keys = self.keys
         if keys is None or path in self._open_paths:
             return
-        key = keys.authenticate(headers, query)
+        if query:
+            refuse_query_key(query)
+        key = keys.match(parse_credential(ctx._auth, ctx._other_key))
         ctx.key = key
         quota = self._quotas[key.name]
         ctx.lease = quota.admit()
-        ctx.headers += quota.headers()
+        if quota.limited:
+            ctx.headers += quota.headers()
 
     def phase(self, ctx: EdgeContext, name: str | None, route: str | None = None) -> None:
         """The request entered phase ``name`` (a child span; None ends the open one).
@@ -221,10 +232,12 @@ class Edge:
         and write the access-log record. Called once per context."""
         if not self._needs_end:
             return
-        outcome = ctx.failed or end.outcome or outcome_of(ctx.status)
         lease, ctx.lease = ctx.lease, None
         if lease is not None:
             lease.release()
+        if self.access_log is None and ctx.trace is None:
+            return
+        outcome = ctx.failed or end.outcome or outcome_of(ctx.status)
         rt, ctx.trace = ctx.trace, None
         if rt is not None and self.tracing is not None:
             self.tracing.finish(
@@ -283,10 +296,3 @@ _KEY_COUNTERS = frozenset(
         "rejected_tokens",
     }
 )
-
-
-def _header(headers: HeaderList, name: bytes) -> bytes | None:
-    for k, v in headers:
-        if k == name:
-            return v
-    return None

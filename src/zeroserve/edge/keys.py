@@ -29,8 +29,8 @@ MAX_CREDENTIAL_BYTES = 512
 # ``api_key`` / ``access_token`` of many REST APIs). URLs end up in proxy and browser
 # logs, so a key there is refused rather than accepted.
 QUERY_KEY_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "access_token", "token"})
-_HEADERS = (b"authorization", b"api-key", b"x-api-key")
 _BEARER = b"bearer "
+_BEARER_LEN = len(_BEARER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,10 @@ class KeyRing:
     def authenticate(self, headers: Iterable[tuple[bytes, bytes]], query: str = "") -> ApiKey:
         if query:
             refuse_query_key(query)
-        credential = credential_from(headers)
+        return self.match(credential_from(headers))
+
+    def match(self, credential: bytes) -> ApiKey:
+        """The key whose secret is ``credential``, or ``Unauthorized``."""
         found: ApiKey | None = None
         for key in self._keys:  # no early exit: constant time in which key matched
             if hmac.compare_digest(key.secret, credential):
@@ -110,24 +113,33 @@ class KeyRing:
 
 def credential_from(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
     """The credential a request presents, or ``Unauthorized``. Header names are lower case
-    (as ``http/`` delivers them)."""
-    values: dict[bytes, bytes] = {}
+    (as ``http/`` delivers them). ``Authorization`` wins; else the first ``api-key`` or
+    ``x-api-key``. One pass, no allocation: this runs on every request when keys are on."""
+    auth: bytes | None = None
+    other: bytes | None = None
     for name, value in headers:
-        if name in _HEADERS and name not in values:
-            values[name] = value
-    auth = values.get(b"authorization")
+        if name == b"authorization":
+            if auth is None:
+                auth = value
+        elif (name == b"api-key" or name == b"x-api-key") and other is None:
+            other = value
+    return parse_credential(auth, other)
+
+
+def parse_credential(auth: bytes | None, other: bytes | None) -> bytes:
+    """The credential from an ``Authorization`` value, else an ``api-key`` /
+    ``x-api-key`` value; ``Unauthorized`` if neither is there or it is malformed."""
     if auth is not None:
         value = auth.strip()
-        if len(value) <= len(_BEARER) or value[: len(_BEARER)].lower() != _BEARER:
+        if len(value) <= _BEARER_LEN or value[:_BEARER_LEN].lower() != _BEARER:
             raise Unauthorized("the Authorization header must be 'Bearer <API key>'")
-        credential = value[len(_BEARER) :].strip()
+        credential = value[_BEARER_LEN:].strip()
     else:
-        raw = values.get(b"api-key", values.get(b"x-api-key"))
-        if raw is None:
+        if other is None:
             raise Unauthorized(
                 "an API key is required: send 'Authorization: Bearer <key>' (or api-key / x-api-key)"
             )
-        credential = raw.strip()
+        credential = other.strip()
     if not credential or len(credential) > MAX_CREDENTIAL_BYTES:
         raise Unauthorized("invalid API key")
     return credential

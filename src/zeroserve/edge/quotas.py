@@ -90,6 +90,7 @@ class KeyQuota:
         "_requests",
         "_tokens",
         "key",
+        "limited",
         "max_concurrent",
         "request_bucket",
         "token_bucket",
@@ -105,12 +106,17 @@ class KeyQuota:
         self.token_bucket = (
             TokenBucket(lim.tokens_per_minute, clock) if lim.tokens_per_minute else None
         )
+        self.limited = lim.limited
         self._in_flight = 0
         self._requests = 0
         self._tokens = 0
         self._rejected = {"concurrency": 0, "requests": 0, "tokens": 0}
 
     def admit(self) -> QuotaLease:
+        if not self.limited:  # counted only
+            self._in_flight += 1
+            self._requests += 1
+            return QuotaLease(self)
         rb, tb = self.request_bucket, self.token_bucket
         if rb is not None:
             rb.refill()

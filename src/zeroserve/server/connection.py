@@ -177,7 +177,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if ctx.preflight:
             return self._early_answer(Response(200), "done")
         try:
-            self.edge.admit(ctx, head.path, head.query, head.headers)
+            self.edge.admit(ctx, head.path, head.query)
             req = app.on_head(head)
         except ZeroserveError as exc:
             return self._early_error(head, exc)
