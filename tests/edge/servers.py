@@ -5,6 +5,7 @@ asked. The Edge is built by the test, so quotas can run on an injected clock."""
 from __future__ import annotations
 
 import asyncio
+import io
 import ssl
 import subprocess
 import threading
@@ -113,6 +114,25 @@ class EdgeServer:
 
     def client(self, api_key: str = "unused", **kw: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kw)
+
+
+class LogSink(io.BytesIO):
+    """An access-log stream that wakes a waiting test whenever the writer thread writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = threading.Condition()
+
+    def write(self, b: Any) -> int:
+        with self.written:
+            n = super().write(b)
+            self.written.notify_all()
+            return n
+
+    def wait_for_text(self, needle: bytes, timeout: float = START_TIMEOUT_S) -> bytes:
+        with self.written:
+            assert self.written.wait_for(lambda: needle in self.getvalue(), timeout), needle
+            return self.getvalue()
 
 
 class Certs:

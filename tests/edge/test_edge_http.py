@@ -3,7 +3,6 @@ sockets), quotas on an injected clock, CORS, request ids, TLS and drain."""
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 import ssl
@@ -14,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from tests.edge.servers import Certs, EdgeServer, ManualClock
+from tests.edge.servers import Certs, EdgeServer, LogSink, ManualClock
 from tests.server.rawclient import RawClient
 from tritonclient.utils import InferenceServerException
 
@@ -42,12 +41,12 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 
 @pytest.fixture(scope="module")
-def log_stream() -> io.BytesIO:
-    return io.BytesIO()
+def log_stream() -> LogSink:
+    return LogSink()
 
 
 @pytest.fixture(scope="module")
-def keyed(log_stream: io.BytesIO) -> Iterator[EdgeServer]:
+def keyed(log_stream: LogSink) -> Iterator[EdgeServer]:
     edge = Edge(
         EdgeOptions(keys=keys(), cors_origins=("https://app.example.com",)),
         access_log=AccessLog(stream=log_stream),
@@ -298,7 +297,7 @@ def test_concurrency_429_until_the_stream_ends() -> None:
 
 # -- access log -------------------------------------------------------------------------------
 def test_access_log_has_one_line_per_request_and_never_a_key(
-    keyed: EdgeServer, log_stream: io.BytesIO
+    keyed: EdgeServer, log_stream: LogSink
 ) -> None:
     client = keyed.client(BOB)
     list(
@@ -312,10 +311,7 @@ def test_access_log_has_one_line_per_request_and_never_a_key(
     )
     with pytest.raises(openai.AuthenticationError):
         keyed.client("sk-intruder-999").models.list()
-    deadline = time.monotonic() + POLL_TIMEOUT_S
-    while b'"stream-1"' not in log_stream.getvalue():  # written by the log's thread
-        assert time.monotonic() < deadline
-    text = log_stream.getvalue()
+    text = log_stream.wait_for_text(b'"stream-1"')  # written by the log's thread
     for secret in (ALICE, BOB, "sk-intruder-999", "sk-wrong"):
         assert secret.encode() not in text
     lines = [json.loads(x) for x in text.splitlines()]
@@ -324,6 +320,23 @@ def test_access_log_has_one_line_per_request_and_never_a_key(
     assert rec["outcome"] == "done" and rec["tokens"] == 7  # 2 prompt + 5 completion
     assert rec["ttft_s"] >= 0 and rec["bytes_out"] > 0 and rec["bytes_in"] > 0
     assert any(x["status"] == 401 and x["outcome"] == "rejected" and "key" not in x for x in lines)
+
+
+def test_a_client_that_leaves_mid_stream_is_logged_as_gone(
+    keyed: EdgeServer, log_stream: LogSink
+) -> None:
+    body = {"model": "echo", "prompt": "z", "max_tokens": 1_000_000, "stream": True}
+    headers = {"authorization": f"Bearer {ALICE}", "x-request-id": "leaver-1"}
+    with (
+        httpx.Client() as http,
+        http.stream("POST", keyed.url + "/v1/completions", json=body, headers=headers) as r,
+    ):
+        chunks = r.iter_bytes()
+        next(chunks)
+    text = log_stream.wait_for_text(b'"leaver-1"')  # written once the server sees it
+    rec = next(json.loads(x) for x in text.splitlines() if b'"leaver-1"' in x)
+    assert rec["outcome"] == "client_gone" and rec["key"] == "alice" and rec["status"] == 200
+    assert rec["tokens"] >= 2 and rec["bytes_out"] > 0
 
 
 # -- TLS --------------------------------------------------------------------------------------
