@@ -78,6 +78,8 @@ def test_keys_never_appear_in_the_server_output(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     reader.join(30)
+    assert proc.stdout is not None
+    proc.stdout.close()
     text = b"".join(captured)
     for secret in (ENV_KEY, FILE_KEY, WRONG_KEY, FLAG_KEY):
         assert secret.encode() not in text
