@@ -29,6 +29,9 @@ from .tracing import RequestTrace, Tracing
 
 Headers = list[tuple[bytes, bytes]]
 HeaderList = Sequence[tuple[bytes, bytes]]
+
+# The request headers the edge reads.
+_READ = frozenset((b"x-request-id", b"origin", b"authorization", b"api-key", b"x-api-key"))
 Clock = Callable[[], float]
 
 
@@ -106,7 +109,7 @@ class EdgeContext:
             self.lease.debit_tokens(n)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EdgeEnd:
     """How a request ended, for ``Edge.finish``: ``outcome`` None means "as its status
     says" (``outcome_of``); the status and the bytes sent are on the context."""
@@ -163,7 +166,8 @@ class Edge:
         if tracing is None and opts.tracing:
             tracing = Tracing()
         self.tracing = tracing
-        self._needs_end = bool(self.keys or self.access_log or self.tracing)
+        # Whether finish() has anything to do (a lease, a log line, a span).
+        self.needs_end = bool(self.keys or self.access_log or self.tracing)
         if self._quotas:
             metrics.register_source("api_key", self.statistics, counters=_KEY_COUNTERS, label="key")
 
@@ -172,6 +176,8 @@ class Edge:
         Never raises."""
         client_id = origin = auth = other = None
         for name, value in headers:  # one pass for everything the edge reads
+            if name not in _READ:  # most headers: one set lookup
+                continue
             if name == b"x-request-id":
                 client_id = value
             elif name == b"origin":
@@ -179,7 +185,7 @@ class Edge:
             elif name == b"authorization":
                 if auth is None:
                     auth = value
-            elif (name == b"api-key" or name == b"x-api-key") and other is None:
+            elif other is None:  # api-key, x-api-key
                 other = value
         out: Headers = []
         request_id = b""
@@ -230,7 +236,7 @@ class Edge:
     def finish(self, ctx: EdgeContext, end: EdgeEnd) -> None:
         """The request ended (sent, refused, or the client left): release the quota lease
         and write the access-log record. Called once per context."""
-        if not self._needs_end:
+        if not self.needs_end:
             return
         lease, ctx.lease = ctx.lease, None
         if lease is not None:

@@ -25,12 +25,13 @@ class RequestIds:
     __slots__ = ("_next", "_prefix")
 
     def __init__(self, prefix: bytes | None = None) -> None:
-        self._prefix = prefix if prefix is not None else os.urandom(6).hex().encode("ascii")
+        prefix = prefix if prefix is not None else os.urandom(6).hex().encode("ascii")
+        self._prefix = prefix + b"-"
         self._next = 0
 
     def new(self) -> bytes:
         self._next += 1
-        return b"%s-%x" % (self._prefix, self._next)
+        return self._prefix + b"%x" % self._next
 
     def take(self, client_value: bytes | None) -> bytes:
         if client_value is not None and well_formed(client_value):

@@ -437,9 +437,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
     def _edge_end(self, outcome: Outcome | None, bytes_in: int = 0) -> None:
         """The current request ended: the edge releases its quota lease and logs it."""
         ctx, self._ctx = self._ctx, None
-        if ctx is None:
-            return
         head, self._head = self._head, None
+        if ctx is None or not self.edge.needs_end:
+            return
         method, path = (head.method, head.path) if head is not None else ("", "")
         self.edge.finish(ctx, EdgeEnd(method, path, outcome, bytes_in))
 
