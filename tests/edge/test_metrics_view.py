@@ -70,6 +70,12 @@ def test_workers_share_one_metrics_view() -> None:
             assert sample(text, RAW_ROUTE) - before == sent
     finally:
         assert server.stop() == 0
+    promtool = shutil.which("promtool")
+    if promtool is not None:  # the summed view is valid exposition too
+        result = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_promtool_accepts_a_real_scrape(tmp_path: Path) -> None:
