@@ -16,10 +16,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $(STAMP)
 
-# Everything the tests exercise: test clients, the benchmark peers (benchmarks/peers/), and the optional
-# backends (torch CPU build, transformers, sentence-transformers), which CI tests too.
+# Everything the tests exercise: test clients, the benchmark peers (benchmarks/peers/), the
+# optional backends (torch CPU build, transformers, sentence-transformers) and tracing,
+# which CI tests too; and promtool (Debian's prometheus package), which checks a real
+# /metrics scrape (best effort: without it that one test is skipped, saying why).
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[onnx,test,bench,transformers,sentence-transformers]'
+	$(PY) -m pip install -q -e '.[onnx,test,bench,transformers,sentence-transformers,otel]'
+	-command -v promtool >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus)
 	touch $(TEST_STAMP)
 
 install: $(STAMP)

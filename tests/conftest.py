@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # so spawned workers can import tests.* model modules
 
-_READY = re.compile(r"serving \[(.*)\] on http://([\d.]+):(\d+)")
+_READY = re.compile(r"serving \[(.*)\] on (https?)://([\d.]+):(\d+)")
 START_TIMEOUT_S = 60.0
 
 
@@ -28,10 +28,11 @@ class ServerProcess:
     host: str
     port: int
     models: list[str]
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
@@ -65,7 +66,7 @@ def start_server(*args: str, env: dict[str, str] | None = None, loop: str = "aut
         m = _READY.search(line)
         if m:
             _drain_in_background(proc)
-            return ServerProcess(proc, m.group(2), int(m.group(3)), m.group(1).split(", "))
+            return ServerProcess(proc, m.group(3), int(m.group(4)), m.group(1).split(", "), m.group(2))
     proc.kill()
     proc.wait()
     proc.stdout.close()

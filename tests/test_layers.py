@@ -20,12 +20,13 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"errors", "metrics", "models"},
     # The gateway's sockets; configured by the remote model's parsed options (models/remote.py).
     "upstream": {"http", "errors", "metrics", "models"},
-    "app": {"runtime", "errors", "metrics", "models", "http", "upstream"},
-    "server": {"http", "app", "runtime", "errors", "metrics", "models"},
+    "edge": {"errors", "metrics"},
+    "app": {"runtime", "errors", "metrics", "models", "http", "upstream", "edge"},
+    "server": {"http", "app", "runtime", "errors", "metrics", "models", "edge"},
     # The load generator is a client: it imports nothing of the server.
     "loadgen": {"errors"},
-    "config": {"errors", "http", "runtime", "server", "models", "metrics"},
-    "cli": {"__init__", "config", "errors", "models", "server", "loadgen", "runtime", "app", "http", "metrics"},
+    "config": {"errors", "http", "runtime", "server", "models", "metrics", "edge"},
+    "cli": {"__init__", "config", "errors", "models", "server", "loadgen", "runtime", "app", "http", "metrics", "edge"},
     "__init__": {"errors", "models"},
     "__main__": {"cli"},
 }

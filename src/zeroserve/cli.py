@@ -47,6 +47,41 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--arena-bytes", type=int, help="payload bytes in flight before 503")
     serve.add_argument("--queue-depth", type=int, help="admitted requests per model before 429 (default 64)")
     serve.add_argument("--log-level", help="debug, info, warning, error")
+    edge = serve.add_argument_group("edge", "API keys, CORS, access log (off by default)")
+    edge.add_argument(
+        "--api-key", action="append", dest="api_keys", metavar="KEY",
+        help="accept this API key (repeatable; also ZEROSERVE_API_KEY). Command lines are "
+        "visible to other users: prefer --api-keys-file or the environment",
+    )
+    edge.add_argument(
+        "--api-keys-file", metavar="FILE",
+        help="TOML file of [keys.NAME] tables: key, and optional max_concurrent, "
+        "requests_per_minute, tokens_per_minute",
+    )
+    edge.add_argument("--auth-metrics", action="store_true", default=None,
+                      help="require an API key for /metrics too")
+    edge.add_argument(
+        "--cors-origins", action="append", metavar="ORIGINS",
+        help="browser origins allowed to call the API, comma-separated or repeated, or '*'",
+    )
+    edge.add_argument("--cors-allow-credentials", action="store_true", default=None,
+                      help="allow credentialed CORS requests (listed origins only)")
+    edge.add_argument("--access-log", metavar="PATH",
+                      help="write one JSON line per request to PATH ('-': stderr)")
+    edge.add_argument(
+        "--otel", action="store_true", default=None, dest="tracing",
+        help="OpenTelemetry spans exported over OTLP (OTEL_EXPORTER_OTLP_* variables; needs "
+        "the [otel] extra)",
+    )
+    tls = serve.add_argument_group("TLS")
+    tls.add_argument("--ssl-certfile", metavar="PEM", help="serve HTTPS with this certificate chain")
+    tls.add_argument("--ssl-keyfile", metavar="PEM", help="the certificate's private key")
+    tls.add_argument("--ssl-ca-certs", metavar="PEM",
+                     help="require client certificates signed by these CAs (mTLS)")
+    serve.add_argument(
+        "--drain-ready-delay", type=float, metavar="SECONDS",
+        help="after SIGTERM, answer /ready 503 for this long before refusing connections",
+    )
 
     models = sub.add_parser("models", help="list the models a configuration serves, with capabilities")
     _common(models)
@@ -93,6 +128,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
         if args.queue_depth is not None:
             overrides["runtime"] = {"queue_depth": args.queue_depth}
+        if args.drain_ready_delay is not None:
+            overrides["timeouts"] = {"drain_ready_delay": args.drain_ready_delay}
+        cors = [o for v in args.cors_origins or () for o in v.split(",") if o]
+        overrides["edge"] = _given(
+            api_keys=args.api_keys, api_keys_file=args.api_keys_file,
+            auth_metrics=args.auth_metrics, cors_origins=cors or None,
+            cors_allow_credentials=args.cors_allow_credentials, access_log=args.access_log,
+            tracing=args.tracing,
+        )
+        overrides["tls"] = _given(
+            certfile=args.ssl_certfile, keyfile=args.ssl_keyfile, ca_certs=args.ssl_ca_certs
+        )
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConfigWarning)
@@ -109,11 +156,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return serve(
             cfg.server_options(), specs, arena_bytes=cfg.arena_bytes, loop=cfg.loop,
-            workers=cfg.workers, runtime=cfg.runtime_options(),
+            workers=cfg.workers, runtime=cfg.runtime_options(), edge=cfg.edge.options(),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)
         return 2
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _list_models(specs: list[ModelRef]) -> int:

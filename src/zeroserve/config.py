@@ -12,15 +12,19 @@ TOML layout (every key optional)::
     log_level = "info"
 
     [limits]   # max_head_bytes, max_headers, max_uri_bytes, max_body_bytes
-    [timeouts] # head, body, keepalive, write, graceful (seconds)
+    [timeouts] # head, body, keepalive, write, graceful, drain_ready_delay (seconds)
     [runtime]  # the engine's RuntimeOptions: default_deadline_s, channel_capacity,
                # coalesce_cap_bytes, queue_depth, load_timeout_s, shutdown_timeout_s,
                # restart_backoff_s, max_restart_backoff_s, inline_yield_every
+    [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
+               # cors_allow_credentials, access_log, request_ids, tracing
+    [tls]      # certfile, keyfile, ca_certs (client certificates: mTLS)
 
 Environment variables use the key in upper case, nested keys joined by ``__``:
 ``ZEROSERVE_PORT=9000``, ``ZEROSERVE_LIMITS__MAX_BODY_BYTES=1048576``,
 ``ZEROSERVE_MODELS="echo,mine=my_model:MyModel"``, ``ZEROSERVE_RUNTIME__QUEUE_DEPTH=8``.
-Errors name the key at fault. The environment is shared with other programs, so a
+``ZEROSERVE_API_KEY`` adds one API key (``edge.api_keys``). Errors name the key at fault,
+and never show an API key. The environment is shared with other programs, so a
 ``ZEROSERVE_*`` variable that names no key is not an error: it gets a
 :class:`~zeroserve.errors.ConfigWarning` naming it, and is ignored.
 """
@@ -35,6 +39,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from .edge import ApiKey, EdgeOptions, KeyRing, load_keys_file
+from .edge.cors import CorsPolicy
 from .errors import ConfigError, ConfigWarning
 from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
 from .runtime import RuntimeOptions
@@ -44,6 +50,10 @@ from .server import options as so
 ENV_PREFIX = "ZEROSERVE_"
 # Variables under the prefix that are not configuration (process plumbing, test switches).
 _NOT_CONFIG = (ENV_PREFIX + "INTERNAL_", ENV_PREFIX + "TEST_")
+# Variables named for what users expect rather than by the nesting rule.
+_ENV_ALIASES = {ENV_PREFIX + "API_KEY": ("edge", "api_keys")}
+# Keys whose environment value is a comma-separated list.
+_LIST_KEYS = frozenset({"models", "cors_origins", "api_keys"})
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -59,6 +69,62 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     keepalive: float = so.KEEPALIVE_TIMEOUT_S
     write: float = so.WRITE_TIMEOUT_S
     graceful: float = so.GRACEFUL_TIMEOUT_S
+    drain_ready_delay: float = so.DRAIN_READY_DELAY_S
+
+
+class Edge(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The edge (docs/architecture.md, "The edge"); every field off by default."""
+
+    api_keys: list[str] = []
+    api_keys_file: str | None = None
+    auth_metrics: bool = False
+    cors_origins: list[str] = []
+    cors_allow_credentials: bool = False
+    access_log: str | None = None
+    request_ids: bool = True
+    tracing: bool = False  # OpenTelemetry spans, exported over OTLP ([otel] extra)
+
+    def options(self) -> EdgeOptions:
+        keys: list[ApiKey] = []
+        single = len(self.api_keys) == 1
+        for i, secret in enumerate(self.api_keys, 1):
+            try:
+                encoded = secret.encode("ascii")
+            except UnicodeEncodeError:
+                raise ConfigError(f"key 'edge.api_keys': entry {i} is not ASCII") from None
+            keys.append(ApiKey("default" if single else f"key-{i}", encoded))
+        try:
+            if self.api_keys_file:
+                keys += load_keys_file(self.api_keys_file)
+            # Validated here so a bad combination fails at startup, naming the key.
+            if self.cors_origins:
+                CorsPolicy(self.cors_origins, allow_credentials=self.cors_allow_credentials)
+            if keys:
+                KeyRing(keys)
+        except ValueError as exc:
+            raise ConfigError(f"key 'edge': {exc}") from None
+        return EdgeOptions(
+            keys=tuple(keys),
+            auth_metrics=self.auth_metrics,
+            cors_origins=tuple(self.cors_origins),
+            cors_allow_credentials=self.cors_allow_credentials,
+            access_log=self.access_log,
+            request_ids=self.request_ids,
+            tracing=self.tracing,
+        )
+
+
+class Tls(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    certfile: str | None = None
+    keyfile: str | None = None
+    ca_certs: str | None = None
+
+    def options(self) -> so.TlsOptions | None:
+        if self.certfile is None:
+            if self.keyfile or self.ca_certs:
+                raise ConfigError("key 'tls.certfile': required with tls.keyfile / tls.ca_certs")
+            return None
+        return so.TlsOptions(certfile=self.certfile, keyfile=self.keyfile, ca_certs=self.ca_certs)
 
 
 _RUNTIME_DEFAULTS = RuntimeOptions()
@@ -92,6 +158,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     runtime: Runtime = msgspec.field(default_factory=Runtime)
+    edge: Edge = msgspec.field(default_factory=Edge)
+    tls: Tls = msgspec.field(default_factory=Tls)
 
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
@@ -118,6 +186,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             graceful_timeout=t.graceful,
             max_connections=self.max_connections,
             reuse_port=self.workers > 1,
+            drain_ready_delay=t.drain_ready_delay,
+            tls=self.tls.options(),
         )
 
 
@@ -151,6 +221,11 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     for key, value in env.items():
         if not key.startswith(ENV_PREFIX) or key.startswith(_NOT_CONFIG):
             continue
+        alias = _ENV_ALIASES.get(key)
+        if alias is not None:
+            section, leaf = alias
+            out.setdefault(section, {}).setdefault(leaf, []).append(value)
+            continue
         parts = key[len(ENV_PREFIX) :].lower().split("__")
         if not _is_key(parts):
             unknown.append(key)
@@ -159,7 +234,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         leaf = parts[-1]
-        node[leaf] = [s for s in value.split(",") if s] if leaf == "models" else value
+        node[leaf] = [s for s in value.split(",") if s] if leaf in _LIST_KEYS else value
     if unknown:
         warnings.warn(
             f"ignoring environment variables that name no configuration key: "

@@ -6,9 +6,11 @@
     │   └── CapabilityError        400: the model lacks the capability the endpoint needs
     ├── NotFound                   404: unknown route, model, version or output
     │   └── ModelNotFound
+    ├── Unauthorized               401: no API key, or not one we know (``WWW-Authenticate``)
     ├── MethodNotAllowed           405, with the allowed methods
     ├── PayloadTooLarge            413
     ├── Overloaded                 429 (per model) or 503 (server), with ``retry_after`` seconds
+    │   └── RateLimited            429: an API key's own quota, with OpenAI's rate-limit headers
     ├── DeadlineExceeded           504
     ├── WorkerError                500/503: a model worker crashed or failed mid-request
     ├── UpstreamError              502: a remote upstream failed
@@ -102,6 +104,18 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class Unauthorized(ZeroserveError):
+    """The request carries no API key, a malformed one, or one we do not know. The
+    message never repeats the credential that was sent."""
+
+    status = 401
+    code = "invalid_api_key"
+    type = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers=[(b"www-authenticate", b'Bearer realm="zeroserve"')])
+
+
 class MethodNotAllowed(ZeroserveError):
     status = 405
     code = "method_not_allowed"
@@ -131,6 +145,19 @@ class Overloaded(ZeroserveError):
             message, status=status, headers=[(b"retry-after", str(seconds).encode("ascii"))]
         )
         self.retry_after = retry_after
+
+
+class RateLimited(Overloaded):
+    """An API key's quota refused the request. ``headers`` carry ``Retry-After`` (the
+    key's own refill time) and the OpenAI ``x-ratelimit-*`` headers."""
+
+    code = "rate_limit_exceeded"
+
+    def __init__(
+        self, message: str, *, retry_after: float, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        super().__init__(message, status=429, retry_after=retry_after)
+        self.headers += headers
 
 
 class DeadlineExceeded(ZeroserveError):

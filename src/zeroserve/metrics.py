@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -22,7 +22,15 @@ REGISTRY = CollectorRegistry(auto_describe=False)
 _copied: defaultdict[str, int] = defaultdict(int)
 _payload: defaultdict[str, int] = defaultdict(int)
 _requests: defaultdict[tuple[str, str], int] = defaultdict(int)
-_sources: dict[str, Callable[[], Any]] = {}
+_sources: dict[str, _Source] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Source:
+    statistics: Callable[[], Any]
+    counters: frozenset[str]
+    label: str
+    names: Mapping[str, str]
 
 
 def count_copy(site: str, nbytes: int) -> None:
@@ -47,10 +55,21 @@ def payload_bytes(direction: str) -> int:
     return _payload.get(direction, 0)
 
 
-def register_source(name: str, statistics: Callable[[], Any]) -> None:
+def register_source(
+    name: str,
+    statistics: Callable[[], Any],
+    *,
+    counters: Iterable[str] = (),
+    label: str = "name",
+    names: Mapping[str, str] | None = None,
+) -> None:
     """Publish a component's ``statistics()`` (a dataclass or a mapping of numbers, or a
-    mapping of label value -> such) as gauges named ``zeroserve_<name>_<field>``."""
-    _sources[name] = statistics
+    mapping of label value -> such, labelled ``label``) as metrics named
+    ``zeroserve_<name>_<field>``: gauges, except the cumulative fields named in
+    ``counters``, which are counters exposed as ``zeroserve_<name>_<field>_total``.
+    ``names`` renames fields on the way out, to put their unit in the name
+    (``{"used": "used_bytes"}``), as Prometheus conventions ask."""
+    _sources[name] = _Source(statistics, frozenset(counters), label, names or {})
 
 
 def unregister_source(name: str) -> None:
@@ -87,32 +106,39 @@ class _Collector:
         for (route, status), n in sorted(_requests.items()):
             r.add_metric([route, status], n)
         yield r
-        for name, fn in list(_sources.items()):
-            yield from _gauges(name, fn())
+        for name, source in list(_sources.items()):
+            yield from _families(name, source, source.statistics())
 
 
-def _gauges(name: str, snapshot: Any) -> Iterable[Metric]:
+def _family(name: str, key: str, source: _Source, labels: list[str] | None) -> Metric:
+    metric = f"zeroserve_{name}_{source.names.get(key, key)}"
+    if key in source.counters:
+        return CounterMetricFamily(metric, f"{name} {key}", labels=labels)
+    return GaugeMetricFamily(metric, f"{name} {key}", labels=labels)
+
+
+def _families(name: str, source: _Source, snapshot: Any) -> Iterable[Metric]:
     fields = _fields(snapshot)
     if not fields:
         return
     first = next(iter(fields.values()))
     if isinstance(first, dict) or dataclasses.is_dataclass(first):
         # label value -> snapshot (e.g. one per model)
-        families: dict[str, GaugeMetricFamily] = {}
+        families: dict[str, Metric] = {}
         for label, sub in fields.items():
             for key, value in _fields(sub).items():
                 if isinstance(value, bool | int | float):
                     fam = families.get(key)
                     if fam is None:
-                        fam = families[key] = GaugeMetricFamily(
-                            f"zeroserve_{name}_{key}", f"{name} {key}", labels=["name"]
-                        )
-                    fam.add_metric([str(label)], float(value))
+                        fam = families[key] = _family(name, key, source, [source.label])
+                    fam.add_metric([str(label)], float(value))  # type: ignore[attr-defined]
         yield from families.values()
         return
     for key, value in fields.items():
         if isinstance(value, bool | int | float):
-            yield GaugeMetricFamily(f"zeroserve_{name}_{key}", f"{name} {key}", value=float(value))
+            fam = _family(name, key, source, None)
+            fam.add_metric([], float(value))  # type: ignore[attr-defined]
+            yield fam
 
 
 REGISTRY.register(_Collector())  # type: ignore[arg-type]
@@ -135,3 +161,47 @@ LOOP_LAG_SECONDS = Histogram(
 def exposition() -> bytes:
     """The Prometheus text format of every zeroserve metric."""
     return generate_latest(REGISTRY)
+
+
+def merge_expositions(texts: Iterable[bytes]) -> bytes:
+    """One view of several processes' expositions (``--workers N``): samples with the same
+    name and labels are summed (counters, histogram buckets, and gauges, which are then
+    totals over the processes: connections open, requests in flight, queue depth);
+    ``*_created`` timestamps take the earliest. Adds ``zeroserve_metrics_processes``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    count = 0
+    for text in texts:
+        count += 1
+        for fam in text_string_to_metric_families(text.decode("utf-8")):
+            merged = families.get(fam.name)
+            if merged is None:
+                merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type)
+                values[fam.name] = {}
+            acc = values[fam.name]
+            for sample in fam.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                old = acc.get(key)
+                if old is None:
+                    acc[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    acc[key] = min(old, sample.value)
+                else:
+                    acc[key] = old + sample.value
+    out = CollectorRegistry(auto_describe=False)
+    procs = GaugeMetricFamily(
+        "zeroserve_metrics_processes", "HTTP processes whose metrics this view sums.", value=count
+    )
+    for name, fam in families.items():
+        for (sample_name, labels), value in values[name].items():
+            fam.add_sample(sample_name, dict(labels), value)
+
+    class _Merged:
+        def collect(self) -> Iterator[Metric]:
+            yield procs
+            yield from families.values()
+
+    out.register(_Merged())  # type: ignore[arg-type]
+    return generate_latest(out)

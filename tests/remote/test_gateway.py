@@ -90,10 +90,31 @@ def test_upstream_status_headers_and_4xx_bodies_pass_through(run: Any) -> None:
             head = fake.requests[0].head
             assert head.startswith(b"POST /v1/raw/g?a=1 HTTP/1.1\r\n")
             assert fake.requests[0].header(b"x-client") == b"1"
-            assert fake.requests[0].header(b"authorization") == b"c"  # no api_key_env: as sent
+            # The client's key is for the gateway: not passed on unless asked.
+            assert fake.requests[0].header(b"authorization") is None
+            # The upstream logs the request id the client was given.
+            assert fake.requests[0].header(b"x-request-id") == r.headers["x-request-id"].encode()
             st = gw.relay().statistics().upstreams[fake.url]
             assert st.errors == 0  # a 4xx is the client's problem, not the upstream's
             assert_no_leaks(gw.relay())
+
+    run(main())
+
+
+def test_client_key_and_request_id_are_forwarded_when_asked(run: Any) -> None:
+    async def main() -> None:
+        async with Fake(answer_ok) as fake, gateway(
+            f"g=remote:{fake.url}?forward_client_key=true"
+        ) as gw:
+            async with httpx.AsyncClient() as c:
+                headers = {"authorization": "Bearer client-key", "x-api-key": "k2",
+                           "x-request-id": "trace-me-1"}
+                r = await post(c, f"{gw.url}/v1/raw/g", b"x", headers=headers)
+            assert r.status_code == 200 and r.headers["x-request-id"] == "trace-me-1"
+            sent = fake.requests[0]
+            assert sent.header(b"authorization") == b"Bearer client-key"
+            assert sent.header(b"x-api-key") == b"k2"
+            assert sent.header(b"x-request-id") == b"trace-me-1"
 
     run(main())
 

@@ -105,7 +105,7 @@ def test_cli_gateway_process_relays_raw_and_lists_the_model() -> None:
                 r = c.post(f"{gw.url}/v1/raw/g?max_tokens=4", content=b"a b", headers={"accept": "text/event-stream"})
                 assert r.content == b"data: a\n\ndata: b\n\ndata: a\n\ndata: b\n\n"
                 metrics = c.get(f"{gw.url}/metrics").text
-                assert 'zeroserve_upstream_requests{name="g ' in metrics
+                assert 'zeroserve_upstream_requests_total{name="g ' in metrics
                 assert "zeroserve_relay_overhead_seconds_bucket" in metrics
         finally:
             assert gw.stop() == 0

@@ -408,8 +408,8 @@ def test_statistics_are_published(run: Any, executor: str, arena: Any) -> None:
         async with engine(executor, {"echo": {"factory": Echo}}, arena=arena) as eng:
             (await infer(eng, "echo", {"x": np.zeros(4)})).release()
             text = metrics.exposition().decode()
-            assert 'zeroserve_queue_completed{name="echo"} 1.0' in text
-            assert "zeroserve_arena_budget" in text
+            assert 'zeroserve_queue_completed_total{name="echo"} 1.0' in text
+            assert "zeroserve_arena_budget_bytes" in text
             assert 'zeroserve_workers_ready{name="echo"}' in text
             s = eng.statistics()
             assert s.ready and s.arena.leases == 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
+from ..edge import Edge
 from ..http.connection import RequestHead
 from ..runtime import Engine
 from .endpoints import kserve, openai, ops, raw
@@ -16,10 +19,18 @@ class App:
     """Routes a request at its head (so 404/405/429 are answered before the body is
     read) and hands the complete request to its handler."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        edge: Edge | None = None,
+        *,
+        metrics_view: Callable[[], Awaitable[bytes]] | None = None,
+    ) -> None:
         self.engine = engine
+        self.edge = edge if edge is not None else Edge()
+        self.readiness = ops.Readiness()
         self.router = Router()
-        ops.register(self.router, engine)
+        ops.register(self.router, engine, self.readiness, metrics_view)
         raw.register(self.router, engine)
         # Remote models' relays, made now so their upstream metrics show from the start.
         self.relays = relays(engine)
@@ -39,6 +50,12 @@ class App:
     def error_format(self, path: str) -> ErrorFormat:
         return self.router.route_errors(path)
 
+    def start_draining(self) -> None:
+        """From now on ``/ready`` answers 503 (the server is draining)."""
+        self.readiness.draining = True
+
     async def aclose(self) -> None:
-        """Close what the app holds open (the relays' upstream connections)."""
+        """Close what the app holds open (the relays' upstream connections, the access
+        log's writer)."""
         await aclose_relays(self.engine)
+        self.edge.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl
 
 from .. import metrics
+from ..edge import EdgeContext
 from ..http.connection import RequestHead
 from ..runtime import Lease, ModelHandle, Ticket
 from .problems import ErrorFormat
@@ -47,7 +48,9 @@ class Route:
 class Request:
     """One HTTP request. ``body`` is a view of the buffer the body was received into
     (``lease``, for Content-Length bodies); it stays valid until the response has been
-    sent. ``handle`` is the model handle the head hook resolved (:meth:`admit`)."""
+    sent. ``handle`` is the model handle the head hook resolved (:meth:`admit`). ``edge``
+    is what the edge decided at the head (request id, API key name, quota); handlers name
+    the model and count tokens on it."""
 
     __slots__ = (
         "_disconnected",
@@ -56,6 +59,7 @@ class Request:
         "_released",
         "_ticket",
         "body",
+        "edge",
         "head",
         "lease",
         "params",
@@ -71,6 +75,7 @@ class Request:
         self._handle: ModelHandle | None = None
         self._ticket: Ticket | None = None
         self._released = False
+        self.edge: EdgeContext | None = None
         self._disconnected: asyncio.Event | None = None
         self._query: dict[str, str] | None = None
 

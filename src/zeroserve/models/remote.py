@@ -102,13 +102,17 @@ class RemoteOptions:
     eject_s: float = DEFAULT_EJECT_S
     retries: int = DEFAULT_RETRIES
     queue_bytes: int = DEFAULT_QUEUE_BYTES
+    # Pass the client's own credential headers (authorization, api-key, x-api-key) on to
+    # the upstream. Off: the gateway's API key is for the gateway, and the upstream gets
+    # the gateway's own key (``api_key_env``) or none.
+    forward_client_key: bool = False
 
 
 class RemoteModel(Model):
     """A model served by OpenAI-compatible upstreams; zeroserve relays its requests.
 
     Options (all optional but ``location``): ``upstream_model``, ``api_key_env``,
-    ``connections``, ``connect_timeout``, ``first_byte_timeout``, ``timeout`` (seconds,
+    ``forward_client_key`` (pass the client's key on instead), ``connections``, ``connect_timeout``, ``first_byte_timeout``, ``timeout`` (seconds,
     the whole exchange), ``max_fails``, ``eject_s``, ``retries``, ``queue_bytes``.
     """
 
@@ -136,6 +140,8 @@ class RemoteModel(Model):
         for key in ("connect_timeout", "first_byte_timeout", "timeout", "eject_s"):
             if key in options:
                 kw[key] = _positive(key, options[key], float)
+        if "forward_client_key" in options:
+            kw["forward_client_key"] = _flag("forward_client_key", options["forward_client_key"])
         self.config = RemoteOptions(upstreams=tuple(parse_upstream(u) for u in urls), **kw)
         self.api_key: str | None = None
 
@@ -146,6 +152,17 @@ class RemoteModel(Model):
             if not key:
                 raise ValueError(f"api_key_env: environment variable {env} is not set")
             self.api_key = key
+
+
+def _flag(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"remote option {key}={value!r} must be true or false")
 
 
 def _positive(key: str, value: Any, conv: type, *, allow_zero: bool = False) -> Any:

@@ -246,7 +246,10 @@ class Engine:
     def _register_metrics(self) -> None:
         models = self._models
         metrics.register_source(
-            "queue", lambda: {n: rt.admission.statistics() for n, rt in models.items()}
+            "queue",
+            lambda: {n: rt.admission.statistics() for n, rt in models.items()},
+            counters=("admitted", "rejected", "completed"),
+            names={"drain_rate": "drain_rate_per_second"},
         )
         metrics.register_source(
             "batch",
@@ -255,11 +258,20 @@ class Engine:
                 for n, rt in models.items()
                 if rt.infer_batcher or rt.embed_batcher
             },
+            counters=("batches", "batched_requests", "expired", "dropped"),
         )
         metrics.register_source(
-            "workers", lambda: {n: rt.executor.statistics() for n, rt in models.items()}
+            "workers",
+            lambda: {n: rt.executor.statistics() for n, rt in models.items()},
+            counters=("restarts", "crashes"),
         )
-        metrics.register_source("arena", self.arena.statistics)
+        metrics.register_source(
+            "arena",
+            self.arena.statistics,
+            counters=("allocations",),
+            names={"budget": "budget_bytes", "used": "used_bytes", "peak": "peak_bytes"},
+        )
+        # Channel totals sum the open channels only (they fall as streams end): gauges.
         metrics.register_source("channels", self._channel_totals)
 
     def _unregister_metrics(self) -> None:

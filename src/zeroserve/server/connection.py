@@ -31,6 +31,8 @@ from .. import metrics
 from ..app.problems import ErrorFormat, error_response, internal_error
 from ..app.request import Request
 from ..app.response import HandlerResult, Response, StreamResponse
+from ..edge import EdgeContext, EdgeEnd
+from ..edge.access_log import Outcome
 from ..errors import ProtocolError, ZeroserveError
 from ..http import framing
 from ..http.connection import BodyComplete, HttpConnection, RequestHead, State
@@ -49,6 +51,8 @@ class Server(Protocol):
     options: ServerOptions
     connections: set[HttpProtocol]
     draining: bool
+    closing: bool  # the listener is closed: new connections are refused
+    tls: bool
     loop: asyncio.AbstractEventLoop
 
 log = logging.getLogger("zeroserve.server")
@@ -66,6 +70,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self.server = server
         self.loop = server.loop
         self.conn = HttpConnection(server.options.http)
+        self.tls = server.tls  # received bytes were copied out of the decryption buffer
         self.flow = WriteFlow(self.loop)
         self._writer: StreamWriter | None = None  # made by the connection's first stream
         self.transport: asyncio.Transport | None = None
@@ -76,13 +81,16 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self._paused_reading = False
         self._responding = False  # a handler runs or a response is being written
         self._started = 0.0
+        self.edge = server.app.edge
+        self._ctx: EdgeContext | None = None  # the edge's view of the current request
+        self._head: RequestHead | None = None  # the head it belongs to
 
     # -- asyncio.BufferedProtocol --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport; they implement it.
         self.transport = transport = cast(asyncio.Transport, transport)
         server = self.server
-        if len(server.connections) >= server.options.max_connections or server.draining:
+        if len(server.connections) >= server.options.max_connections or server.closing:
             self.flow.closed = True
             transport.write(_SERVICE_UNAVAILABLE)
             transport.close()
@@ -101,6 +109,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
         return self.conn.next_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.tls:
+            metrics.count_copy("tls", nbytes)
         conn = self.conn
         was_idle = conn.idle
         try:
@@ -131,6 +141,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
         req = self.request
         if req is not None:
             req.mark_disconnected()
+        if self._ctx is not None:
+            self._edge_end("client_gone")
         if self.task is not None and not self.task.done():
             self.task.cancel()
         elif req is not None:
@@ -158,13 +170,24 @@ class HttpProtocol(asyncio.BufferedProtocol):
     def _on_head(self, head: RequestHead) -> RequestHead | BodyComplete | None:
         self._started = self.loop.time()
         app = self.server.app
+        # The edge runs first: CORS preflight, API key and quota before routing and
+        # before any body byte (docs/architecture.md, "The edge").
+        ctx = self._ctx = self.edge.start(head.method, head.headers, head.path)
+        self._head = head
+        if ctx.preflight:
+            return self._early_answer(Response(200), "done")
         try:
+            self.edge.admit(ctx, head.path, head.query)
             req = app.on_head(head)
         except ZeroserveError as exc:
             return self._early_error(head, exc)
         except Exception:
             log.exception("error in head handler for %s %s", head.method, head.path)
             return self._early_error(head, ZeroserveError("internal server error"))
+        req.edge = ctx
+        ctx.model = req.params.get("model")  # raw and V2 routes; OpenAI names it later
+        if ctx.trace is not None:
+            self.edge.phase(ctx, None, route=req.route.name)
         self.request = req
         if not head.has_body:
             return self._dispatch(req)
@@ -214,13 +237,16 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self._responding = True
         self.deadline = 0.0  # no read deadline while the app works
         metrics.count_payload("in", len(req.body))
+        ctx = self._ctx
+        if ctx is not None and ctx.trace is not None:
+            ctx.trace.enter("execution")
         try:
             result = self.server.app.handle(req)
         except ZeroserveError as exc:
-            result = error_response(exc, req.route.errors)
+            result = error_response(exc, req.route.errors, self._request_id())
         except Exception:
             log.exception("unhandled error in %s %s", req.method, req.path)
-            result = internal_error(req.route.errors)
+            result = internal_error(req.route.errors, self._request_id())
         if inspect.isawaitable(result) or isinstance(result, StreamResponse):
             task = self.task = self.loop.create_task(self._run(req, result))
             # A task cancelled before its first step never enters _run's handlers.
@@ -234,7 +260,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             try:
                 result = await pending if inspect.isawaitable(pending) else pending
             except ZeroserveError as exc:
-                result = error_response(exc, fmt)
+                result = error_response(exc, fmt, self._request_id())
             if isinstance(result, StreamResponse):
                 writer = self._writer
                 if writer is None:
@@ -254,7 +280,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         except Exception:
             log.exception("unhandled error in %s %s", req.method, req.path)
             if self.request is req and not self.flow.closed:
-                nxt = self._send(req, internal_error(fmt))
+                nxt = self._send(req, internal_error(fmt, self._request_id()))
             else:
                 if self.request is req:
                     self._release_request(req)
@@ -272,12 +298,17 @@ class HttpProtocol(asyncio.BufferedProtocol):
         body = resp.body
         size = framing.buffers_size(body)
         conn = self.conn
-        head = conn.start_response(resp.status, resp.headers, content_length=size, draining=self.server.draining)
+        ctx = self._ctx
+        headers = resp.headers if ctx is None else ctx.response_headers(resp.headers)
+        head = conn.start_response(resp.status, headers, content_length=size, draining=self.server.draining)
         if not conn.body_allowed or not size:
             transport.write(head)
+            size = 0
         else:
             transport.writelines([head, *body])
             metrics.count_payload("out", size)
+        if ctx is not None:
+            ctx.status, ctx.bytes_out = resp.status, size
         self.flow.release_after_drain(resp.release)
         metrics.count_request(req.route.name, resp.status)
         return self._finish(req)
@@ -290,17 +321,23 @@ class HttpProtocol(asyncio.BufferedProtocol):
         body = resp.body
         size = framing.buffers_size(body)
         conn = self.conn
-        head = conn.start_response(resp.status, resp.headers, content_length=size, draining=self.server.draining)
+        ctx = self._ctx
+        headers = resp.headers if ctx is None else ctx.response_headers(resp.headers)
+        head = conn.start_response(resp.status, headers, content_length=size, draining=self.server.draining)
         if not conn.body_allowed or not size:
             transport.write(head)
+            size = 0
         else:
             transport.writelines([head, *body])
             metrics.count_payload("out", size)
+        if ctx is not None:
+            ctx.status, ctx.bytes_out = resp.status, ctx.bytes_out + size
         self.flow.release_after_drain(resp.release)
         metrics.count_request(route, resp.status)
 
     def _finish(self, req: Request) -> RequestHead | BodyComplete | None:
         req.route.timer(self.loop.time() - self._started)
+        self._edge_end(None, len(req.body))
         self.request = None
         self._responding = False
         # A ticket the handler never handed on goes back now; the body lease once the
@@ -339,7 +376,12 @@ class HttpProtocol(asyncio.BufferedProtocol):
         """Answer before the body is read (404, 413, 429, ...). Whether the connection
         survives (a small body is read and dropped) is the connection's decision."""
         fmt = self.server.app.error_format(head.path)
-        self._write_response(error_response(exc, fmt), "early")
+        return self._early_answer(error_response(exc, fmt, self._request_id()), "rejected")
+
+    def _early_answer(self, resp: Response, outcome: Outcome) -> RequestHead | BodyComplete | None:
+        """Answer at the head: an error, or a CORS preflight."""
+        self._write_response(resp, "early")
+        self._edge_end(outcome)
         self.flow.schedule_releases()
         self._started = self.loop.time()
         return self._end_response()
@@ -358,11 +400,16 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if self.request is not None:  # the body was bad: the request never ran
             self._release_request(self.request)
             self.request = None
-        resp = error_response(exc, fmt)
+        ctx = self._ctx
+        if ctx is None:  # a bad head: the answer still carries a request id
+            ctx = self._ctx = self.edge.start("", ())
+        resp = error_response(exc, fmt, ctx.request_id)
         size = framing.buffers_size(resp.body)
-        out = self.conn.reject(resp.status, resp.headers, size)
+        out = self.conn.reject(resp.status, ctx.response_headers(resp.headers), size)
         transport.writelines([out, *resp.body])
         metrics.count_request("protocol_error", exc.status)
+        ctx.status, ctx.bytes_out = exc.status, size
+        self._edge_end("rejected")
         if self._sink is not None:
             self._sink.lease.release()
             self._sink = None
@@ -381,6 +428,20 @@ class HttpProtocol(asyncio.BufferedProtocol):
 
     def _abort(self) -> None:
         abort(self.flow, self.conn)
+
+    # -- the edge -----------------------------------------------------------------------------
+    def _request_id(self) -> bytes:
+        ctx = self._ctx
+        return ctx.request_id if ctx is not None else b""
+
+    def _edge_end(self, outcome: Outcome | None, bytes_in: int = 0) -> None:
+        """The current request ended: the edge releases its quota lease and logs it."""
+        ctx, self._ctx = self._ctx, None
+        head, self._head = self._head, None
+        if ctx is None or not self.edge.needs_end:
+            return
+        method, path = (head.method, head.path) if head is not None else ("", "")
+        self.edge.finish(ctx, EdgeEnd(method, path, outcome, bytes_in))
 
     # -- server hooks ---------------------------------------------------------------------------
     def check_timeout(self, now: float) -> None:

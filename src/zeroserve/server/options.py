@@ -20,6 +20,11 @@ KEEPALIVE_TIMEOUT_S = 5.0
 WRITE_TIMEOUT_S = 60.0
 # Seconds in-flight requests get to finish after SIGTERM/SIGINT before connections close.
 GRACEFUL_TIMEOUT_S = 30.0
+# Seconds between SIGTERM and closing the listener. During it /ready answers 503 while
+# new connections are still served, so a load balancer (or Kubernetes' endpoints
+# controller) sees "not ready" and stops sending before connections are refused. 0 closes
+# at once; behind a balancer set it to its health-check interval times its threshold.
+DRAIN_READY_DELAY_S = 0.0
 # Open connections per HTTP process; past it new connections get a 503 and are closed.
 # Each costs a 16 KiB head buffer plus kernel socket buffers.
 MAX_CONNECTIONS = 4096
@@ -38,6 +43,16 @@ STREAM_BATCH_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """Certificate chain and key (PEM); ``ca_certs`` set: clients must present a
+    certificate signed by one of them (mTLS)."""
+
+    certfile: str
+    keyfile: str | None = None
+    ca_certs: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -50,6 +65,8 @@ class ServerOptions:
     max_connections: int = MAX_CONNECTIONS
     backlog: int = 2048
     reuse_port: bool = False
+    drain_ready_delay: float = DRAIN_READY_DELAY_S
+    tls: TlsOptions | None = None
 
     @property
     def tick(self) -> float:

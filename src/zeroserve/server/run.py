@@ -5,22 +5,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
+from ..edge import Edge
+from ..edge.tracing import configure_otlp
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
+from .metrics_peers import MetricsPeers
 from .server import Server
 
 if TYPE_CHECKING:
+    from ..edge import EdgeOptions
     from ..models.loader import ModelRef
     from .options import ServerOptions
 
 log = logging.getLogger("zeroserve")
 
 _CHILD_ENV = "ZEROSERVE_INTERNAL_CHILD"
+# The directory where the HTTP processes of one --workers N server meet for /metrics.
+_METRICS_DIR_ENV = "ZEROSERVE_INTERNAL_METRICS_DIR"
 
 
 def engine_configs(specs: list[ModelRef]) -> dict[str, ModelConfig]:
@@ -39,22 +47,39 @@ async def serve_async(
     arena_bytes: int,
     ready: Any = None,
     runtime: RuntimeOptions | None = None,
+    edge: EdgeOptions | None = None,
 ) -> None:
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
     app: App | None = None
+    peers_dir = os.environ.get(_METRICS_DIR_ENV)
+    peers = MetricsPeers(peers_dir) if peers_dir else None
     try:
         await engine.start()
-        app = App(engine)
+        if peers is not None:
+            await peers.start()
+        if edge is not None and edge.tracing:
+            configure_otlp()
+        app = App(
+            engine, Edge(edge), metrics_view=peers.scrape if peers is not None else None
+        )
         server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
         names = ", ".join(engine.names())
-        print(f"zeroserve {os.getpid()} serving [{names}] on http://{options.host}:{server.port}", flush=True)
+        scheme = "https" if options.tls is not None else "http"
+        # One write per line: --workers children share this stdout, and print() writes
+        # the text and its newline separately when unbuffered (lines would interleave).
+        sys.stdout.write(
+            f"zeroserve {os.getpid()} serving [{names}] on {scheme}://{options.host}:{server.port}\n"
+        )
+        sys.stdout.flush()
         if ready is not None:
             ready(server)
         await server.wait_stopped()
     finally:
+        if peers is not None:
+            await peers.aclose()
         if app is not None:
             await app.aclose()  # the gateway's pooled upstream connections
         await engine.aclose()
@@ -79,18 +104,21 @@ def run_loop(loop: str, coro: Any) -> None:
 
 def serve(
     options: ServerOptions, specs: list[ModelRef], *, arena_bytes: int, loop: str = "auto",
-    workers: int = 1, runtime: RuntimeOptions | None = None,
+    workers: int = 1, runtime: RuntimeOptions | None = None, edge: EdgeOptions | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
-    run_loop(loop, serve_async(options, specs, arena_bytes=arena_bytes, runtime=runtime))
+    run_loop(
+        loop, serve_async(options, specs, arena_bytes=arena_bytes, runtime=runtime, edge=edge)
+    )
     return 0
 
 
 def _supervise(workers: int) -> int:
     """Run ``workers`` HTTP processes sharing the port through SO_REUSEPORT. Each child
     is this same command line; signals are forwarded and the parent waits for all."""
-    env = dict(os.environ, **{_CHILD_ENV: "1"})
+    peers_dir = tempfile.mkdtemp(prefix="zeroserve-metrics-")
+    env = dict(os.environ, **{_CHILD_ENV: "1", _METRICS_DIR_ENV: peers_dir})
     argv = [sys.executable, "-m", "zeroserve", *sys.argv[1:]]
     children = [subprocess.Popen(argv, env=env) for _ in range(workers)]
 
@@ -104,4 +132,5 @@ def _supervise(workers: int) -> int:
     status = 0
     for child in children:
         status = max(status, child.wait())
+    shutil.rmtree(peers_dir, ignore_errors=True)
     return status

@@ -12,6 +12,7 @@ from typing import Any
 from .. import metrics
 from .connection import HttpProtocol
 from .options import ServerOptions
+from .tls import server_context
 
 log = logging.getLogger("zeroserve.server")
 
@@ -19,8 +20,8 @@ log = logging.getLogger("zeroserve.server")
 class Server:
     """Serves ``app`` on ``options.host:options.port``.
 
-    ``app`` provides ``on_head(head) -> Request``, ``handle(request)`` and
-    ``error_format(path)``; ``arena`` provides ``allocate(n) -> Lease``.
+    ``app`` provides ``on_head(head) -> Request``, ``handle(request)``,
+    ``error_format(path)`` and ``start_draining()``; ``arena`` provides ``allocate(n) -> Lease``.
     """
 
     def __init__(self, app: Any, arena: Any, options: ServerOptions | None = None) -> None:
@@ -28,21 +29,37 @@ class Server:
         self.arena = arena
         self.options = options or ServerOptions()
         self.connections: set[HttpProtocol] = set()
+        # draining: SIGTERM seen, /ready answers 503, responses close their connections;
+        # closing: the listener is closed (after options.drain_ready_delay), new
+        # connections are refused.
         self.draining = False
+        self.closing = False
+        self.tls = self.options.tls is not None
         self.loop: asyncio.AbstractEventLoop = asyncio.get_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._ticker: asyncio.TimerHandle | None = None
         self._lag_probe: asyncio.TimerHandle | None = None
         self._stopped = asyncio.Event()
+        self._hurry = asyncio.Event()  # a second SIGTERM: stop waiting for the LB
         self.port = self.options.port
 
     async def start(self, sock: socket.socket | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         if sock is None:
             sock = bind_socket(self.options.host, self.options.port, reuse_port=self.options.reuse_port)
-        self._server = await self.loop.create_server(
-            lambda: HttpProtocol(self), sock=sock, backlog=self.options.backlog
-        )
+        tls = self.options.tls
+        if tls is None:
+            self._server = await self.loop.create_server(
+                lambda: HttpProtocol(self), sock=sock, backlog=self.options.backlog
+            )
+        else:
+            self._server = await self.loop.create_server(
+                lambda: HttpProtocol(self),
+                sock=sock,
+                backlog=self.options.backlog,
+                ssl=server_context(tls),
+                ssl_handshake_timeout=self.options.head_timeout,
+            )
         self.port = sock.getsockname()[1]
         self._ticker = self.loop.call_later(self.options.tick, self._tick)
         self._probe_lag()
@@ -70,19 +87,29 @@ class Server:
                 self.loop.add_signal_handler(sig, self.request_shutdown)
 
     def request_shutdown(self) -> None:
+        """SIGTERM: drain. A second one skips what is left of the ready delay."""
         if not self.draining:
             log.info("shutting down: draining in-flight requests")
             self.loop.create_task(self.shutdown())
+        else:
+            self._hurry.set()
 
     async def shutdown(self) -> None:
-        """Stop accepting, let in-flight requests finish within the grace period, close."""
+        """Turn not-ready, keep accepting for ``drain_ready_delay`` (so a load balancer
+        stops sending first), stop accepting, let in-flight requests finish within the
+        grace period, close."""
         if self.draining:
             await self._stopped.wait()
             return
         self.draining = True
+        self.app.start_draining()  # /ready answers 503 from now on
+        deadline = self.loop.time() + self.options.graceful_timeout
+        if self.options.drain_ready_delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self.options.drain_ready_delay)
+        self.closing = True
         if self._server is not None:
             self._server.close()
-        deadline = self.loop.time() + self.options.graceful_timeout
         # Idle connections are closed (a close flushes what is queued first); busy ones
         # finish their response, which then closes them. connection_lost removes each.
         while self.connections and self.loop.time() < deadline:

@@ -27,6 +27,7 @@ from .. import metrics
 from ..app.problems import error_body, error_response
 from ..app.request import Request
 from ..app.response import PieceStream, Response, StreamResponse
+from ..edge import EdgeContext
 from ..errors import ZeroserveError
 from ..http.connection import HttpConnection
 from ..http.framing import StreamFramer
@@ -54,7 +55,7 @@ def abort(flow: WriteFlow, conn: HttpConnection) -> None:
 class StreamWriter:
     """Writes the streamed bodies of one connection, one at a time."""
 
-    __slots__ = ("_flush_scheduled", "_server", "conn", "flow", "framer", "loop")
+    __slots__ = ("_ctx", "_flush_scheduled", "_server", "conn", "flow", "framer", "loop")
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class StreamWriter:
         self._server = server
         self.framer = StreamFramer()
         self._flush_scheduled = False
+        self._ctx: EdgeContext | None = None  # the stream's request, as the edge sees it
 
     async def respond(self, req: Request, resp: StreamResponse) -> Response | None:
         """Send one streaming response. Returns the error response to send instead if
@@ -85,12 +87,18 @@ class StreamWriter:
             except StopAsyncIteration:
                 first = None
             except ZeroserveError as exc:
-                return error_response(exc, req.route.errors)
+                return error_response(exc, req.route.errors, _request_id(req))
             conn = self.conn
+            ctx = self._ctx = req.edge
+            headers = resp.headers if ctx is None else ctx.response_headers(resp.headers)
             head = conn.start_response(
-                resp.status, resp.headers, content_length=None, draining=self._server.draining
+                resp.status, headers, content_length=None, draining=self._server.draining
             )
             metrics.count_request(req.route.name, resp.status)
+            if ctx is not None:
+                ctx.status = resp.status
+                if first is not None:
+                    ctx.first_piece()
             if not conn.body_allowed:
                 transport.write(head)
                 return None
@@ -111,8 +119,10 @@ class StreamWriter:
         if not isinstance(exc, ZeroserveError):
             log.error("stream for %s %s failed", req.method, req.path, exc_info=exc)
             exc = ZeroserveError("internal server error while streaming")
+        if req.edge is not None:
+            req.edge.failed = "deadline" if exc.status == 504 else "error"
         if sse:
-            self.framer.add_event(error_body(exc, req.route.errors))
+            self.framer.add_event(error_body(exc, req.route.errors, _request_id(req)))
             self.flush(last=True)
             return
         self.flush()
@@ -164,6 +174,12 @@ class StreamWriter:
         if transport is None or self.flow.closed:
             self.framer.discard()
             return
+        if self._ctx is not None:
+            self._ctx.bytes_out += self.framer.size
         buffers = self.framer.flush(last)
         if buffers:
             transport.writelines(buffers)
+
+
+def _request_id(req: Request) -> bytes:
+    return req.edge.request_id if req.edge is not None else b""

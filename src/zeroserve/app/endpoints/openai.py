@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ...edge import EdgeContext
 from ...errors import CapabilityError, ModelNotFound, RequestError
 from ...models.base import GenerateRequest
 from ...runtime import Engine, ModelHandle, Ticket
@@ -67,11 +68,12 @@ class _Job:
     """One choice to generate: a prompt, its sampling request and its ticket (owned
     until the generation starts with it)."""
 
-    __slots__ = ("_ticket", "index", "max_tokens", "prompt_tokens", "request")
+    __slots__ = ("_ticket", "index", "max_tokens", "on_tokens", "prompt_tokens", "request")
 
     def __init__(
         self, index: int, request: GenerateRequest, prompt_tokens: int, ticket: Ticket
     ) -> None:
+        self.on_tokens: Callable[[int], None] | None = None  # the edge's token count
         self.index = index
         self.request = request
         self.max_tokens = request.max_tokens
@@ -202,6 +204,7 @@ class _OpenAI:
                 max_tokens=job.max_tokens,
                 prompt_tokens=job.prompt_tokens,
                 stop=job.request.stop,
+                on_tokens=job.on_tokens,
             )
 
         return start
@@ -300,7 +303,7 @@ class _OpenAI:
             if body.max_completion_tokens is not None
             else body.max_tokens
         )
-        return self._generate(handle, body, [prompt], max_tokens, chat=True)
+        return self._generate(handle, body, [prompt], max_tokens, chat=True, edge=req.edge)
 
     # -- completions -------------------------------------------------------------------
     def completions(self, req: Request) -> HandlerResult:
@@ -318,7 +321,7 @@ class _OpenAI:
                 raise RequestError(f"'{name}' is not supported by this server", param=name)
         prompts = _texts(body.prompt, "prompt")
         handle = self._handle(body.model, "generate")
-        return self._generate(handle, body, prompts, body.max_tokens, chat=False)
+        return self._generate(handle, body, prompts, body.max_tokens, chat=False, edge=req.edge)
 
     def _generate(
         self,
@@ -328,8 +331,10 @@ class _OpenAI:
         max_tokens: int | None,
         *,
         chat: bool,
+        edge: EdgeContext | None = None,
     ) -> HandlerResult:
-        """Chat and completions alike: one job per prompt and choice, then the answer."""
+        """Chat and completions alike: one job per prompt and choice, then the answer.
+        ``edge`` counts the tokens against the API key's quota as they are produced."""
         jobs, prompt_tokens = self._jobs(
             handle,
             prompts,
@@ -340,6 +345,11 @@ class _OpenAI:
             top_p=body.top_p,
             seed=body.seed,
         )
+        if edge is not None:
+            edge.model = handle.name
+            edge.count_tokens(prompt_tokens)
+            for job in jobs:
+                job.on_tokens = edge.count_tokens
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return self._respond(
             handle,
@@ -359,6 +369,8 @@ class _OpenAI:
         texts = _texts(body.input, "input")
         handle = self._handle(body.model, "embed")
         req.admit(handle)  # the request owns the ticket until the engine takes it
+        if req.edge is not None:
+            req.edge.model = handle.name
         return self._embed(req, texts, body)
 
     async def _embed(self, req: Request, texts: list[str], body: s.EmbeddingRequest) -> Response:
@@ -378,6 +390,8 @@ class _OpenAI:
             values = vecs.tolist()
         data = [s.Embedding("embedding", i, v) for i, v in enumerate(values)]
         tokens = sum(count_tokens(handle.model, t) for t in texts)
+        if req.edge is not None:
+            req.edge.count_tokens(tokens)
         usage = s.EmbeddingUsage(tokens, tokens)
         return _json(s.EmbeddingList("list", data, handle.name, usage))
 

@@ -3,6 +3,8 @@ loop-local, so they stay fast however busy the models are (W8)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from ... import metrics
 from ...runtime import Engine
 from ..request import Request
@@ -13,11 +15,31 @@ _OK = json_response({"status": "ok"})
 _PROM = b"text/plain; version=0.0.4; charset=utf-8"
 
 
-def register(router: Router, engine: Engine) -> None:
+_DRAINING = json_response({"status": "draining"}, 503)
+
+
+class Readiness:
+    """Whether the server still wants traffic: false once it drains after SIGTERM, so
+    load balancers stop sending before the listener closes."""
+
+    __slots__ = ("draining",)
+
+    def __init__(self) -> None:
+        self.draining = False
+
+
+def register(
+    router: Router,
+    engine: Engine,
+    readiness: Readiness,
+    metrics_view: Callable[[], Awaitable[bytes]] | None = None,
+) -> None:
     def health(req: Request) -> Response:
         return _OK
 
     def ready(req: Request) -> Response:
+        if readiness.draining:
+            return _DRAINING
         if engine.ready():
             return _OK
         return json_response({"status": "unavailable", "detail": engine.status()}, 503)
@@ -25,6 +47,10 @@ def register(router: Router, engine: Engine) -> None:
     def metrics_endpoint(req: Request) -> Response:
         return Response(200, [metrics.exposition()], content_type=_PROM)
 
+    async def merged_metrics(req: Request) -> Response:
+        assert metrics_view is not None
+        return Response(200, [await metrics_view()], content_type=_PROM)
+
     router.add("GET", "/health", health)
     router.add("GET", "/ready", ready)
-    router.add("GET", "/metrics", metrics_endpoint)
+    router.add("GET", "/metrics", metrics_endpoint if metrics_view is None else merged_metrics)

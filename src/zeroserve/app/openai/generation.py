@@ -26,6 +26,7 @@ stop sequence is given. A match ends the generation with ``"stop"``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ...models.base import Model
@@ -92,9 +93,11 @@ class Generation:
 
     __slots__ = (
         "_budget",
+        "_debited",
         "_done",
         "_filter",
         "_meta",
+        "_on_tokens",
         "_stream",
         "_tokens",
         "index",
@@ -111,8 +114,13 @@ class Generation:
         max_tokens: int | None,
         prompt_tokens: int,
         stop: list[str] | None = None,
+        on_tokens: Callable[[int], None] | None = None,
     ) -> None:
         self._stream = stream
+        # Told of completion tokens as they arrive (one per piece, the rest once counted
+        # at the end): an API key's tokens-per-minute quota is debited while streaming.
+        self._on_tokens = on_tokens
+        self._debited = 0
         self._filter = StopFilter(stop) if stop else None
         self._done = False
         self._tokens = 0  # model pieces received (each holds at least one token)
@@ -140,6 +148,8 @@ class Generation:
                 text = filt.flush() if filt is not None else ""
             else:
                 self._tokens += 1
+                if self._on_tokens is not None:
+                    self._debit(1)
                 text = as_text(piece)
                 if filt is not None:
                     text = filt.push(text)
@@ -160,6 +170,8 @@ class Generation:
             return []
         pieces = self._stream.receive_batch_nowait(max_items)
         self._tokens += len(pieces)
+        if self._on_tokens is not None and pieces:
+            self._debit(len(pieces))
         texts = [t for t in map(as_text, pieces) if t]
         self.parts += texts
         return texts
@@ -170,8 +182,19 @@ class Generation:
     def text(self) -> str:
         return "".join(self.parts)
 
+    def _debit(self, n: int) -> None:
+        assert self._on_tokens is not None
+        self._debited += n
+        self._on_tokens(n)
+
     def finish(self) -> tuple[str, int]:
         """``(finish_reason, completion_tokens)`` once the stream has ended."""
+        reason, tokens = self._finish()
+        if self._on_tokens is not None and tokens > self._debited:
+            self._debit(tokens - self._debited)
+        return reason, tokens
+
+    def _finish(self) -> tuple[str, int]:
         pieces = self._tokens
         if self._filter is not None and self._filter.stopped:
             return "stop", max(pieces, count_tokens(self._meta, self.text()) if pieces else 0)

@@ -126,5 +126,13 @@ def _snapshot() -> dict[str, UpstreamStatistics]:
     }
 
 
-# Gauges zeroserve_upstream_<field>{name="<model> <url>"}; histograms in _relay.
-metrics.register_source("upstream", _snapshot)
+# zeroserve_upstream_<field>{name="<model> <url>"} (cumulative fields as *_total
+# counters); histograms in _relay.
+metrics.register_source(
+    "upstream",
+    _snapshot,
+    counters=(
+        "requests", "errors", "ejections", "connects", "reused", "read_pauses", "batches",
+        "coalesced",
+    ),
+)

@@ -55,6 +55,8 @@ Buffer = bytes | bytearray | memoryview
 # are streamed. Chat and embedding answers are a few KiB; 1 MiB keeps the common case
 # one fixed-length write while bounding what a request can hold.
 WHOLE_BODY_MAX_BYTES = 1 << 20
+# A client's credential headers: meant for this server, not for the upstream.
+_CREDENTIALS = frozenset((b"authorization", b"api-key", b"x-api-key"))
 
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TTFB_SECONDS = Histogram(
@@ -113,6 +115,14 @@ class Relay:
         self.requests = self.retries = self.unavailable = self.unreachable = 0
         self.timeouts = self.client_disconnects = 0
 
+    def _client_headers(self, req: Request) -> list[tuple[bytes, bytes]]:
+        """The client's headers for the upstream: without its credentials unless the
+        model forwards them (``forward_client_key``)."""
+        headers = req.head.headers
+        if self.options.forward_client_key:
+            return headers
+        return [h for h in headers if h[0] not in _CREDENTIALS]
+
     def _now(self) -> float:
         return self.clock()  # late-bound, so tests may swap ``clock``
 
@@ -150,6 +160,11 @@ class Relay:
             body = rewrite_model(req.body, self.options.upstream_model) or body
         size = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in body)
         query = req.head.query
+        extra = self._extra
+        if req.edge is not None:
+            # The id the client sees is the one the upstream logs, and the upstream's
+            # spans join this request's trace (these replace the client's own headers).
+            extra = [*extra, *req.edge.upstream_headers()]
         tried: list[Upstream] = []
         last: UpstreamError | None = None
         for attempt in range(self.options.retries + 1):
@@ -161,7 +176,7 @@ class Relay:
             tried.append(up)
             target = up.url.base_path + path + ("?" + query if query else "")
             head = request_head(
-                req.method, target, up.url.authority, size, req.head.headers, self._extra
+                req.method, target, up.url.authority, size, self._client_headers(req), extra
             )
             try:
                 ex, rhead, written = await up.exchange(req.method, [head, *body], deadline)

@@ -1,0 +1,208 @@
+"""API keys: where a request's credential is, and which configured key it is.
+
+Strategy
+--------
+A credential is taken from ``Authorization: Bearer KEY`` (the openai SDK),
+``api-key: KEY`` (Azure style) or ``x-api-key: KEY``, in that order. It is compared with
+every configured key by ``hmac.compare_digest`` and the loop never stops early, so the
+time taken says nothing about which key matched or how much of a guess was right.
+
+Invariants: a key's secret appears only in ``ApiKey.secret``; ``repr``, error messages,
+logs and metric labels use its *name* (docs/architecture.md, "The edge").
+"""
+
+from __future__ import annotations
+
+import hmac
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ..errors import Unauthorized
+
+# A credential longer than this is refused without being compared. OpenAI keys are about
+# 170 characters; 512 leaves room for JWT-like tokens while bounding the comparison work.
+MAX_CREDENTIAL_BYTES = 512
+# Query parameters that carry a key in other servers' URLs (Google's ``key``, the
+# ``api_key`` / ``access_token`` of many REST APIs). URLs end up in proxy and browser
+# logs, so a key there is refused rather than accepted.
+QUERY_KEY_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "access_token", "token"})
+_BEARER = b"bearer "
+_BEARER_LEN = len(_BEARER)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """A key's quotas; ``None`` means unlimited."""
+
+    max_concurrent: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        return (
+            self.max_concurrent is not None
+            or self.requests_per_minute is not None
+            or self.tokens_per_minute is not None
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """One configured key. ``name`` labels metrics and logs; ``secret`` never leaves."""
+
+    name: str
+    secret: bytes = field(repr=False)
+    limits: KeyLimits = field(default_factory=KeyLimits)
+
+    def __repr__(self) -> str:
+        return f"ApiKey(name={self.name!r}, limits={self.limits!r})"
+
+
+class KeyRing:
+    """The configured keys. ``authenticate`` returns the key a request presents, or raises
+    ``Unauthorized`` (401) for a missing, malformed or unknown credential."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self, keys: Sequence[ApiKey]) -> None:
+        if not keys:
+            raise ValueError("a key ring needs at least one key")
+        names = [k.name for k in keys]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"API key names must be unique: {', '.join(dupes)}")
+        secrets = [k.secret for k in keys]
+        if len(set(secrets)) != len(secrets):
+            raise ValueError("two API keys have the same secret")
+        for key in keys:
+            if not key.secret or len(key.secret) > MAX_CREDENTIAL_BYTES:
+                raise ValueError(
+                    f"API key {key.name!r} must be 1 to {MAX_CREDENTIAL_BYTES} bytes long"
+                )
+        self._keys = tuple(keys)
+
+    @property
+    def names(self) -> list[str]:
+        return [k.name for k in self._keys]
+
+    def key(self, name: str) -> ApiKey:
+        for k in self._keys:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    def authenticate(self, headers: Iterable[tuple[bytes, bytes]], query: str = "") -> ApiKey:
+        if query:
+            refuse_query_key(query)
+        return self.match(credential_from(headers))
+
+    def match(self, credential: bytes) -> ApiKey:
+        """The key whose secret is ``credential``, or ``Unauthorized``."""
+        found: ApiKey | None = None
+        for key in self._keys:  # no early exit: constant time in which key matched
+            if hmac.compare_digest(key.secret, credential):
+                found = key
+        if found is None:
+            raise Unauthorized("invalid API key")
+        return found
+
+
+def credential_from(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The credential a request presents, or ``Unauthorized``. Header names are lower case
+    (as ``http/`` delivers them). ``Authorization`` wins; else the first ``api-key`` or
+    ``x-api-key``. One pass, no allocation: this runs on every request when keys are on."""
+    auth: bytes | None = None
+    other: bytes | None = None
+    for name, value in headers:
+        if name == b"authorization":
+            if auth is None:
+                auth = value
+        elif (name == b"api-key" or name == b"x-api-key") and other is None:
+            other = value
+    return parse_credential(auth, other)
+
+
+def parse_credential(auth: bytes | None, other: bytes | None) -> bytes:
+    """The credential from an ``Authorization`` value, else an ``api-key`` /
+    ``x-api-key`` value; ``Unauthorized`` if neither is there or it is malformed."""
+    if auth is not None:
+        value = auth.strip()
+        if len(value) <= _BEARER_LEN or value[:_BEARER_LEN].lower() != _BEARER:
+            raise Unauthorized("the Authorization header must be 'Bearer <API key>'")
+        credential = value[_BEARER_LEN:].strip()
+    else:
+        if other is None:
+            raise Unauthorized(
+                "an API key is required: send 'Authorization: Bearer <key>' (or api-key / x-api-key)"
+            )
+        credential = other.strip()
+    if not credential or len(credential) > MAX_CREDENTIAL_BYTES:
+        raise Unauthorized("invalid API key")
+    return credential
+
+
+def refuse_query_key(query: str) -> None:
+    """Raise ``Unauthorized`` if the URL query carries something that looks like a key."""
+    for name, _ in parse_qsl(query, keep_blank_values=True):
+        if name.lower() in QUERY_KEY_PARAMS:
+            raise Unauthorized(
+                "API keys are not accepted in the URL; send them in the Authorization header"
+            )
+
+
+def load_keys_file(path: str) -> list[ApiKey]:
+    """Keys from a TOML file of ``[keys.NAME]`` tables (``key`` plus optional limits).
+    Raises ``ValueError`` naming the table at fault, never the secret."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ValueError(f"cannot read API keys file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"API keys file {path} is not valid TOML: {exc}") from None
+    return keys_from_mapping(data, source=path)
+
+
+def keys_from_mapping(data: Mapping[str, Any], *, source: str = "keys") -> list[ApiKey]:
+    unknown = sorted(set(data) - {"keys"})
+    if unknown:
+        raise ValueError(f"{source}: unknown top-level key(s) {', '.join(unknown)}")
+    tables = data.get("keys", {})
+    if not isinstance(tables, Mapping):
+        raise ValueError(f"{source}: 'keys' must be tables like [keys.NAME]")
+    out: list[ApiKey] = []
+    for name, table in tables.items():
+        out.append(_key_from_table(str(name), table, source))
+    return out
+
+
+_LIMIT_FIELDS = ("max_concurrent", "requests_per_minute", "tokens_per_minute")
+
+
+def _key_from_table(name: str, table: Any, source: str) -> ApiKey:
+    where = f"{source}: [keys.{name}]"
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{where} must be a table")
+    unknown = sorted(set(table) - {"key", *_LIMIT_FIELDS})
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    secret = table.get("key")
+    if not isinstance(secret, str) or not secret:
+        raise ValueError(f"{where}: 'key' must be a non-empty string")
+    limits: dict[str, int] = {}
+    for fld in _LIMIT_FIELDS:
+        value = table.get(fld)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{where}: '{fld}' must be a positive integer")
+        limits[fld] = value
+    try:
+        encoded = secret.encode("ascii")
+    except UnicodeEncodeError:
+        raise ValueError(f"{where}: 'key' must be ASCII (it travels in an HTTP header)") from None
+    return ApiKey(name, encoded, KeyLimits(**limits))
