@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -174,23 +175,32 @@ def test_workers_share_the_port() -> None:
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "zeroserve", "serve", "--port", str(port),
                              "--workers", "2", "--model", "echo"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+                            stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         assert proc.stdout is not None
         pids: set[str] = set()
         lines: list[str] = []
+        # Raw reads of the pipe, split here: the workers' ready lines can arrive in one read,
+        # and a buffered readline() would keep the second one where select() cannot see it.
+        fd = proc.stdout.fileno()
+        pending = b""
         sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ)
         deadline = time.monotonic() + 60
         while len(pids) < 2 and time.monotonic() < deadline:
             if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
                 break
-            line = proc.stdout.readline()
-            if not line:
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 break
-            lines.append(line)
-            if "serving" in line:
-                pids.add(line.split()[1])
+            pending += chunk
+            *done, pending = pending.split(b"\n")
+            for raw in done:
+                line = raw.decode(errors="replace") + "\n"
+                lines.append(line)
+                if "serving" in line:
+                    pids.add(line.split()[1])
+        sel.close()
         assert len(pids) == 2, "two workers should serve:\n" + "".join(lines)
         with httpx.Client() as client:
             for _ in range(10):
