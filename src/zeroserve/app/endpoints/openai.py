@@ -38,6 +38,7 @@ from ...edge import EdgeContext
 from ...errors import CapabilityError, ModelNotFound, RequestError
 from ...models.base import GenerateRequest
 from ...runtime import Engine, ModelHandle, Ticket
+from ..engine_relay import engine_for_request
 from ..openai import schemas as s
 from ..openai.generation import Generation, count_tokens
 from ..openai.streaming import ChoiceStream, Chunks
@@ -284,11 +285,31 @@ class _OpenAI:
         ]
         return _json(s.Completion(ident, "text_completion", created, handle.name, texts, usage))
 
+    def _engine_model(self, req: Request, *, chat: bool) -> Any:
+        """The answer of an engine-backed (``llamacpp``) model, or None for other models:
+        the body goes to the engine undecoded (``app/engine_relay.py``)."""
+        found = engine_for_request(self.engine, req)
+        if found is None:
+            return None
+        relay, handle = found
+        ticket = handle.admit()  # Overloaded: 429 with Retry-After
+        deadline = asyncio.get_running_loop().time() + relay.model.timeout
+        try:
+            if chat:
+                return relay.chat(req, ticket, deadline)
+            return relay.completions(req, ticket, deadline)
+        except BaseException:
+            ticket.release()
+            raise
+
     # -- chat --------------------------------------------------------------------------
     def chat(self, req: Request) -> HandlerResult:
         relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
         if relay is not None:
             return relay.forward(req, "/chat/completions")
+        engine = self._engine_model(req, chat=True)  # a llamacpp model: its engine
+        if engine is not None:
+            return engine
         body = s.decode(s.chat_decoder, req.body)
         if body.logprobs:
             raise RequestError("logprobs are not supported by this server", param="logprobs")
@@ -310,6 +331,9 @@ class _OpenAI:
         relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
         if relay is not None:
             return relay.forward(req, "/completions")
+        engine = self._engine_model(req, chat=False)
+        if engine is not None:
+            return engine
         body = s.decode(s.completion_decoder, req.body)
         for name, bad in (
             ("logprobs", body.logprobs is not None),

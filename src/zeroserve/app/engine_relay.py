@@ -1,0 +1,652 @@
+"""The in-process engine as an upstream: chat and completions for ``llamacpp`` models.
+
+Strategy (docs/architecture.md, "The in-process engine")
+--------------------------------------------------------
+This is the gateway's undecoded relay with a function call in place of a socket. The
+request body is checked once by the strict schemas (``EngineChatRequest``: unknown fields
+get a 400 naming them), its ``model`` is rewritten by the gateway's scanner
+(``relay._rewrite``) and the result goes to ``Server.handle_chat_completions`` as bytes.
+The engine's chunks come back as bytes and go to the client as SSE events as they are;
+zeroserve looks inside a chunk only where it must, once, with msgspec: the first chunk
+(an engine error becomes a proper HTTP status), and the final one (``timings``: tokens,
+prompt-cache hits). Forced tool calls are the exception: their chunks are rewritten into
+OpenAI's ``tool_calls`` deltas (:mod:`.engine_tools`).
+
+Threads and slots: the engine blocks the calling thread in C++ for the whole generation,
+so each model has a pool of exactly ``parallel`` threads (one per engine slot) and a
+semaphore of ``parallel`` slots. A request waits for a slot on the event loop, holding
+only its admission ticket (the queue depth bounds how many wait: 429 beyond); it never
+waits in a thread.
+
+Backpressure: the engine does not pause a slot for a slow reader, so a stream's pending
+chunks are bounded in bytes (``coalesce_cap_bytes``, the channels' coalesce cap): every
+pending chunk goes out in one write when the client is ready (they coalesce into one
+``writelines``), and past the cap the stream is aborted (``StreamAborted``) and its slot
+freed. Cancellation: a client disconnect, the deadline or ``aclose()`` set a flag that
+makes the engine callback return ``True``, which stops the slot at its next token.
+
+Limits checked before a slot is taken: ``max_tokens`` beyond the slot's context, and a
+prompt too long for it (``context_length_exceeded``). The prompt check is exact only when
+it has to be: a prompt whose UTF-8 bytes (an upper bound of its tokens for byte-level
+BPE vocabularies) plus the template's overhead fit is accepted at once; otherwise the
+engine's own tokenizer counts it, through the locked side port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from prometheus_client import Counter, Histogram
+
+from .. import metrics
+from ..errors import DeadlineExceeded, RequestError, ZeroserveError
+from ..models.llamacpp import LlamaCppModel
+from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
+from .engine_tools import ForcedTool, plan_tools, run_choices
+from .openai import schemas as s
+from .relay._rewrite import model_spans, rewrite_model
+from .request import Request
+from .response import JSON, Response, StreamResponse
+
+# Tokens a chat template adds around each message (role markers, separators) and once
+# per conversation (the assistant header, a default system prompt: SmolLM2's is 20
+# tokens). Generous bounds: they only decide when the exact count is needed.
+TEMPLATE_TOKENS_PER_MESSAGE = 8
+TEMPLATE_TOKENS_FIXED = 64
+# Seconds to get an exact token count from the engine's tokenizer (loopback, no model
+# work: milliseconds; a second means the engine is wedged).
+TOKENIZE_TIMEOUT_S = 5.0
+# Largest side-port answer read (a token list of a whole context: ~8 bytes a token).
+TOKENIZE_MAX_BYTES = 4 << 20
+
+DONE = b"[DONE]"
+_ERROR_PREFIX = b'{"error"'
+_TIMINGS = b'"timings"'
+
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TTFT_SECONDS = Histogram(
+    "zeroserve_generation_ttft_seconds",
+    "Time from a generation request admitted to its first token (queueing included).",
+    ["model"],
+    registry=metrics.REGISTRY,
+    buckets=_BUCKETS,
+)
+ITL_SECONDS = Histogram(
+    "zeroserve_generation_inter_token_seconds",
+    "Time between consecutive tokens (chunks) of a streamed generation.",
+    ["model"],
+    registry=metrics.REGISTRY,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+TOKENS = Counter(
+    "zeroserve_generation_tokens",
+    "Tokens generated (rate() of it is tokens/s).",
+    ["model"],
+    registry=metrics.REGISTRY,
+)
+CACHED_PROMPT_TOKENS = Counter(
+    "zeroserve_generation_prompt_cache_hit_tokens",
+    "Prompt tokens served from the engine's prompt cache instead of being evaluated.",
+    ["model"],
+    registry=metrics.REGISTRY,
+)
+PROMPT_TOKENS = Counter(
+    "zeroserve_generation_prompt_tokens",
+    "Prompt tokens of generation requests (cached or evaluated).",
+    ["model"],
+    registry=metrics.REGISTRY,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatistics:
+    slots: int  # engine slots (parallel sequences)
+    active: int  # slots generating now
+    queued: int  # requests admitted and waiting for a slot
+    requests: int
+    aborted: int  # streams stopped early (disconnect, deadline, slow reader)
+
+
+class EngineRelay:
+    """Serves one ``llamacpp`` model's chat and completions through its engine."""
+
+    def __init__(self, name: str, model: LlamaCppModel, *, byte_cap: int) -> None:
+        self.name = name
+        self.model = model
+        self.byte_cap = byte_cap
+        self.slots = model.parallel
+        self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix=f"engine-{name}")
+        self._free: asyncio.Semaphore | None = None
+        self.active = 0
+        self.queued = 0
+        self.requests = 0
+        self.aborted = 0
+        self._alias = msgspec.json.encode(model.alias)
+        self._ttft = TTFT_SECONDS.labels(name)
+        self._itl = ITL_SECONDS.labels(name)
+        self._tokens = TOKENS.labels(name)
+        self._cached = CACHED_PROMPT_TOKENS.labels(name)
+        self._prompt = PROMPT_TOKENS.labels(name)
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics(self.slots, self.active, self.queued, self.requests, self.aborted)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- requests --------------------------------------------------------------------------
+    def chat(self, req: Request, ticket: Any, deadline: float) -> Any:
+        """Check a chat request and start answering it (an awaitable of the response)."""
+        body = s.decode(s.engine_chat_decoder, req.body)
+        plan = plan_tools(body)
+        max_tokens = (
+            body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        )
+        texts = [_message_text(m) for m in body.messages]
+        extra = len(bytes(body.tools)) if s.given(body.tools) else 0
+        bound = sum(len(t.encode()) for t in texts) + extra
+        bound += TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(texts)
+        payload = plan.body if plan is not None else self._payload(req.body)
+        n = body.n or 1
+        return self._run(
+            req, ticket, deadline, payload, chat=True, stream=bool(body.stream), n=n,
+            seed=body.seed, max_tokens=max_tokens, bound=bound, messages=body.messages,
+            prompt=None, plan=plan, has_format=s.given(body.response_format),
+        )
+
+    def completions(self, req: Request, ticket: Any, deadline: float) -> Any:
+        body = s.decode(s.engine_completion_decoder, req.body)
+        for name, bad in (
+            ("echo", bool(body.echo)),
+            ("best_of", body.best_of is not None and body.best_of > 1),
+            ("suffix", body.suffix is not None),
+        ):
+            if bad:
+                raise RequestError(f"'{name}' is not supported by this model", param=name)
+        if not isinstance(body.prompt, str):
+            raise RequestError(
+                "this model takes one text prompt per request; send a string", param="prompt"
+            )
+        bound = len(body.prompt.encode()) + TEMPLATE_TOKENS_FIXED
+        return self._run(
+            req, ticket, deadline, self._payload(req.body), chat=False,
+            stream=bool(body.stream), n=body.n or 1, seed=body.seed,
+            max_tokens=body.max_tokens, bound=bound, messages=None, prompt=body.prompt,
+            plan=None, has_format=False,
+        )
+
+    def _payload(self, body: memoryview) -> bytes:
+        """The body as the engine takes it: bytes, with ``model`` set to the alias."""
+        parts = rewrite_model(body, self.model.alias)
+        data = b"".join(parts) if parts is not None else bytes(body)
+        metrics.count_copy("engine_body", len(data))
+        return data
+
+    async def _run(
+        self,
+        req: Request,
+        ticket: Any,
+        deadline: float,
+        payload: bytes,
+        *,
+        chat: bool,
+        stream: bool,
+        n: int,
+        seed: int | None,
+        max_tokens: int | None,
+        bound: int,
+        messages: Any,
+        prompt: str | None,
+        plan: ForcedTool | None,
+        has_format: bool,
+    ) -> Response | StreamResponse:
+        self.requests += 1
+        try:
+            await self._check_context(max_tokens, bound, messages, prompt, deadline)
+            if n > 1:
+                return await run_choices(self, payload, n, seed, chat, stream, deadline, ticket, plan)
+            run = _Run(self, deadline, ticket, plan=plan, has_format=has_format)
+            return await run.start(payload, chat=chat, stream=stream)
+        except BaseException:
+            ticket.release()
+            raise
+
+    async def _check_context(
+        self,
+        max_tokens: int | None,
+        bound: int,
+        messages: Any,
+        prompt: str | None,
+        deadline: float,
+    ) -> None:
+        ctx = self.model.context_length
+        want = max_tokens or 0
+        if want >= ctx:
+            raise RequestError(
+                f"this model's maximum context length is {ctx} tokens; max_tokens asks for "
+                f"{want}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        if bound + want < ctx:
+            return
+        tokens = await self.count_prompt_tokens(messages, prompt, deadline)
+        if tokens + want >= ctx:
+            raise RequestError(
+                f"this model's maximum context length is {ctx} tokens; the request has "
+                f"{tokens} prompt tokens and asks for up to {want} more",
+                param="messages" if messages is not None else "prompt",
+                code="context_length_exceeded",
+            )
+
+    async def count_prompt_tokens(self, messages: Any, prompt: str | None, deadline: float) -> int:
+        """Exact prompt tokens, from the engine's template and tokenizer (side port)."""
+        if prompt is None:
+            rendered = await self._side(
+                "/apply-template", msgspec.json.encode({"messages": messages}), deadline
+            )
+            prompt = str(msgspec.json.decode(rendered).get("prompt", ""))
+        answer = await self._side(
+            "/tokenize", msgspec.json.encode({"content": prompt, "add_special": True}), deadline
+        )
+        return len(msgspec.json.decode(answer).get("tokens", ()))
+
+    async def _side(self, path: str, body: bytes, deadline: float) -> bytes:
+        """POST ``body`` to the engine's locked side port (loopback, with its key)."""
+        host, _, port = self.model.side_address.removeprefix("http://").rpartition(":")
+        loop = asyncio.get_running_loop()
+        timeout = max(min(TOKENIZE_TIMEOUT_S, deadline - loop.time()), 0.001)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+            f"Authorization: Bearer {self.model._side_key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1")
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                try:
+                    writer.writelines([head, body])
+                    data = await reader.read(TOKENIZE_MAX_BYTES)
+                    while chunk := await reader.read(TOKENIZE_MAX_BYTES):
+                        data += chunk
+                finally:
+                    writer.close()
+        except TimeoutError:
+            raise DeadlineExceeded("counting the prompt's tokens took too long") from None
+        status_line, _, rest = data.partition(b"\r\n")
+        _, _, payload = rest.partition(b"\r\n\r\n")
+        if b" 200 " not in status_line + b" ":
+            raise ZeroserveError("the engine could not count the prompt's tokens")
+        return payload
+
+    # -- slots -----------------------------------------------------------------------------
+    async def acquire(self, deadline: float) -> None:
+        """Wait for a free engine slot (on the loop; never in a thread)."""
+        if self._free is None:
+            self._free = asyncio.Semaphore(self.slots)
+        loop = asyncio.get_running_loop()
+        self.queued += 1
+        try:
+            async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                await self._free.acquire()
+        except TimeoutError:
+            raise DeadlineExceeded("the request's deadline passed while it waited for a slot") from None
+        finally:
+            self.queued -= 1
+        self.active += 1
+
+    def release(self) -> None:
+        self.active -= 1
+        assert self._free is not None
+        self._free.release()
+
+    def observe(self, run: _Run) -> None:
+        """Metrics of one finished generation (on the loop, once)."""
+        stamps = run.stamps
+        if stamps:
+            self._ttft.observe(stamps[0] - run.t0)
+            for a, b in itertools.pairwise(stamps):
+                self._itl.observe(b - a)
+        timings = run.timings
+        if timings is not None:
+            self._tokens.inc(timings.predicted_n)
+            self._cached.inc(timings.cache_n)
+            self._prompt.inc(timings.cache_n + timings.prompt_n)
+        elif stamps:
+            self._tokens.inc(len(stamps))
+
+
+class _Run:
+    """One engine call: a pool thread runs it; the loop consumes its chunks.
+
+    Thread side: :meth:`callback` (the engine's) appends chunks under ``_lock`` and wakes
+    the loop only when the consumer is waiting. Loop side: ``__anext__`` and
+    :meth:`receive_batch_nowait` take them. ``cancelled`` is read by the callback: once it
+    is set, the callback returns ``True`` and the engine stops the slot.
+    """
+
+    def __init__(
+        self,
+        relay: EngineRelay,
+        deadline: float,
+        ticket: Any,
+        *,
+        plan: ForcedTool | None = None,
+        has_format: bool = False,
+        stamp: bool = True,
+    ) -> None:
+        self.relay = relay
+        self.deadline = deadline
+        self.ticket = ticket
+        self.plan = plan
+        self.has_format = has_format
+        self.loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._pending: deque[bytes] = deque()
+        self._pending_bytes = 0
+        self.peak_pending_bytes = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._waiting = False
+        self._done = False
+        self._error: BaseException | None = None
+        self.cancelled = False
+        self._closed = False
+        self._slot = False
+        self._timer: asyncio.TimerHandle | None = None
+        self.t0 = time.perf_counter()
+        self.stamps: list[float] = []
+        self._stamp = stamp
+        self.timings: s.EngineTimings | None = None
+        self._thread_done: asyncio.Future[None] | None = None
+
+    # -- thread side -----------------------------------------------------------------------
+    def callback(self, chunk: bytes) -> bool:
+        if self.cancelled:
+            return True
+        if self._stamp:
+            self.stamps.append(time.perf_counter())
+        with self._lock:
+            self._pending.append(chunk)
+            self._pending_bytes += len(chunk)
+            if self._pending_bytes > self.peak_pending_bytes:
+                self.peak_pending_bytes = self._pending_bytes
+            over = self._pending_bytes > self.relay.byte_cap
+            wake, self._waiting = self._waiting, False
+        if over:
+            self.cancelled = True
+            self.loop.call_soon_threadsafe(
+                self._fail,
+                StreamAborted(f"stream aborted: the client fell more than {self.relay.byte_cap} bytes behind"),
+            )
+            return True
+        if wake:
+            self.loop.call_soon_threadsafe(self._wake)
+        return False
+
+    def _call(self, payload: bytes, chat: bool) -> None:
+        server = self.relay.model.server
+        try:
+            if chat:
+                server.handle_chat_completions(payload, self.callback)
+            else:
+                server.handle_completions(payload, self.callback)
+        except BaseException as exc:
+            error: BaseException = exc
+            if isinstance(exc, ValueError):
+                # The engine refused the request before generating (a grammar it cannot
+                # build from the schema, a template error): the client's fault.
+                error = RequestError(
+                    f"the engine refused the request: {exc}",
+                    param="response_format" if self.has_format else None,
+                )
+            with self._lock:
+                self._error = error
+        finally:
+            with self._lock:
+                self._done = True
+                wake, self._waiting = self._waiting, False
+            if wake:
+                self.loop.call_soon_threadsafe(self._wake)
+
+    # -- loop side -------------------------------------------------------------------------
+    async def start(self, payload: bytes, *, chat: bool, stream: bool) -> Response | StreamResponse:
+        relay = self.relay
+        await relay.acquire(self.deadline)
+        self._slot = True
+        self._timer = self.loop.call_at(self.deadline, self._expire)
+        fut = self.loop.run_in_executor(relay.pool, self._call, payload, chat)
+        self._thread_done = asyncio.ensure_future(fut)
+        self._thread_done.add_done_callback(self._thread_finished)
+        try:
+            first = await self.next_chunk()
+            if first is None:
+                raise ZeroserveError("the engine returned no answer")
+            first = self.check(first)
+        except BaseException:
+            self.close()
+            raise
+        if self.plan is not None:
+            return await self.plan.respond(self, first, chat=chat, stream=stream)
+        if not stream:
+            self.close()
+            return Response(200, [first], content_type=JSON)
+        pieces = _Pieces(self, first)
+        return StreamResponse(pieces, framing="sse", aclose=pieces.aclose)
+
+    def check(self, chunk: bytes) -> bytes:
+        """Raise the engine's error chunk as a zeroserve error; read the final chunk's
+        timings. Each chunk is looked at here only if it can be one of those two."""
+        if chunk.startswith(_ERROR_PREFIX):
+            err = s.engine_error_decoder.decode(chunk).error
+            if err.type == "exceed_context_size_error":
+                raise RequestError(
+                    "the request exceeds this model's context length",
+                    param="messages",
+                    code="context_length_exceeded",
+                )
+            status = err.code if 400 <= err.code < 600 else 500
+            raise ZeroserveError(err.message or "the engine failed", status=status, code=err.type)
+        if _TIMINGS in chunk and self.timings is None:
+            self.timings = s.engine_chunk_decoder.decode(chunk).timings
+        return chunk
+
+    async def next_chunk(self) -> bytes | None:
+        while True:
+            with self._lock:
+                if self._pending:
+                    chunk = self._pending.popleft()
+                    self._pending_bytes -= len(chunk)
+                    return chunk
+                if self._error is not None:
+                    raise self._error
+                if self._done:
+                    return None
+                self._waiting = True
+                waiter = self._waiter = self.loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def take_ready(self, max_items: int) -> list[bytes]:
+        """Chunks here now, up to ``max_items``, stopping before an error chunk or the
+        final one (with ``timings``): those go through ``next_chunk`` and ``check``."""
+        out: list[bytes] = []
+        with self._lock:
+            pending = self._pending
+            while pending and len(out) < max_items:
+                chunk = pending[0]
+                if chunk.startswith(_ERROR_PREFIX) or _TIMINGS in chunk:
+                    break
+                out.append(pending.popleft())
+                self._pending_bytes -= len(chunk)
+        return out
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self._pending.clear()
+            self._pending_bytes = 0
+            if self._error is None:
+                self._error = exc
+        self._wake()
+
+    def _expire(self) -> None:
+        self.cancelled = True
+        self._fail(DeadlineExceeded("the request's deadline passed during generation"))
+
+    def _thread_finished(self, fut: asyncio.Future[None]) -> None:
+        if self._slot:
+            self._slot = False
+            self.relay.release()
+
+    def close(self) -> None:
+        """The response is over (complete, failed or abandoned): stop the engine at its
+        next token if it is still generating; the slot frees when its thread returns."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            running = not self._done
+        if running:
+            self.cancelled = True
+            self.relay.aborted += 1
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._thread_done is None and self._slot:
+            self._slot = False
+            self.relay.release()
+        if self.ticket is not None:
+            self.ticket.release()
+            self.ticket = None
+        self.relay.observe(self)
+
+
+class _Pieces:
+    """The SSE pieces of one streamed answer: the engine's chunks as they came."""
+
+    __slots__ = ("_done", "_first", "run")
+
+    def __init__(self, run: _Run, first: bytes) -> None:
+        self.run = run
+        self._first: bytes | None = first
+        self._done = False
+
+    def __aiter__(self) -> _Pieces:
+        return self
+
+    async def __anext__(self) -> bytes:
+        first = self._first
+        if first is not None:
+            self._first = None
+            return first
+        if self._done:
+            raise StopAsyncIteration
+        chunk = await self.run.next_chunk()
+        if chunk is None:
+            self._done = True
+            return DONE
+        return self.run.check(chunk)
+
+    def receive_batch_nowait(self, max_items: int) -> list[bytes]:
+        """Chunks already here (one write with the chunk just taken). The final chunk
+        (with ``timings``) is left for ``__anext__``, which reads it."""
+        if self._first is not None or self._done:
+            return []
+        return self.run.take_ready(max_items)
+
+    def aclose(self) -> None:
+        self.run.close()
+
+
+def _message_text(m: s.EngineMessage) -> str:
+    content = m.content
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        text = "\n".join(p.text or "" for p in content)
+    if m.tool_calls:
+        text += "".join(c.function.name + c.function.arguments for c in m.tool_calls)
+    return text
+
+
+# -- discovery (as app.relay finds remote models) -----------------------------------------
+_RELAYS: weakref.WeakKeyDictionary[LlamaCppModel, EngineRelay] = weakref.WeakKeyDictionary()
+
+
+def engine_relay_for(handle: Any, *, byte_cap: int = DEFAULT_COALESCE_CAP_BYTES) -> EngineRelay | None:
+    """The engine relay of a model handle, or None unless it is a loaded ``llamacpp``
+    model (one relay per model instance, made on first use)."""
+    meta = handle.meta
+    if not isinstance(meta, LlamaCppModel) or meta.server is None:
+        return None
+    relay = _RELAYS.get(meta)
+    if relay is None:
+        relay = _RELAYS[meta] = EngineRelay(handle.name, meta, byte_cap=byte_cap)
+    return relay
+
+
+def engine_for_request(engine: Any, req: Request) -> tuple[EngineRelay, Any] | None:
+    """``(relay, handle)`` when the JSON body's ``"model"`` names a ``llamacpp`` model;
+    None otherwise (the caller's own decoding reports a bad body or an unknown model).
+    Only the ``"model"`` string is decoded here."""
+    if not engine_relays(engine):
+        return None  # the common case: no engine model, no need to scan the body
+    spans = model_spans(req.body)
+    if not spans:
+        return None
+    start, end = spans[-1]
+    try:
+        name = msgspec.json.decode(req.body[start:end])
+        handle = engine.model(name)
+    except (msgspec.DecodeError, ZeroserveError, TypeError):
+        return None
+    relay = engine_relay_for(handle, byte_cap=engine.options.coalesce_cap_bytes)
+    return None if relay is None else (relay, handle)
+
+
+def engine_relays(engine: Any) -> dict[str, EngineRelay]:
+    """The relays of every ``llamacpp`` model an engine serves (made now if need be)."""
+    out: dict[str, EngineRelay] = {}
+    for name in engine.names():
+        relay = engine_relay_for(engine.model(name), byte_cap=engine.options.coalesce_cap_bytes)
+        if relay is not None:
+            out[name] = relay
+    return out
+
+
+def close_engine_relays(engine: Any) -> None:
+    """Stop the engine threads of an engine's ``llamacpp`` models (at shutdown)."""
+    for relay in engine_relays(engine).values():
+        relay.close()
+        _RELAYS.pop(relay.model, None)
+
+
+def _snapshot() -> dict[str, EngineStatistics]:
+    return {r.name: r.statistics() for r in list(_RELAYS.values())}
+
+
+metrics.register_source("engine", _snapshot)
+
+__all__ = [
+    "EngineRelay",
+    "close_engine_relays",
+    "engine_for_request",
+    "engine_relay_for",
+    "engine_relays",
+]
