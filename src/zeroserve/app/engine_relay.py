@@ -149,7 +149,9 @@ class EngineRelay:
         body = s.decode(s.engine_chat_decoder, req.body)
         plan = plan_tools(body)
         max_tokens = (
-            body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else body.max_tokens
         )
         texts = [_message_text(m) for m in body.messages]
         extra = len(bytes(body.tools)) if s.given(body.tools) else 0
@@ -158,9 +160,20 @@ class EngineRelay:
         payload = plan.body if plan is not None else self._payload(req.body)
         n = body.n or 1
         return self._run(
-            req, ticket, deadline, payload, chat=True, stream=bool(body.stream), n=n,
-            seed=body.seed, max_tokens=max_tokens, bound=bound, messages=body.messages,
-            prompt=None, plan=plan, has_format=s.given(body.response_format),
+            req,
+            ticket,
+            deadline,
+            payload,
+            chat=True,
+            stream=bool(body.stream),
+            n=n,
+            seed=body.seed,
+            max_tokens=max_tokens,
+            bound=bound,
+            messages=body.messages,
+            prompt=None,
+            plan=plan,
+            has_format=s.given(body.response_format),
         )
 
     def completions(self, req: Request, ticket: Any, deadline: float) -> Any:
@@ -178,10 +191,20 @@ class EngineRelay:
             )
         bound = len(body.prompt.encode()) + TEMPLATE_TOKENS_FIXED
         return self._run(
-            req, ticket, deadline, self._payload(req.body), chat=False,
-            stream=bool(body.stream), n=body.n or 1, seed=body.seed,
-            max_tokens=body.max_tokens, bound=bound, messages=None, prompt=body.prompt,
-            plan=None, has_format=False,
+            req,
+            ticket,
+            deadline,
+            self._payload(req.body),
+            chat=False,
+            stream=bool(body.stream),
+            n=body.n or 1,
+            seed=body.seed,
+            max_tokens=body.max_tokens,
+            bound=bound,
+            messages=None,
+            prompt=body.prompt,
+            plan=None,
+            has_format=False,
         )
 
     def _payload(self, body: memoryview) -> bytes:
@@ -213,7 +236,9 @@ class EngineRelay:
         try:
             await self._check_context(max_tokens, bound, messages, prompt, deadline)
             if n > 1:
-                return await run_choices(self, payload, n, seed, chat, stream, deadline, ticket, plan)
+                return await run_choices(
+                    self, payload, n, seed, chat, stream, deadline, ticket, plan
+                )
             run = _Run(self, deadline, ticket, plan=plan, has_format=has_format)
             return await run.start(payload, chat=chat, stream=stream)
         except BaseException:
@@ -232,8 +257,7 @@ class EngineRelay:
         want = max_tokens or 0
         if want >= ctx:
             raise RequestError(
-                f"this model's maximum context length is {ctx} tokens; max_tokens asks for "
-                f"{want}",
+                f"this model's maximum context length is {ctx} tokens; max_tokens asks for {want}",
                 param="max_tokens",
                 code="context_length_exceeded",
             )
@@ -299,7 +323,9 @@ class EngineRelay:
             async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
                 await self._free.acquire()
         except TimeoutError:
-            raise DeadlineExceeded("the request's deadline passed while it waited for a slot") from None
+            raise DeadlineExceeded(
+                "the request's deadline passed while it waited for a slot"
+            ) from None
         finally:
             self.queued -= 1
         self.active += 1
@@ -385,7 +411,9 @@ class _Run:
             self.cancelled = True
             self.loop.call_soon_threadsafe(
                 self._fail,
-                StreamAborted(f"stream aborted: the client fell more than {self.relay.byte_cap} bytes behind"),
+                StreamAborted(
+                    f"stream aborted: the client fell more than {self.relay.byte_cap} bytes behind"
+                ),
             )
             return True
         if wake:
@@ -589,7 +617,9 @@ def _message_text(m: s.EngineMessage) -> str:
 _RELAYS: weakref.WeakKeyDictionary[LlamaCppModel, EngineRelay] = weakref.WeakKeyDictionary()
 
 
-def engine_relay_for(handle: Any, *, byte_cap: int = DEFAULT_COALESCE_CAP_BYTES) -> EngineRelay | None:
+def engine_relay_for(
+    handle: Any, *, byte_cap: int = DEFAULT_COALESCE_CAP_BYTES
+) -> EngineRelay | None:
     """The engine relay of a model handle, or None unless it is a loaded ``llamacpp``
     model (one relay per model instance, made on first use)."""
     meta = handle.meta

@@ -58,7 +58,9 @@ def check_response_format(raw: msgspec.Raw) -> s.ResponseFormat | None:
             param="response_format",
         )
     fmt = s.decode(s.response_format_decoder, memoryview(bytes(raw)))
-    if fmt.type == "json_schema" and (fmt.json_schema is None or not s.given(fmt.json_schema.schema)):
+    if fmt.type == "json_schema" and (
+        fmt.json_schema is None or not s.given(fmt.json_schema.schema)
+    ):
         raise RequestError(
             "response_format of type json_schema needs json_schema.schema",
             param="response_format.json_schema.schema",
@@ -90,7 +92,9 @@ def plan_tools(body: s.EngineChatRequest) -> ForcedTool | None:
     if isinstance(choice, s.NamedToolChoice):
         chosen = [t for t in tools if t.function.name == choice.function.name]
         if not chosen:
-            raise RequestError("tool_choice names a function that is not in tools", param="tool_choice")
+            raise RequestError(
+                "tool_choice names a function that is not in tools", param="tool_choice"
+            )
     elif choice == "required":
         chosen = tools
     else:
@@ -109,15 +113,20 @@ def _decode_param(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw, param: s
         return decoder.decode(raw)
     except msgspec.ValidationError as exc:
         where = str(exc).rpartition(" - at `$")[2].rstrip("`")
-        raise RequestError(f"invalid parameter '{param}': {str(exc).split(' - at ')[0]}",
-                           param=param + where) from None
+        raise RequestError(
+            f"invalid parameter '{param}': {str(exc).split(' - at ')[0]}", param=param + where
+        ) from None
 
 
 def _tool_text(tools: list[s.Tool]) -> str:
     lines = ["You call a function to answer. The functions:"]
     for t in tools:
         f = t.function
-        params = bytes(f.parameters).decode() if f.parameters is not None and s.given(f.parameters) else "{}"
+        params = (
+            bytes(f.parameters).decode()
+            if f.parameters is not None and s.given(f.parameters)
+            else "{}"
+        )
         lines.append(f"- {f.name}: {f.description or ''} Parameters (JSON Schema): {params}")
     lines.append("Answer with the function's arguments as JSON.")
     return "\n".join(lines)
@@ -132,17 +141,27 @@ class ForcedTool:
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if self.single is not None:
             p = tools[0].function.parameters
-            schema = msgspec.Raw(bytes(p)) if p is not None and s.given(p) else msgspec.Raw(_NO_PARAMETERS)
+            schema = (
+                msgspec.Raw(bytes(p))
+                if p is not None and s.given(p)
+                else msgspec.Raw(_NO_PARAMETERS)
+            )
         else:
             branches = []
             for t in tools:
                 p = t.function.parameters
-                params: Any = msgspec.json.decode(bytes(p)) if p is not None and s.given(p) else {"type": "object"}
-                branches.append({
-                    "type": "object",
-                    "properties": {"name": {"const": t.function.name}, "arguments": params},
-                    "required": ["name", "arguments"],
-                })
+                params: Any = (
+                    msgspec.json.decode(bytes(p))
+                    if p is not None and s.given(p)
+                    else {"type": "object"}
+                )
+                branches.append(
+                    {
+                        "type": "object",
+                        "properties": {"name": {"const": t.function.name}, "arguments": params},
+                        "required": ["name", "arguments"],
+                    }
+                )
             schema = msgspec.Raw(_encode({"anyOf": branches}))
         messages: list[Any] = [{"role": "system", "content": _tool_text(tools)}]
         messages += [msgspec.structs.asdict(m) for m in body.messages]
@@ -166,8 +185,17 @@ class ForcedTool:
             },
             "stream": bool(body.stream),
         }
-        for key in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
-                    "presence_penalty", "frequency_penalty", "logit_bias", "stop"):
+        for key in (
+            "max_tokens",
+            "max_completion_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+            "logit_bias",
+            "stop",
+        ):
             value = getattr(body, key)
             if value is not None:
                 out[key] = value
@@ -189,7 +217,9 @@ class ForcedTool:
             # Only a truncated answer (finish_reason "length") can fail the grammar.
             return self.tools[0].function.name, content
 
-    async def respond(self, run: _Run, first: bytes, *, chat: bool, stream: bool) -> Response | StreamResponse:
+    async def respond(
+        self, run: _Run, first: bytes, *, chat: bool, stream: bool
+    ) -> Response | StreamResponse:
         model = run.relay.name
         if not stream:
             run.close()
@@ -199,9 +229,20 @@ class ForcedTool:
             reason = choice.finish_reason if choice else "stop"
             name, args = self._call(content)
             usage = answer.usage or s.Usage(0, 0, 0)
-            msg = s.ToolMessage("assistant", None, [s.ToolCallOut(self.call_id, "function", s.ToolCallFunction(name=name, arguments=args))])
+            msg = s.ToolMessage(
+                "assistant",
+                None,
+                [
+                    s.ToolCallOut(
+                        self.call_id, "function", s.ToolCallFunction(name=name, arguments=args)
+                    )
+                ],
+            )
             out = s.ToolCompletion(
-                self.ident, "chat.completion", self.created, model,
+                self.ident,
+                "chat.completion",
+                self.created,
+                model,
                 [s.ToolChoiceOut(0, msg, None, "tool_calls" if reason != "length" else "length")],
                 usage,
             )
@@ -215,14 +256,24 @@ class ForcedTool:
         return StreamResponse(pieces, framing="sse", aclose=aclose)
 
     def _chunk(self, model: str, delta: s.ToolDelta, reason: str | None, usage: Any) -> bytes:
-        return _encode(s.ToolChunk(self.ident, "chat.completion.chunk", self.created, model,
-                                   [s.ToolChunkChoice(0, delta, None, reason)], usage))
+        return _encode(
+            s.ToolChunk(
+                self.ident,
+                "chat.completion.chunk",
+                self.created,
+                model,
+                [s.ToolChunkChoice(0, delta, None, reason)],
+                usage,
+            )
+        )
 
     async def _stream(self, run: _Run, first: bytes, model: str) -> AsyncGenerator[bytes, None]:
         usage_default: Any = None if self.include_usage else msgspec.UNSET
         head = s.ToolDelta(role="assistant", content=None)
         if self.single is not None:
-            head.tool_calls = [s.ToolCallDelta(0, self.call_id, "function", {"name": self.single, "arguments": ""})]
+            head.tool_calls = [
+                s.ToolCallDelta(0, self.call_id, "function", {"name": self.single, "arguments": ""})
+            ]
         yield self._chunk(model, head, None, usage_default)
         parts: list[str] = []
         reason = "stop"
@@ -236,7 +287,9 @@ class ForcedTool:
                 text = c.delta.content if c.delta is not None else None
                 if text:
                     if self.single is not None:
-                        delta = s.ToolDelta(tool_calls=[s.ToolCallDelta(0, function={"arguments": text})])
+                        delta = s.ToolDelta(
+                            tool_calls=[s.ToolCallDelta(0, function={"arguments": text})]
+                        )
                         yield self._chunk(model, delta, None, usage_default)
                     else:
                         parts.append(text)
@@ -247,9 +300,13 @@ class ForcedTool:
             name, args = self._call("".join(parts))
             call = s.ToolCallDelta(0, self.call_id, "function", {"name": name, "arguments": args})
             yield self._chunk(model, s.ToolDelta(tool_calls=[call]), None, usage_default)
-        yield self._chunk(model, s.ToolDelta(), "tool_calls" if reason != "length" else "length", usage_default)
+        yield self._chunk(
+            model, s.ToolDelta(), "tool_calls" if reason != "length" else "length", usage_default
+        )
         if self.include_usage and usage is not None:
-            yield _encode(s.ToolChunk(self.ident, "chat.completion.chunk", self.created, model, [], usage))
+            yield _encode(
+                s.ToolChunk(self.ident, "chat.completion.chunk", self.created, model, [], usage)
+            )
         yield b"[DONE]"
 
 
@@ -280,6 +337,7 @@ async def run_choices(
 
     payloads = _choice_payloads(payload, n, seed)
     if not stream:
+
         async def one(p: bytes) -> Any:
             run = _Run(relay, deadline, None)
             resp = await run.start(p, chat=chat, stream=False)
@@ -309,8 +367,11 @@ async def run_choices(
         merged["usage"] = totals
         merged.pop("timings", None)
         return Response(200, [_encode(merged)], content_type=JSON)
-    return StreamResponse(_stream_choices(relay, payloads, chat, deadline, ticket), framing="sse",
-                          aclose=ticket.release)
+    return StreamResponse(
+        _stream_choices(relay, payloads, chat, deadline, ticket),
+        framing="sse",
+        aclose=ticket.release,
+    )
 
 
 async def _stream_choices(
@@ -340,8 +401,11 @@ async def _stream_choices(
             finally:
                 run.close()
         if last_usage is not None:
-            last_usage["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                                   "total_tokens": prompt + completion}
+            last_usage["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
             last_usage.pop("timings", None)
             yield _encode(last_usage)
         yield b"[DONE]"

@@ -134,7 +134,9 @@ class LlamaCppModel(Model):
     """
 
     executor = "inline"
-    description: ClassVar[str] = "GGUF model on llama.cpp's engine (in-process, continuous batching)."
+    description: ClassVar[str] = (
+        "GGUF model on llama.cpp's engine (in-process, continuous batching)."
+    )
     # Digest the file must have (None: not checked beyond the GGUF magic).
     pinned_sha256: ClassVar[str | None] = None
     default_alias: ClassVar[str] = "llamacpp"
@@ -197,7 +199,9 @@ class LlamaCppModel(Model):
             try:
                 self.server = xllamacpp.Server(params)
             except Exception as exc:
-                raise GGUFError(f"GGUF file {self.path}: the engine failed to load it: {exc}") from None
+                raise GGUFError(
+                    f"GGUF file {self.path}: the engine failed to load it: {exc}"
+                ) from None
 
     @property
     def side_address(self) -> str:
