@@ -147,6 +147,8 @@ class EngineRelay:
     def chat(self, req: Request, ticket: Any, deadline: float) -> Any:
         """Check a chat request and start answering it (an awaitable of the response)."""
         body = s.decode(s.engine_chat_decoder, req.body)
+        if body.top_logprobs and not body.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
         plan = plan_tools(body)
         max_tokens = (
             body.max_completion_tokens

@@ -14,10 +14,13 @@ choice is its own generation: concurrent for a whole response, one after another
 stream (see ``app/openai/streaming.py``). With a ``seed``, choice ``j`` of a prompt uses
 ``seed + j``, so choice 0 equals the ``n = 1`` answer and the others differ.
 
-Unsupported OpenAI parameters that would change the answer (``logprobs``, ``echo``,
-``best_of`` > 1, ``suffix``, non-text content parts, token-array prompts) get a 400
+Unsupported OpenAI parameters that would change the answer (``logprobs``, ``tools``,
+``response_format``, penalties, ``echo``, ``best_of`` > 1, ``suffix``, non-text content
+parts, token-array prompts; see ``app/openai/params.py``) and unknown fields get a 400
 naming the parameter rather than being silently ignored. Parameters that only carry
 metadata (``user``, ``metadata``, ``store``, ...) are accepted and ignored.
+``llamacpp`` models are served by their engine (``app/engine_relay.py``), which honours
+``tools``, ``response_format``, ``logprobs``, penalties and ``logit_bias``.
 
 Token counts come from the model's ``count_tokens``; ``usage.prompt_tokens`` counts the
 templated chat prompt. See ``app/openai/generation.py`` for how ``finish_reason`` and
@@ -41,6 +44,7 @@ from ...runtime import Engine, ModelHandle, Ticket
 from ..engine_relay import engine_for_request
 from ..openai import schemas as s
 from ..openai.generation import Generation, count_tokens
+from ..openai.params import refuse_unsupported
 from ..openai.streaming import ChoiceStream, Chunks
 from ..relay import relay_for_request
 from ..request import Request
@@ -311,8 +315,7 @@ class _OpenAI:
         if engine is not None:
             return engine
         body = s.decode(s.chat_decoder, req.body)
-        if body.logprobs:
-            raise RequestError("logprobs are not supported by this server", param="logprobs")
+        refuse_unsupported(body, chat=True)
         handle = self._handle(body.model, "generate")
         messages = [
             {"role": _ROLES.get(m.role, m.role), "content": _content(m, i)}
@@ -335,6 +338,7 @@ class _OpenAI:
         if engine is not None:
             return engine
         body = s.decode(s.completion_decoder, req.body)
+        refuse_unsupported(body, chat=False)
         for name, bad in (
             ("logprobs", body.logprobs is not None),
             ("echo", bool(body.echo)),

@@ -1,8 +1,10 @@
 """OpenAI wire schemas as msgspec Structs, with the decoders and encoder built once.
 
 Requests are decoded straight from the body view (``req.body`` is a memoryview of the
-arena lease; msgspec reads buffers without copying them). Unknown fields are ignored,
-because OpenAI clients send many (``user``, ``logit_bias``, ``metadata``, ...). Range
+arena lease; msgspec reads buffers without copying them). Unknown fields are refused
+with a 400 naming them (``forbid_unknown_fields``); every OpenAI parameter is a field,
+either honoured, refused unless neutral, or accepted because it never changes the answer
+(``user``, ``metadata``, ``store``, ...): nothing is silently dropped. Range
 checks are ``msgspec.Meta`` constraints, so a bad value fails at decode time and
 :func:`decode` turns msgspec's message into a 400 whose ``param`` names the field.
 
@@ -51,7 +53,7 @@ class Message(Struct, kw_only=True):
     name: str | None = None
 
 
-class ChatCompletionRequest(Struct, kw_only=True):
+class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: Annotated[list[Message], Meta(min_length=1)]
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
@@ -64,9 +66,30 @@ class ChatCompletionRequest(Struct, kw_only=True):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
+    # OpenAI parameters the generic path honours only at their neutral value; any other
+    # value is refused with a 400 naming it (app/openai/params.py). Unknown fields are
+    # refused by the decoder (forbid_unknown_fields): nothing is silently dropped.
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None
+    # Accepted, no effect on the answer.
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    safety_identifier: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
 
 
-class CompletionRequest(Struct, kw_only=True):
+class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     # str, list[str], list[int] (one tokenised prompt) or list[list[int]]; msgspec unions
     # allow one array type, so the element union is checked in the handler.
@@ -83,6 +106,15 @@ class CompletionRequest(Struct, kw_only=True):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    safety_identifier: Any = None
+    prompt_cache_key: Any = None
 
 
 class EmbeddingRequest(Struct, kw_only=True):
@@ -359,6 +391,11 @@ class EngineChatRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: Any = None
+    modalities: list[Literal["text"]] | None = None
 
 
 class EngineCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -383,6 +420,8 @@ class EngineCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
 
 engine_chat_decoder = msgspec.json.Decoder(EngineChatRequest)
