@@ -35,9 +35,7 @@ engine's own tokenizer counts it, through the locked side port.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
-import time
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +43,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from prometheus_client import Counter, Histogram
 
 from .. import metrics
 from ..errors import DeadlineExceeded, RequestError, ZeroserveError
@@ -53,6 +50,7 @@ from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
 from .engine_tools import ForcedTool, plan_tools, run_choices
 from .openai import schemas as s
+from .openai.telemetry import GenerationTimer
 from .relay._rewrite import model_spans, rewrite_model
 from .request import Request
 from .response import JSON, Response, StreamResponse
@@ -71,41 +69,6 @@ TOKENIZE_MAX_BYTES = 4 << 20
 DONE = b"[DONE]"
 _ERROR_PREFIX = b'{"error"'
 _TIMINGS = b'"timings"'
-
-_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-TTFT_SECONDS = Histogram(
-    "zeroserve_generation_ttft_seconds",
-    "Time from a generation request admitted to its first token (queueing included).",
-    ["model"],
-    registry=metrics.REGISTRY,
-    buckets=_BUCKETS,
-)
-ITL_SECONDS = Histogram(
-    "zeroserve_generation_inter_token_seconds",
-    "Time between consecutive tokens (chunks) of a streamed generation.",
-    ["model"],
-    registry=metrics.REGISTRY,
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
-)
-TOKENS = Counter(
-    "zeroserve_generation_tokens",
-    "Tokens generated (rate() of it is tokens/s).",
-    ["model"],
-    registry=metrics.REGISTRY,
-)
-CACHED_PROMPT_TOKENS = Counter(
-    "zeroserve_generation_prompt_cache_hit_tokens",
-    "Prompt tokens served from the engine's prompt cache instead of being evaluated.",
-    ["model"],
-    registry=metrics.REGISTRY,
-)
-PROMPT_TOKENS = Counter(
-    "zeroserve_generation_prompt_tokens",
-    "Prompt tokens of generation requests (cached or evaluated).",
-    ["model"],
-    registry=metrics.REGISTRY,
-)
-
 
 @dataclass(frozen=True, slots=True)
 class EngineStatistics:
@@ -130,12 +93,6 @@ class EngineRelay:
         self.queued = 0
         self.requests = 0
         self.aborted = 0
-        self._alias = msgspec.json.encode(model.alias)
-        self._ttft = TTFT_SECONDS.labels(name)
-        self._itl = ITL_SECONDS.labels(name)
-        self._tokens = TOKENS.labels(name)
-        self._cached = CACHED_PROMPT_TOKENS.labels(name)
-        self._prompt = PROMPT_TOKENS.labels(name)
 
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(self.slots, self.active, self.queued, self.requests, self.aborted)
@@ -337,21 +294,6 @@ class EngineRelay:
         assert self._free is not None
         self._free.release()
 
-    def observe(self, run: _Run) -> None:
-        """Metrics of one finished generation (on the loop, once)."""
-        stamps = run.stamps
-        if stamps:
-            self._ttft.observe(stamps[0] - run.t0)
-            for a, b in itertools.pairwise(stamps):
-                self._itl.observe(b - a)
-        timings = run.timings
-        if timings is not None:
-            self._tokens.inc(timings.predicted_n)
-            self._cached.inc(timings.cache_n)
-            self._prompt.inc(timings.cache_n + timings.prompt_n)
-        elif stamps:
-            self._tokens.inc(len(stamps))
-
 
 class _Run:
     """One engine call: a pool thread runs it; the loop consumes its chunks.
@@ -370,7 +312,6 @@ class _Run:
         *,
         plan: ForcedTool | None = None,
         has_format: bool = False,
-        stamp: bool = True,
     ) -> None:
         self.relay = relay
         self.deadline = deadline
@@ -390,9 +331,7 @@ class _Run:
         self._closed = False
         self._slot = False
         self._timer: asyncio.TimerHandle | None = None
-        self.t0 = time.perf_counter()
-        self.stamps: list[float] = []
-        self._stamp = stamp
+        self.timer = GenerationTimer(relay.name)
         self.timings: s.EngineTimings | None = None
         self._thread_done: asyncio.Future[None] | None = None
 
@@ -400,8 +339,7 @@ class _Run:
     def callback(self, chunk: bytes) -> bool:
         if self.cancelled:
             return True
-        if self._stamp:
-            self.stamps.append(time.perf_counter())
+        self.timer.token()
         with self._lock:
             self._pending.append(chunk)
             self._pending_bytes += len(chunk)
@@ -562,7 +500,15 @@ class _Run:
         if self.ticket is not None:
             self.ticket.release()
             self.ticket = None
-        self.relay.observe(self)
+        timings = self.timings
+        if timings is None:
+            self.timer.observe()
+        else:
+            self.timer.observe(
+                timings.predicted_n,
+                prompt_tokens=timings.cache_n + timings.prompt_n,
+                cached_tokens=timings.cache_n,
+            )
 
 
 class _Pieces:

@@ -49,7 +49,7 @@ _EMPTY_CHOICES = b'"choices":[]'
 _NO_PARAMETERS = b'{"type":"object"}'
 
 
-def check_response_format(raw: msgspec.Raw) -> s.ResponseFormat | None:
+def check_response_format(raw: msgspec.Raw | msgspec.UnsetType) -> s.ResponseFormat | None:
     if not s.given(raw):
         return None
     if len(raw) > s.MAX_RESPONSE_FORMAT_BYTES:

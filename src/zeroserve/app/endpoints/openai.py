@@ -210,6 +210,7 @@ class _OpenAI:
                 prompt_tokens=job.prompt_tokens,
                 stop=job.request.stop,
                 on_tokens=job.on_tokens,
+                model=handle.name,
             )
 
         return start

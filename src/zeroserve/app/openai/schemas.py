@@ -16,12 +16,15 @@ it with ``stream_options.include_usage``, as OpenAI does.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ...errors import RequestError
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 # OpenAI accepts at most four stop sequences.
 MAX_STOP_SEQUENCES = 4
@@ -290,13 +293,11 @@ MAX_RESPONSE_FORMAT_BYTES = 64 * 1024
 MAX_TOOLS_BYTES = 128 * 1024
 # OpenAI's bounds for these parameters.
 MAX_TOP_LOGPROBS = 20
-# A raw field that was not sent (``msgspec.Raw`` cannot be optional in a union).
-_ABSENT = msgspec.Raw(b"")
 
 
-def given(raw: msgspec.Raw) -> bool:
+def given(raw: msgspec.Raw | UnsetType | None) -> TypeIs[msgspec.Raw]:
     """Whether a raw field was sent with a value (not absent, not ``null``)."""
-    return len(raw) > 0 and bytes(raw) != b"null"
+    return isinstance(raw, msgspec.Raw) and len(raw) > 0 and bytes(raw) != b"null"
 
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
@@ -328,7 +329,7 @@ class JsonSchemaFormat(Struct, kw_only=True):
     name: str
     description: str | None = None
     # msgspec.Raw: passed to the engine as it came (the engine compiles it).
-    schema: msgspec.Raw = _ABSENT
+    schema: msgspec.Raw | UnsetType = UNSET
     strict: bool | None = None
 
 
@@ -340,7 +341,7 @@ class ResponseFormat(Struct, kw_only=True, forbid_unknown_fields=True):
 class FunctionDef(Struct, kw_only=True):
     name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
     description: str | None = None
-    parameters: msgspec.Raw = _ABSENT
+    parameters: msgspec.Raw | UnsetType = UNSET
     strict: bool | None = None
 
 
@@ -382,9 +383,9 @@ class EngineChatRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Bias] | None = None
-    response_format: msgspec.Raw = _ABSENT
-    tools: msgspec.Raw = _ABSENT
-    tool_choice: msgspec.Raw = _ABSENT
+    response_format: msgspec.Raw | UnsetType = UNSET
+    tools: msgspec.Raw | UnsetType = UNSET
+    tool_choice: msgspec.Raw | UnsetType = UNSET
     parallel_tool_calls: bool | None = None
     # Accepted, no effect on the answer.
     user: str | None = None
