@@ -76,7 +76,8 @@ def llamacpp(ctx: SuiteContext) -> Section:
             "messages": MESSAGES,
         }
     ).encode()
-    res: dict[tuple[int, str], list[tuple[StreamStats, list[float]]]] = {}
+    # (streams, server) -> runs of (stream stats, /health samples, server CPU seconds)
+    res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]] = {}
     errors: dict[str, str] = {}
     skipped = {s.name: why for s in servers if (why := s.missing())}
     for rnd in range(settings.rounds):
@@ -95,17 +96,19 @@ def llamacpp(ctx: SuiteContext) -> Section:
                             )
 
                         t = threading.Thread(target=probe, daemon=True)
+                        u0 = server.usage()
                         t.start()
                         st = asyncio.run(
                             stream_load(
                                 server.port, "/v1/chat/completions", body, conc, settings.duration_s
                             )
                         )
+                        cpu_s = server.usage().cpu_s - u0.cpu_s
                         t.join(settings.duration_s + 10)
                 except ServerFailed as exc:
                     errors[srv.name] = f"start failed: {exc}"
                     continue
-                res.setdefault((conc, srv.name), []).append((st, health))
+                res.setdefault((conc, srv.name), []).append((st, health, cpu_s))
                 print(
                     f"  llamacpp x{conc} {srv.name} r{rnd}: {st.tokens / st.duration_s:,.1f} "
                     f"tokens/s, ttft p50 {percentile(st.ttft_ms, 50):.0f} ms, /health p99 "
@@ -114,7 +117,10 @@ def llamacpp(ctx: SuiteContext) -> Section:
                 )
 
     def tps(conc: int, name: str) -> list[float]:
-        return [s.tokens / s.duration_s for s, _ in res.get((conc, name), [])]
+        return [s.tokens / s.duration_s for s, _, _ in res.get((conc, name), [])]
+
+    def per_cpu(conc: int, name: str) -> list[float]:
+        return [s.tokens / c for s, _, c in res.get((conc, name), []) if c > 0]
 
     lines = [
         "### smollm2 on llama.cpp's engine",
@@ -124,12 +130,14 @@ def llamacpp(ctx: SuiteContext) -> Section:
         f"{threads} thread(s) on every server. llama.cpp server: the HTTP server "
         "`xllamacpp.Server` starts (the same engine build). FastAPI: `handle_chat_completions` "
         "in a thread, chunks through `call_soon_threadsafe` into a `StreamingResponse`. "
-        "`/health` is probed every 5 ms on one keep-alive connection during the load.",
+        "`/health` is probed every 5 ms on one keep-alive connection during the load. "
+        "Tokens per CPU-second: tokens received over the server process's CPU time in the "
+        "window (the fair comparison where other work shares the server's CPU).",
         *footer(ctx, settings),
         "",
-        "| streams | server | tokens/s | vs llama.cpp | TTFT p50 ms | TTFT p99 ms "
-        f"| /health p99 ms (target ≤{HEALTH_TARGET_MS:g}) | failures |",
-        "|--:|---|--:|--:|--:|--:|--:|--:|",
+        "| streams | server | tokens/s | vs llama.cpp | tokens/CPU-s | TTFT p50 ms "
+        f"| TTFT p99 ms | /health p99 ms (target ≤{HEALTH_TARGET_MS:g}) | failures |",
+        "|--:|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for conc in CONCURRENCY:
         for srv in servers:
@@ -137,7 +145,7 @@ def llamacpp(ctx: SuiteContext) -> Section:
             if not runs:
                 why = skipped.get(srv.name) or errors.get(srv.name, "no result")
                 lines.append(
-                    f"| {conc} | {srv.title} | not measured: {why.splitlines()[0][:140]} | | | | | |"
+                    f"| {conc} | {srv.title} | not measured: {why.splitlines()[0][:140]} | | | | | | |"
                 )
                 continue
             ratios = [
@@ -145,13 +153,14 @@ def llamacpp(ctx: SuiteContext) -> Section:
                 for a, b in zip(tps(conc, srv.name), tps(conc, "llama.cpp"), strict=False)
                 if b
             ]
-            ttft = [x for s, _ in runs for x in s.ttft_ms]
-            health = [x for _, h in runs for x in h]
+            ttft = [x for s, _, _ in runs for x in s.ttft_ms]
+            health = [x for _, h, _ in runs for x in h]
             lines.append(
                 f"| {conc} | {srv.title} | {num(median(tps(conc, srv.name)))} "
                 f"| {times(median(ratios) if ratios else math.nan)} "
+                f"| {num(median(per_cpu(conc, srv.name)))} "
                 f"| {num(percentile(ttft, 50))} | {num(percentile(ttft, 99))} "
-                f"| {num(percentile(health, 99))} | {sum(s.failures for s, _ in runs)} |"
+                f"| {num(percentile(health, 99))} | {sum(s.failures for s, _, _ in runs)} |"
             )
     lines += [
         "",

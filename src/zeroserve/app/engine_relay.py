@@ -328,6 +328,7 @@ class _Run:
         self._done = False
         self._error: BaseException | None = None
         self.cancelled = False
+        self.complete = False  # the whole answer reached the consumer
         self._closed = False
         self._slot = False
         self._timer: asyncio.TimerHandle | None = None
@@ -405,6 +406,7 @@ class _Run:
         if self.plan is not None:
             return await self.plan.respond(self, first, chat=chat, stream=stream)
         if not stream:
+            self.complete = True  # a whole answer is one chunk
             self.close()
             return Response(200, [first], content_type=JSON)
         pieces = _Pieces(self, first)
@@ -437,6 +439,7 @@ class _Run:
                 if self._error is not None:
                     raise self._error
                 if self._done:
+                    self.complete = True
                     return None
                 self._waiting = True
                 waiter = self._waiter = self.loop.create_future()
@@ -491,7 +494,8 @@ class _Run:
             running = not self._done
         if running:
             self.cancelled = True
-            self.relay.aborted += 1
+            if not self.complete:
+                self.relay.aborted += 1
         if self._timer is not None:
             self._timer.cancel()
         if self._thread_done is None and self._slot:

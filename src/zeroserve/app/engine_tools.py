@@ -222,6 +222,7 @@ class ForcedTool:
     ) -> Response | StreamResponse:
         model = run.relay.name
         if not stream:
+            run.complete = True
             run.close()
             answer = s.engine_chunk_decoder.decode(first)
             choice = answer.choices[0] if answer.choices else None
