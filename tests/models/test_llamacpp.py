@@ -41,6 +41,9 @@ CITY_SCHEMA = {
     "required": ["city"],
     "additionalProperties": False,
 }
+# Bans SmolLM2's end tokens (<|im_end|> 2, <|endoftext|> 0): the answer runs to max_tokens,
+# so a generation surely outlives a deadline or a disconnect.
+ENDLESS = {"logit_bias": {"2": -100, "0": -100}}
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -345,6 +348,7 @@ def test_disconnect_frees_the_slot(llm: ServerProcess) -> None:
         "max_tokens": 900,
         "stream": True,
         "temperature": 1.0,
+        **ENDLESS,
     }
     with (
         httpx.Client(timeout=60) as c,
@@ -376,6 +380,7 @@ def test_deadline_stops_the_generation(llm: ServerProcess) -> None:
         "max_tokens": 900,
         "stream": True,
         "temperature": 1.0,
+        **ENDLESS,
     }
     r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=60)
     if r.status_code == 200:  # the deadline passed mid-stream: a final SSE error event
