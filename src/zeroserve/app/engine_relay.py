@@ -38,6 +38,7 @@ import asyncio
 import threading
 import weakref
 from collections import deque
+from collections.abc import AsyncGenerator, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,7 @@ from .. import metrics
 from ..errors import DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
-from .engine_tools import ForcedTool, plan_tools, run_choices
+from .engine_tools import ForcedTool, GeneratedPieces, plan_tools, release_ticket
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
 from .relay._rewrite import model_spans, rewrite_model
@@ -67,8 +68,12 @@ TOKENIZE_TIMEOUT_S = 5.0
 TOKENIZE_MAX_BYTES = 4 << 20
 
 DONE = b"[DONE]"
+_encode = msgspec.json.encode
+_INDEX0 = b'"index":0'
+_EMPTY_CHOICES = b'"choices":[]'
 _ERROR_PREFIX = b'{"error"'
 _TIMINGS = b'"timings"'
+
 
 @dataclass(frozen=True, slots=True)
 class EngineStatistics:
@@ -101,7 +106,9 @@ class EngineRelay:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- requests --------------------------------------------------------------------------
-    def chat(self, req: Request, ticket: Any, deadline: float) -> Any:
+    def chat(
+        self, req: Request, ticket: Any, deadline: float
+    ) -> Coroutine[Any, Any, Response | StreamResponse]:
         """Check a chat request and start answering it (an awaitable of the response)."""
         body = s.decode(s.engine_chat_decoder, req.body)
         if body.top_logprobs and not body.logprobs:
@@ -135,7 +142,9 @@ class EngineRelay:
             has_format=s.given(body.response_format),
         )
 
-    def completions(self, req: Request, ticket: Any, deadline: float) -> Any:
+    def completions(
+        self, req: Request, ticket: Any, deadline: float
+    ) -> Coroutine[Any, Any, Response | StreamResponse]:
         body = s.decode(s.engine_completion_decoder, req.body)
         for name, bad in (
             ("echo", bool(body.echo)),
@@ -201,7 +210,7 @@ class EngineRelay:
             run = _Run(self, deadline, ticket, plan=plan, has_format=has_format)
             return await run.start(payload, chat=chat, stream=stream)
         except BaseException:
-            ticket.release()
+            release_ticket(ticket)
             raise
 
     async def _check_context(
@@ -336,6 +345,11 @@ class _Run:
         self.timings: s.EngineTimings | None = None
         self._thread_done: asyncio.Future[None] | None = None
 
+    @property
+    def model(self) -> str:
+        """The served model's name (what responses carry)."""
+        return self.relay.name
+
     # -- thread side -----------------------------------------------------------------------
     def callback(self, chunk: bytes) -> bool:
         if self.cancelled:
@@ -409,8 +423,7 @@ class _Run:
             self.complete = True  # a whole answer is one chunk
             self.close()
             return Response(200, [first], content_type=JSON)
-        pieces = _Pieces(self, first)
-        return StreamResponse(pieces, framing="sse", aclose=pieces.aclose)
+        return StreamResponse(_Pieces(self, first), framing="sse")
 
     def check(self, chunk: bytes) -> bytes:
         """Raise the engine's error chunk as a zeroserve error; read the final chunk's
@@ -501,9 +514,8 @@ class _Run:
         if self._thread_done is None and self._slot:
             self._slot = False
             self.relay.release()
-        if self.ticket is not None:
-            self.ticket.release()
-            self.ticket = None
+        release_ticket(self.ticket)
+        self.ticket = None
         timings = self.timings
         if timings is None:
             self.timer.observe()
@@ -548,8 +560,12 @@ class _Pieces:
             return []
         return self.run.take_ready(max_items)
 
-    def aclose(self) -> None:
+    async def aclose(self) -> None:
         self.run.close()
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None  # the engine's chunks carry it; zeroserve does not re-read them
 
 
 def _message_text(m: s.EngineMessage) -> str:
@@ -565,6 +581,110 @@ def _message_text(m: s.EngineMessage) -> str:
     return text
 
 
+# -- n > 1 --------------------------------------------------------------------------------
+def _choice_payloads(payload: bytes, n: int, seed: int | None) -> list[bytes]:
+    body = msgspec.json.decode(payload)
+    out = []
+    for j in range(n):
+        body["n"] = 1
+        if seed is not None:
+            body["seed"] = seed + j
+        out.append(_encode(body))
+    return out
+
+
+async def run_choices(
+    relay: EngineRelay,
+    payload: bytes,
+    n: int,
+    seed: int | None,
+    chat: bool,
+    stream: bool,
+    deadline: float,
+    ticket: Any,
+    plan: ForcedTool | None,
+) -> Response | StreamResponse:
+    payloads = _choice_payloads(payload, n, seed)
+    if not stream:
+
+        async def one(p: bytes) -> Any:
+            run = _Run(relay, deadline, None)
+            resp = await run.start(p, chat=chat, stream=False)
+            assert isinstance(resp, Response)
+            return msgspec.json.decode(bytes(resp.body[0]))
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(one(p)) for p in payloads]
+        except ExceptionGroup as group:
+            raise group.exceptions[0] from None
+        finally:
+            release_ticket(ticket)
+        answers = [t.result() for t in tasks]
+        merged = answers[0]
+        choices = []
+        totals = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for j, a in enumerate(answers):
+            for c in a.get("choices", []):
+                c["index"] = j
+                choices.append(c)
+            u = a.get("usage") or {}
+            for k in totals:
+                totals[k] += int(u.get(k, 0)) if k != "prompt_tokens" or j == 0 else 0
+        totals["total_tokens"] = totals["prompt_tokens"] + totals["completion_tokens"]
+        merged["choices"] = choices
+        merged["usage"] = totals
+        merged.pop("timings", None)
+        return Response(200, [_encode(merged)], content_type=JSON)
+    return StreamResponse(
+        GeneratedPieces(
+            _stream_choices(relay, payloads, chat, deadline, ticket), lambda: release_ticket(ticket)
+        ),
+        framing="sse",
+    )
+
+
+async def _stream_choices(
+    relay: EngineRelay, payloads: list[bytes], chat: bool, deadline: float, ticket: Any
+) -> AsyncGenerator[bytes, None]:
+    prompt = completion = 0
+    last_usage: Any = None
+    try:
+        for j, p in enumerate(payloads):
+            run = _Run(relay, deadline, None)
+            resp = await run.start(p, chat=chat, stream=True)
+            assert isinstance(resp, StreamResponse)
+            index = b'"index":%d' % j
+            try:
+                while True:
+                    try:
+                        chunk = await resp.pieces.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    if chunk == b"[DONE]":
+                        break
+                    if _EMPTY_CHOICES in chunk:  # the usage chunk: summed at the end
+                        last_usage = msgspec.json.decode(chunk)
+                        u = last_usage.get("usage") or {}
+                        prompt = prompt or int(u.get("prompt_tokens", 0))
+                        completion += int(u.get("completion_tokens", 0))
+                        continue
+                    yield chunk.replace(_INDEX0, index, 1) if j else chunk
+            finally:
+                run.close()
+        if last_usage is not None:
+            last_usage["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
+            last_usage.pop("timings", None)
+            yield _encode(last_usage)
+        yield b"[DONE]"
+    finally:
+        release_ticket(ticket)
+
+
 # -- discovery (as app.relay finds remote models) -----------------------------------------
 _RELAYS: weakref.WeakKeyDictionary[LlamaCppModel, EngineRelay] = weakref.WeakKeyDictionary()
 
@@ -574,7 +694,7 @@ def engine_relay_for(
 ) -> EngineRelay | None:
     """The engine relay of a model handle, or None unless it is a loaded ``llamacpp``
     model (one relay per model instance, made on first use)."""
-    meta = handle.meta
+    meta = handle.model
     if not isinstance(meta, LlamaCppModel) or meta.server is None:
         return None
     relay = _RELAYS.get(meta)

@@ -1,4 +1,4 @@
-"""``response_format``, ``tools`` and ``n`` for engine-backed models (``app.engine_relay``).
+"""``response_format`` and ``tools`` for engine-backed models (``app.engine_relay``).
 
 Strategy (docs/architecture.md, "The in-process engine")
 --------------------------------------------------------
@@ -20,19 +20,18 @@ the end, so the call is sent whole at the end), then ``finish_reason: "tool_call
 ``tool_choice`` ``"auto"`` (or absent) and ``"none"`` go to the engine unchanged: a
 template with native tool calls uses them, others answer in text.
 
-``n`` > 1: the engine decodes one sequence per request, so each choice is its own engine
-request (with ``seed + j`` when a seed is given). A whole answer runs them concurrently
+``n`` > 1 (``engine_relay.run_choices``): the engine decodes one sequence per request,
+so each choice is its own engine request (with ``seed + j`` when a seed is given). A whole answer runs them concurrently
 and merges the choices; a stream runs them one after another (as the generic OpenAI
 path does) and renumbers each chunk's choice ``index``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, Protocol
 
 import msgspec
 
@@ -40,12 +39,23 @@ from ..errors import RequestError
 from .openai import schemas as s
 from .response import JSON, Response, StreamResponse
 
-if TYPE_CHECKING:
-    from .engine_relay import EngineRelay, _Run
+
+class EngineCall(Protocol):
+    """What a forced tool call needs of one engine call (``engine_relay._Run``)."""
+
+    complete: bool
+
+    @property
+    def model(self) -> str: ...
+
+    def check(self, chunk: bytes) -> bytes: ...
+
+    async def next_chunk(self) -> bytes | None: ...
+
+    def close(self) -> None: ...
+
 
 _encode = msgspec.json.encode
-_INDEX0 = b'"index":0'
-_EMPTY_CHOICES = b'"choices":[]'
 _NO_PARAMETERS = b'{"type":"object"}'
 
 
@@ -218,9 +228,9 @@ class ForcedTool:
             return self.tools[0].function.name, content
 
     async def respond(
-        self, run: _Run, first: bytes, *, chat: bool, stream: bool
+        self, run: EngineCall, first: bytes, *, chat: bool, stream: bool
     ) -> Response | StreamResponse:
-        model = run.relay.name
+        model = run.model
         if not stream:
             run.complete = True
             run.close()
@@ -248,13 +258,9 @@ class ForcedTool:
                 usage,
             )
             return Response(200, [_encode(out)], content_type=JSON)
-        pieces = self._stream(run, first, model)
-
-        async def aclose() -> None:
-            run.close()
-            await pieces.aclose()
-
-        return StreamResponse(pieces, framing="sse", aclose=aclose)
+        return StreamResponse(
+            GeneratedPieces(self._stream(run, first, model), run.close), framing="sse"
+        )
 
     def _chunk(self, model: str, delta: s.ToolDelta, reason: str | None, usage: Any) -> bytes:
         return _encode(
@@ -268,7 +274,9 @@ class ForcedTool:
             )
         )
 
-    async def _stream(self, run: _Run, first: bytes, model: str) -> AsyncGenerator[bytes, None]:
+    async def _stream(
+        self, run: EngineCall, first: bytes, model: str
+    ) -> AsyncGenerator[bytes, None]:
         usage_default: Any = None if self.include_usage else msgspec.UNSET
         head = s.ToolDelta(role="assistant", content=None)
         if self.single is not None:
@@ -311,104 +319,35 @@ class ForcedTool:
         yield b"[DONE]"
 
 
-# -- n > 1 --------------------------------------------------------------------------------
-def _choice_payloads(payload: bytes, n: int, seed: int | None) -> list[bytes]:
-    body = msgspec.json.decode(payload)
-    out = []
-    for j in range(n):
-        body["n"] = 1
-        if seed is not None:
-            body["seed"] = seed + j
-        out.append(_encode(body))
-    return out
+class GeneratedPieces:
+    """A ``PieceStream`` over an async generator of chunks, with what to release at its
+    end (however it ends)."""
 
+    __slots__ = ("_gen", "_on_close")
 
-async def run_choices(
-    relay: EngineRelay,
-    payload: bytes,
-    n: int,
-    seed: int | None,
-    chat: bool,
-    stream: bool,
-    deadline: float,
-    ticket: Any,
-    plan: ForcedTool | None,
-) -> Response | StreamResponse:
-    from .engine_relay import _Run
+    def __init__(self, gen: AsyncGenerator[bytes, None], on_close: Callable[[], None]) -> None:
+        self._gen = gen
+        self._on_close = on_close
 
-    payloads = _choice_payloads(payload, n, seed)
-    if not stream:
+    def __anext__(self) -> Awaitable[bytes]:
+        return self._gen.__anext__()
 
-        async def one(p: bytes) -> Any:
-            run = _Run(relay, deadline, None)
-            resp = await run.start(p, chat=chat, stream=False)
-            assert isinstance(resp, Response)
-            return msgspec.json.decode(bytes(resp.body[0]))
+    def receive_batch_nowait(self, max_items: int) -> list[Any]:
+        return []  # every chunk is made by the generator, one at a time
 
+    async def aclose(self) -> None:
         try:
-            async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(one(p)) for p in payloads]
-        except ExceptionGroup as group:
-            raise group.exceptions[0] from None
+            await self._gen.aclose()
         finally:
-            ticket.release()
-        answers = [t.result() for t in tasks]
-        merged = answers[0]
-        choices = []
-        totals = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        for j, a in enumerate(answers):
-            for c in a.get("choices", []):
-                c["index"] = j
-                choices.append(c)
-            u = a.get("usage") or {}
-            for k in totals:
-                totals[k] += int(u.get(k, 0)) if k != "prompt_tokens" or j == 0 else 0
-        totals["total_tokens"] = totals["prompt_tokens"] + totals["completion_tokens"]
-        merged["choices"] = choices
-        merged["usage"] = totals
-        merged.pop("timings", None)
-        return Response(200, [_encode(merged)], content_type=JSON)
-    return StreamResponse(
-        _stream_choices(relay, payloads, chat, deadline, ticket),
-        framing="sse",
-        aclose=ticket.release,
-    )
+            self._on_close()
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None
 
 
-async def _stream_choices(
-    relay: EngineRelay, payloads: list[bytes], chat: bool, deadline: float, ticket: Any
-) -> AsyncIterator[Any]:
-    from .engine_relay import _Run
-
-    prompt = completion = 0
-    last_usage: Any = None
-    try:
-        for j, p in enumerate(payloads):
-            run = _Run(relay, deadline, None)
-            resp = await run.start(p, chat=chat, stream=True)
-            assert isinstance(resp, StreamResponse)
-            index = b'"index":%d' % j
-            try:
-                async for chunk in resp.pieces:
-                    if chunk == b"[DONE]":
-                        break
-                    if _EMPTY_CHOICES in chunk:  # the usage chunk: summed at the end
-                        last_usage = msgspec.json.decode(chunk)
-                        u = last_usage.get("usage") or {}
-                        prompt = prompt or int(u.get("prompt_tokens", 0))
-                        completion += int(u.get("completion_tokens", 0))
-                        continue
-                    yield chunk.replace(_INDEX0, index, 1) if j else chunk
-            finally:
-                run.close()
-        if last_usage is not None:
-            last_usage["usage"] = {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            }
-            last_usage.pop("timings", None)
-            yield _encode(last_usage)
-        yield b"[DONE]"
-    finally:
+def release_ticket(ticket: Any) -> None:
+    """Release an admission ticket unless it is gone already: a request's ticket is
+    released by whichever of its ends comes first (answer sent, error, disconnect)."""
+    if ticket is not None and not ticket.released:
         ticket.release()

@@ -42,6 +42,7 @@ from ...errors import CapabilityError, ModelNotFound, RequestError
 from ...models.base import GenerateRequest
 from ...runtime import Engine, ModelHandle, Ticket
 from ..engine_relay import engine_for_request
+from ..engine_tools import release_ticket
 from ..openai import schemas as s
 from ..openai.generation import Generation, count_tokens
 from ..openai.params import refuse_unsupported
@@ -290,7 +291,7 @@ class _OpenAI:
         ]
         return _json(s.Completion(ident, "text_completion", created, handle.name, texts, usage))
 
-    def _engine_model(self, req: Request, *, chat: bool) -> Any:
+    def _engine_model(self, req: Request, *, chat: bool) -> HandlerResult | None:
         """The answer of an engine-backed (``llamacpp``) model, or None for other models:
         the body goes to the engine undecoded (``app/engine_relay.py``)."""
         found = engine_for_request(self.engine, req)
@@ -304,7 +305,7 @@ class _OpenAI:
                 return relay.chat(req, ticket, deadline)
             return relay.completions(req, ticket, deadline)
         except BaseException:
-            ticket.release()
+            release_ticket(ticket)
             raise
 
     # -- chat --------------------------------------------------------------------------
