@@ -38,7 +38,7 @@ import asyncio
 import threading
 import weakref
 from collections import deque
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -208,6 +208,10 @@ class EngineRelay:
                     self, payload, n, seed, chat, stream, deadline, ticket, plan
                 )
             run = _Run(self, deadline, ticket, plan=plan, has_format=has_format)
+            edge = req.edge
+            if edge is not None:  # an API key's token quota: debited when the run ends
+                edge.model = self.name
+                run.on_tokens = edge.count_tokens
             return await run.start(payload, chat=chat, stream=stream)
         except BaseException:
             release_ticket(ticket)
@@ -342,6 +346,7 @@ class _Run:
         self._slot = False
         self._timer: asyncio.TimerHandle | None = None
         self.timer = GenerationTimer(relay.name)
+        self.on_tokens: Callable[[int], None] | None = None  # the edge's token count
         self.timings: s.EngineTimings | None = None
         self._thread_done: asyncio.Future[None] | None = None
 
@@ -517,6 +522,11 @@ class _Run:
         release_ticket(self.ticket)
         self.ticket = None
         timings = self.timings
+        if self.on_tokens is not None:
+            used = len(self.timer.stamps)
+            if timings is not None:
+                used = timings.cache_n + timings.prompt_n + timings.predicted_n
+            self.on_tokens(used)
         if timings is None:
             self.timer.observe()
         else:
