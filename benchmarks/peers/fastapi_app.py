@@ -261,7 +261,7 @@ async def chat_completions(req: ChatRequest) -> Response | ChatCompletion:
 
     def events() -> Iterator[str]:
         # A sync iterator: StreamingResponse pulls it in the thread pool, so tinyllm's
-        # decode steps run off the event loop (as zeroserve runs it, executor=thread).
+        # decode steps run off the event loop (zeroserve itself now runs tinyllm in a worker process).
         yield chunk(ChatDelta(role="assistant", content=""))
         for piece in pieces:
             yield chunk(ChatDelta(content=piece))

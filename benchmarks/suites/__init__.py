@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ..context import SuiteContext
 from ..report import Section
-from . import gateway, p64, tinyllm, w1, w2, w3, w4, w5, w6, w7, w8
+from . import gateway, llamacpp, p64, tinyllm, w1, w2, w3, w4, w5, w6, w7, w8
 
 Suite = Callable[[SuiteContext], Section]
 
@@ -24,6 +24,7 @@ SUITES: dict[str, Suite] = {
     "W3": w3.w3,  # OpenAI chat, 64 KB prompt, vs FastAPI+pydantic
     "W4": w4.w4,  # KServe V2, 4 MiB tensor, binary vs JSON, vs MLServer/Triton
     "tinyllm": tinyllm.tinyllm,  # the default model's streams, vs FastAPI
+    "llamacpp": llamacpp.llamacpp,  # smollm2 streams, vs llama.cpp's server and FastAPI
     "gateway": gateway.gateway,  # the remote: relay, vs direct and LiteLLM
     "W5": w5.w5,  # slow reader: bounded memory
     "W6": w6.w6,  # disconnect: the model stops

@@ -82,7 +82,7 @@ def tinyllm(ctx: SuiteContext) -> Section:
         "with non-empty `delta.content` received inside the window. TTFT: connect to the "
         "first content chunk. FastAPI runs the same model object "
         "(`zeroserve.models.tinyllm`) behind a `StreamingResponse` over a sync iterator "
-        "(thread pool), as zeroserve runs it (`executor=thread`).",
+        "(thread pool); zeroserve runs it on its default executor (`process`).",
         *footer(ctx, settings),
         "",
         "| streams | server | tokens/s | vs FastAPI | TTFT p50 ms | TTFT p99 ms "

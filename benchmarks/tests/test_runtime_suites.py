@@ -30,6 +30,7 @@ def test_catalog_names_every_suite_once_per_module() -> None:
         "W3",
         "W4",
         "tinyllm",
+        "llamacpp",
         "gateway",
         "W5",
         "W6",

@@ -18,7 +18,7 @@ from .models.loader import ModelRef, parse_spec
 
 log = logging.getLogger("zeroserve")
 
-DEFAULT_MODELS = ("echo", "tinyllm", "minilm")
+DEFAULT_MODELS = ("echo", "tinyllm", "minilm", "smollm2")
 
 
 def build_parser() -> argparse.ArgumentParser:

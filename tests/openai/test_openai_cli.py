@@ -50,7 +50,7 @@ def cli_url() -> Iterator[str]:
 @pytest.mark.slow
 def test_default_models_over_the_cli(cli_url: str) -> None:
     with openai.OpenAI(base_url=cli_url + "/v1", api_key="unused", max_retries=0) as c:
-        assert {m.id for m in c.models.list()} == {"echo", "tinyllm", "minilm"}
+        assert {m.id for m in c.models.list()} == {"echo", "tinyllm", "minilm", "smollm2"}
         chunks = list(
             c.chat.completions.create(
                 model="tinyllm",
@@ -60,5 +60,15 @@ def test_default_models_over_the_cli(cli_url: str) -> None:
             )
         )
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        answer = c.chat.completions.create(
+            model="smollm2",
+            messages=[
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "What is the capital of France?"},
+            ],
+            max_tokens=12,
+            temperature=0,
+        )
+        assert "Paris" in (answer.choices[0].message.content or "")
         e = c.embeddings.create(model="minilm", input="hello")
         assert len(e.data[0].embedding) == 384

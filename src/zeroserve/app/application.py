@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable
 from ..edge import Edge
 from ..http.connection import RequestHead
 from ..runtime import Engine
-from .endpoints import kserve, openai, ops, raw
+from .endpoints import kserve, openai, openapi, ops, raw
+from .engine_relay import close_engine_relays, engine_relays
 from .problems import ErrorFormat
 from .relay import aclose_relays, relays
 from .request import Request
@@ -34,8 +35,10 @@ class App:
         raw.register(self.router, engine)
         # Remote models' relays, made now so their upstream metrics show from the start.
         self.relays = relays(engine)
+        self.engine_relays = engine_relays(engine)  # llamacpp models: their slot metrics
         openai.register(self.router, engine)
         kserve.register(self.router, engine)
+        openapi.register(self.router)  # last: it describes every route above
 
     def on_head(self, head: RequestHead) -> Request:
         route, params = self.router.match(head.method, head.path)
@@ -59,3 +62,4 @@ class App:
         log's writer)."""
         await aclose_relays(self.engine)
         self.edge.close()
+        close_engine_relays(self.engine)

@@ -3,10 +3,11 @@
 ``SPEC`` forms (``NAME=`` is optional where a default name exists):
 
 * ``NAME=package.module:Class`` — a user model class (a ``zeroserve.Model`` subclass).
-* ``echo`` / ``tinyllm`` / ``minilm`` — the built-in models.
+* ``echo`` / ``tinyllm`` / ``minilm`` / ``smollm2`` — the built-in models.
 * ``NAME=onnx:/path/model.onnx`` — the onnxruntime backend.
 * ``NAME=remote:https://host/v1[,https://host2/v1]`` — an OpenAI-compatible upstream.
 * ``NAME=transformers:/path/to/folder`` — a Hugging Face causal LM folder (extra).
+* ``NAME=llamacpp:/path/model.gguf`` — a GGUF on llama.cpp's engine, in-process.
 
 Options follow the spec after ``?`` as ``key=value`` pairs joined by ``&``, e.g.
 ``llm=transformers:/models/x?executor=thread&max_batch_size=8``.
@@ -27,6 +28,7 @@ BUILTINS: dict[str, str] = {
     "echo": "zeroserve.models.echo:EchoModel",
     "tinyllm": "zeroserve.models.tinyllm:TinyLlamaModel",
     "minilm": "zeroserve.models.minilm:MiniLMEmbedder",
+    "smollm2": "zeroserve.models.llamacpp:SmolLM2Model",
 }
 # Backends taking a location after the colon: name -> "module:Class"; the class receives
 # the location as its ``location`` option.
@@ -35,7 +37,11 @@ BACKENDS: dict[str, str] = {
     "remote": "zeroserve.models.remote:RemoteModel",
     "transformers": "zeroserve.models.transformers_backend:TransformersModel",
     "sentence-transformers": "zeroserve.models.sentence_transformers_backend:SentenceTransformersModel",
+    "llamacpp": "zeroserve.models.llamacpp:LlamaCppModel",
 }
+# Targets that write the model's name into their own responses: they are told the
+# served name (option ``alias``), so a response never names a file path instead.
+NAMED_TARGETS = frozenset({BUILTINS["smollm2"], BACKENDS["llamacpp"]})
 # Options the runtime reads (the rest go to the model's constructor).
 RUNTIME_KEYS = frozenset({"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth"})
 
@@ -85,6 +91,8 @@ def parse_spec(text: str) -> ModelRef:
                 f"({', '.join(BUILTINS)}), or NAME=backend:location ({', '.join(BACKENDS)})"
             )
     runtime = {k: options.pop(k) for k in list(options) if k in RUNTIME_KEYS}
+    if target in NAMED_TARGETS:
+        options.setdefault("alias", name)
     return ModelRef(name=name, target=target, options=options, runtime=runtime)
 
 

@@ -14,10 +14,13 @@ choice is its own generation: concurrent for a whole response, one after another
 stream (see ``app/openai/streaming.py``). With a ``seed``, choice ``j`` of a prompt uses
 ``seed + j``, so choice 0 equals the ``n = 1`` answer and the others differ.
 
-Unsupported OpenAI parameters that would change the answer (``logprobs``, ``echo``,
-``best_of`` > 1, ``suffix``, non-text content parts, token-array prompts) get a 400
+Unsupported OpenAI parameters that would change the answer (``logprobs``, ``tools``,
+``response_format``, penalties, ``echo``, ``best_of`` > 1, ``suffix``, non-text content
+parts, token-array prompts; see ``app/openai/params.py``) and unknown fields get a 400
 naming the parameter rather than being silently ignored. Parameters that only carry
 metadata (``user``, ``metadata``, ``store``, ...) are accepted and ignored.
+``llamacpp`` models are served by their engine (``app/engine_relay.py``), which honours
+``tools``, ``response_format``, ``logprobs``, penalties and ``logit_bias``.
 
 Token counts come from the model's ``count_tokens``; ``usage.prompt_tokens`` counts the
 templated chat prompt. See ``app/openai/generation.py`` for how ``finish_reason`` and
@@ -38,8 +41,11 @@ from ...edge import EdgeContext
 from ...errors import CapabilityError, ModelNotFound, RequestError
 from ...models.base import GenerateRequest
 from ...runtime import Engine, ModelHandle, Ticket
+from ..engine_relay import engine_for_request
+from ..engine_tools import release_ticket
 from ..openai import schemas as s
 from ..openai.generation import Generation, count_tokens
+from ..openai.params import refuse_unsupported
 from ..openai.streaming import ChoiceStream, Chunks
 from ..relay import relay_for_request
 from ..request import Request
@@ -205,6 +211,7 @@ class _OpenAI:
                 prompt_tokens=job.prompt_tokens,
                 stop=job.request.stop,
                 on_tokens=job.on_tokens,
+                model=handle.name,
             )
 
         return start
@@ -284,14 +291,33 @@ class _OpenAI:
         ]
         return _json(s.Completion(ident, "text_completion", created, handle.name, texts, usage))
 
+    def _engine_model(self, req: Request, *, chat: bool) -> HandlerResult | None:
+        """The answer of an engine-backed (``llamacpp``) model, or None for other models:
+        the body goes to the engine undecoded (``app/engine_relay.py``)."""
+        found = engine_for_request(self.engine, req)
+        if found is None:
+            return None
+        relay, handle = found
+        ticket = handle.admit()  # Overloaded: 429 with Retry-After
+        deadline = asyncio.get_running_loop().time() + relay.model.timeout
+        try:
+            if chat:
+                return relay.chat(req, ticket, deadline)
+            return relay.completions(req, ticket, deadline)
+        except BaseException:
+            release_ticket(ticket)
+            raise
+
     # -- chat --------------------------------------------------------------------------
     def chat(self, req: Request) -> HandlerResult:
         relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
         if relay is not None:
             return relay.forward(req, "/chat/completions")
+        engine = self._engine_model(req, chat=True)  # a llamacpp model: its engine
+        if engine is not None:
+            return engine
         body = s.decode(s.chat_decoder, req.body)
-        if body.logprobs:
-            raise RequestError("logprobs are not supported by this server", param="logprobs")
+        refuse_unsupported(body, chat=True)
         handle = self._handle(body.model, "generate")
         messages = [
             {"role": _ROLES.get(m.role, m.role), "content": _content(m, i)}
@@ -310,7 +336,11 @@ class _OpenAI:
         relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
         if relay is not None:
             return relay.forward(req, "/completions")
+        engine = self._engine_model(req, chat=False)
+        if engine is not None:
+            return engine
         body = s.decode(s.completion_decoder, req.body)
+        refuse_unsupported(body, chat=False)
         for name, bad in (
             ("logprobs", body.logprobs is not None),
             ("echo", bool(body.echo)),

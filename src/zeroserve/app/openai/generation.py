@@ -31,6 +31,7 @@ from typing import Any
 
 from ...models.base import Model
 from ...runtime import Stream
+from .telemetry import GenerationTimer
 
 log = logging.getLogger("zeroserve.openai")
 
@@ -103,6 +104,7 @@ class Generation:
         "index",
         "parts",
         "prompt_tokens",
+        "timer",
     )
 
     def __init__(
@@ -115,12 +117,15 @@ class Generation:
         prompt_tokens: int,
         stop: list[str] | None = None,
         on_tokens: Callable[[int], None] | None = None,
+        model: str | None = None,
     ) -> None:
         self._stream = stream
         # Told of completion tokens as they arrive (one per piece, the rest once counted
         # at the end): an API key's tokens-per-minute quota is debited while streaming.
         self._on_tokens = on_tokens
         self._debited = 0
+        # TTFT, inter-token times and tokens of a served model (app/openai/telemetry.py).
+        self.timer = GenerationTimer(model) if model is not None else None
         self._filter = StopFilter(stop) if stop else None
         self._done = False
         self._tokens = 0  # model pieces received (each holds at least one token)
@@ -150,6 +155,8 @@ class Generation:
                 self._tokens += 1
                 if self._on_tokens is not None:
                     self._debit(1)
+                if self.timer is not None:
+                    self.timer.token()
                 text = as_text(piece)
                 if filt is not None:
                     text = filt.push(text)
@@ -172,12 +179,18 @@ class Generation:
         self._tokens += len(pieces)
         if self._on_tokens is not None and pieces:
             self._debit(len(pieces))
+        timer = self.timer
+        if timer is not None:
+            for _ in pieces:
+                timer.token()
         texts = [t for t in map(as_text, pieces) if t]
         self.parts += texts
         return texts
 
     async def aclose(self) -> None:
         await self._stream.aclose()
+        if self.timer is not None and not self._done:  # cut short: what it made so far
+            self.timer.observe(self._tokens, prompt_tokens=self.prompt_tokens)
 
     def text(self) -> str:
         return "".join(self.parts)
@@ -192,6 +205,8 @@ class Generation:
         reason, tokens = self._finish()
         if self._on_tokens is not None and tokens > self._debited:
             self._debit(tokens - self._debited)
+        if self.timer is not None:
+            self.timer.observe(tokens, prompt_tokens=self.prompt_tokens)
         return reason, tokens
 
     def _finish(self) -> tuple[str, int]:

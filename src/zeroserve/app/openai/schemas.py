@@ -1,8 +1,10 @@
 """OpenAI wire schemas as msgspec Structs, with the decoders and encoder built once.
 
 Requests are decoded straight from the body view (``req.body`` is a memoryview of the
-arena lease; msgspec reads buffers without copying them). Unknown fields are ignored,
-because OpenAI clients send many (``user``, ``logit_bias``, ``metadata``, ...). Range
+arena lease; msgspec reads buffers without copying them). Unknown fields are refused
+with a 400 naming them (``forbid_unknown_fields``); every OpenAI parameter is a field,
+either honoured, refused unless neutral, or accepted because it never changes the answer
+(``user``, ``metadata``, ``store``, ...): nothing is silently dropped. Range
 checks are ``msgspec.Meta`` constraints, so a bad value fails at decode time and
 :func:`decode` turns msgspec's message into a 400 whose ``param`` names the field.
 
@@ -14,12 +16,15 @@ it with ``stream_options.include_usage``, as OpenAI does.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ...errors import RequestError
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 # OpenAI accepts at most four stop sequences.
 MAX_STOP_SEQUENCES = 4
@@ -51,7 +56,7 @@ class Message(Struct, kw_only=True):
     name: str | None = None
 
 
-class ChatCompletionRequest(Struct, kw_only=True):
+class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: Annotated[list[Message], Meta(min_length=1)]
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
@@ -64,9 +69,30 @@ class ChatCompletionRequest(Struct, kw_only=True):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
+    # OpenAI parameters the generic path honours only at their neutral value; any other
+    # value is refused with a 400 naming it (app/openai/params.py). Unknown fields are
+    # refused by the decoder (forbid_unknown_fields): nothing is silently dropped.
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None
+    # Accepted, no effect on the answer.
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    safety_identifier: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
 
 
-class CompletionRequest(Struct, kw_only=True):
+class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     # str, list[str], list[int] (one tokenised prompt) or list[list[int]]; msgspec unions
     # allow one array type, so the element union is checked in the handler.
@@ -83,6 +109,15 @@ class CompletionRequest(Struct, kw_only=True):
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    safety_identifier: Any = None
+    prompt_cache_key: Any = None
 
 
 class EmbeddingRequest(Struct, kw_only=True):
@@ -128,6 +163,11 @@ def _split_path(text: str) -> tuple[str, str | None]:
         param = m.group("path") or None
         text = text[: m.start()]
     text = _QUOTED.sub("(value not shown)", text)
+    unknown = re.fullmatch(r"Object contains unknown field `([^`]*)`", text)
+    if unknown is not None:
+        # A forbid_unknown_fields schema: the serving model cannot honour this parameter.
+        param = f"{param}.{unknown.group(1)}" if param else unknown.group(1)
+        text = "this parameter is not supported by the serving model"
     missing = re.fullmatch(r"Object missing required field `(\w+)`", text)
     if missing is not None:
         param = f"{param}.{missing.group(1)}" if param else missing.group(1)
@@ -234,3 +274,254 @@ class EmbeddingList(Struct):
 
 
 encoder = msgspec.json.Encoder()
+
+
+# -- the full OpenAI request surface (engine-backed models) ---------------------------------
+# These decoders refuse unknown fields (``forbid_unknown_fields``): a field the serving
+# model cannot honour gets a 400 naming it instead of being dropped. Fields that never
+# change the answer (``user``, ``metadata``, ``store``, ``service_tier``) are accepted.
+#
+# ``response_format``, ``tools`` and ``tool_choice`` are kept as raw JSON (``msgspec.Raw``)
+# at first: their size is checked before anything decodes or compiles them into a grammar.
+
+# Largest ``response_format`` (with its JSON schema) accepted, in bytes. Real schemas are
+# a few KiB; the engine compiles the schema into a grammar, whose cost grows with its size,
+# so 64 KiB bounds that work while leaving room for large API schemas.
+MAX_RESPONSE_FORMAT_BYTES = 64 * 1024
+# Largest ``tools`` array accepted, in bytes (the same reason: each tool's parameters
+# become a grammar; OpenAI allows 128 tools, a few hundred bytes each).
+MAX_TOOLS_BYTES = 128 * 1024
+# OpenAI's bounds for these parameters.
+MAX_TOP_LOGPROBS = 20
+
+
+def given(raw: msgspec.Raw | UnsetType | None) -> TypeIs[msgspec.Raw]:
+    """Whether a raw field was sent with a value (not absent, not ``null``)."""
+    return isinstance(raw, msgspec.Raw) and len(raw) > 0 and bytes(raw) != b"null"
+
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+
+
+class ToolCallFunction(Struct, kw_only=True):
+    name: str
+    arguments: str = ""
+
+
+class ToolCallIn(Struct, kw_only=True):
+    """A tool call of an earlier assistant message in the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class EngineMessage(Struct, kw_only=True, omit_defaults=True):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+
+
+class JsonSchemaFormat(Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    # msgspec.Raw: passed to the engine as it came (the engine compiles it).
+    schema: msgspec.Raw | UnsetType = UNSET
+    strict: bool | None = None
+
+
+class ResponseFormat(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionDef(Struct, kw_only=True):
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    parameters: msgspec.Raw | UnsetType = UNSET
+    strict: bool | None = None
+
+
+class Tool(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Struct, kw_only=True):
+    name: str
+
+
+class NamedToolChoice(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+tools_decoder = msgspec.json.Decoder(list[Tool])
+tool_choice_decoder = msgspec.json.Decoder(ToolChoice)
+response_format_decoder = msgspec.json.Decoder(ResponseFormat)
+
+
+class EngineChatRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str
+    messages: Annotated[list[EngineMessage], Meta(min_length=1)]
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    stop: Stop | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: int | None = None
+    n: N | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Bias] | None = None
+    response_format: msgspec.Raw | UnsetType = UNSET
+    tools: msgspec.Raw | UnsetType = UNSET
+    tool_choice: msgspec.Raw | UnsetType = UNSET
+    parallel_tool_calls: bool | None = None
+    # Accepted, no effect on the answer.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: Any = None
+    modalities: list[Literal["text"]] | None = None
+
+
+class EngineCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str
+    prompt: str | list[str | int | list[int]]
+    max_tokens: Annotated[int, Meta(ge=0)] | None = 16
+    stop: Stop | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: int | None = None
+    n: N | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    echo: bool | None = False
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Bias] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+
+engine_chat_decoder = msgspec.json.Decoder(EngineChatRequest)
+engine_completion_decoder = msgspec.json.Decoder(EngineCompletionRequest)
+
+
+# -- what zeroserve reads from an engine's chunks (each looked at once) ---------------------
+class EngineError(Struct, kw_only=True):
+    code: int = 500
+    message: str = ""
+    type: str = "server_error"
+
+
+class EngineErrorBody(Struct, kw_only=True):
+    error: EngineError
+
+
+class EngineTimings(Struct, kw_only=True):
+    cache_n: int = 0  # prompt tokens served from the prompt cache
+    prompt_n: int = 0  # prompt tokens evaluated
+    predicted_n: int = 0  # tokens generated
+
+
+class EngineDelta(Struct, kw_only=True):
+    content: str | None = None
+
+
+class EngineChunkChoice(Struct, kw_only=True):
+    index: int = 0
+    delta: EngineDelta | None = None
+    message: EngineDelta | None = None
+    finish_reason: str | None = None
+
+
+class EngineChunk(Struct, kw_only=True):
+    """The fields of an engine chunk (or whole answer) that zeroserve ever reads."""
+
+    choices: list[EngineChunkChoice] = []
+    usage: Usage | None = None
+    timings: EngineTimings | None = None
+
+
+engine_error_decoder = msgspec.json.Decoder(EngineErrorBody)
+engine_chunk_decoder = msgspec.json.Decoder(EngineChunk)
+
+
+class ToolCallOut(Struct):
+    id: str
+    type: str
+    function: ToolCallFunction
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: dict[str, str] | UnsetType = UNSET
+
+
+class ToolMessage(Struct):
+    role: str
+    content: None
+    tool_calls: list[ToolCallOut]
+    refusal: None = None
+
+
+class ToolChoiceOut(Struct):
+    index: int
+    message: ToolMessage
+    logprobs: None
+    finish_reason: str
+
+
+class ToolCompletion(Struct):
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[ToolChoiceOut]
+    usage: Usage
+
+
+class ToolDelta(Struct, omit_defaults=True):
+    role: str | UnsetType = UNSET
+    content: str | UnsetType | None = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
+
+
+class ToolChunkChoice(Struct):
+    index: int
+    delta: ToolDelta
+    logprobs: None
+    finish_reason: str | None
+
+
+class ToolChunk(Struct, omit_defaults=True):
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[ToolChunkChoice]
+    usage: Usage | UnsetType | None = UNSET

@@ -73,13 +73,13 @@ class TinyLlamaModel(Model):
     ``generate`` has its own KV cache and random generator.
     """
 
-    # Thread, measured by benchmarks/scripts/bench_tinyllm.py: a decode step (~0.6 ms CPU) is
-    # ~100 small numpy calls and only its matmuls (~20% of it) run without the GIL, so
-    # threads add little parallelism (4 streams: process CPU/wall ~1.1). But each step
-    # releases the GIL at every matmul, so an event loop beside it stays responsive
-    # (1 ms ticker late by p50 0.2-0.5 ms), whereas running steps inline on the loop made
-    # it late by p50 5-15 ms, and a long prompt's prefill would block it outright.
-    executor: ClassVar[ExecutorKind] = "thread"
+    # Process, so that a busy tinyllm never holds the event loop's GIL: on threads a
+    # decode step (~0.6 ms CPU, ~100 small numpy calls, only the matmuls without the GIL)
+    # kept /health p99 at 9 ms while 32 streams ran. A worker process decodes with its own
+    # GIL and streams pieces through the arena's channel (credits bound what it runs
+    # ahead). Measured by benchmarks/scripts/bench_tinyllm.py: threads added little
+    # parallelism anyway (4 streams: process CPU/wall ~1.1).
+    executor: ClassVar[ExecutorKind] = "process"
     description: ClassVar[str] = (
         "demo model: 0.9M-parameter Llama-style model trained by zeroserve on CPython's "
         "docs; writes fluent-looking, meaningless Python-doc prose"
@@ -181,7 +181,14 @@ class TinyLlamaModel(Model):
 
     def _encode(self, text: str) -> list[int]:
         if self._tokenizer is None:
-            raise RuntimeError("TinyLlamaModel.load() was not called")
+            # The metadata instance of a process model is never loaded; counting tokens
+            # (usage, context checks) needs only the tokenizer, which loads in a few ms.
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+            tok.no_padding()
+            tok.no_truncation()
+            self._tokenizer = tok
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 

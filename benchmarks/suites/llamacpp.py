@@ -1,0 +1,171 @@
+"""The built-in smollm2 on llama.cpp's engine: chat streams at 1, 8 and 32 concurrent
+streams through zeroserve, against llama.cpp's own HTTP server and FastAPI wrapping the
+same engine calls (``peers/llamacpp_engine.py``): same GGUF, threads and slots, so the
+engine is identical and the difference is the HTTP layer. ``/health`` is probed from a
+thread of the client process while the streams run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import threading
+from pathlib import Path
+
+from ..context import SuiteContext
+from ..procs import ServerFailed
+from ..report import Section, footer, num, times
+from ..servers import Server, importable, started, zeroserve
+from ..stats import median, percentile
+from ..streamclient import StreamStats, stream_load
+from ._api import GROUP, GROUP_TITLE
+from .w8 import _probe_health
+
+CONCURRENCY = (1, 8, 32)
+# Engine slots and KV tokens (512 a slot): 8 slots is where 2 cores stop gaining.
+PARALLEL = 8
+N_CTX = PARALLEL * 512
+MAX_TOKENS, QUICK_MAX_TOKENS = 32, 16
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+# /health p99 target while the model is saturated (ms).
+HEALTH_TARGET_MS = 2.0
+
+
+def _engine_peer(mode: str, name: str, title: str, threads: int) -> Server:
+    def argv(port: int, up: int | None, work: Path) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "benchmarks.peers.llamacpp_engine",
+            "--mode",
+            mode,
+            "--port",
+            str(port),
+            "--n-ctx",
+            str(N_CTX),
+            "--parallel",
+            str(PARALLEL),
+            "--threads",
+            str(threads),
+        ]
+
+    requires = ("xllamacpp",) if mode == "native" else ("xllamacpp", "fastapi", "uvicorn")
+    return Server(name, title, argv, missing=importable(*requires))
+
+
+def llamacpp(ctx: SuiteContext) -> Section:
+    settings = ctx.settings()
+    threads = 1 if ctx.pins.pinned else 2
+    max_tokens = QUICK_MAX_TOKENS if ctx.quick else MAX_TOKENS
+    spec = f"smollm2?parallel={PARALLEL}&n_ctx={N_CTX}&threads={threads}&queue_depth=1024"
+    servers = [
+        zeroserve(spec),
+        _engine_peer("native", "llama.cpp", "llama.cpp server", threads),
+        _engine_peer("fastapi", "fastapi", "FastAPI+xllamacpp", threads),
+    ]
+    body = json.dumps(
+        {
+            "model": "smollm2",
+            "stream": True,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "messages": MESSAGES,
+        }
+    ).encode()
+    # (streams, server) -> runs of (stream stats, /health samples, server CPU seconds)
+    res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]] = {}
+    errors: dict[str, str] = {}
+    skipped = {s.name: why for s in servers if (why := s.missing())}
+    for rnd in range(settings.rounds):
+        for conc in CONCURRENCY:
+            for srv in servers:
+                if srv.name in skipped or srv.name in errors:
+                    continue
+                try:
+                    with started(srv, ctx.pins, ctx.results_dir) as server:
+                        asyncio.run(stream_load(server.port, "/v1/chat/completions", body, 1, 0.01))
+                        health: list[float] = []
+
+                        def probe(port: int = server.port, health: list[float] = health) -> None:
+                            health.extend(
+                                _probe_health(port, max(settings.duration_s - 0.5, 0.5))[0]
+                            )
+
+                        t = threading.Thread(target=probe, daemon=True)
+                        u0 = server.usage()
+                        t.start()
+                        st = asyncio.run(
+                            stream_load(
+                                server.port, "/v1/chat/completions", body, conc, settings.duration_s
+                            )
+                        )
+                        cpu_s = server.usage().cpu_s - u0.cpu_s
+                        t.join(settings.duration_s + 10)
+                except ServerFailed as exc:
+                    errors[srv.name] = f"start failed: {exc}"
+                    continue
+                res.setdefault((conc, srv.name), []).append((st, health, cpu_s))
+                print(
+                    f"  llamacpp x{conc} {srv.name} r{rnd}: {st.tokens / st.duration_s:,.1f} "
+                    f"tokens/s, ttft p50 {percentile(st.ttft_ms, 50):.0f} ms, /health p99 "
+                    f"{percentile(health, 99):.2f} ms, {st.failures} failures {st.errors[:1]}",
+                    flush=True,
+                )
+
+    def tps(conc: int, name: str) -> list[float]:
+        return [s.tokens / s.duration_s for s, _, _ in res.get((conc, name), [])]
+
+    def per_cpu(conc: int, name: str) -> list[float]:
+        return [s.tokens / c for s, _, c in res.get((conc, name), []) if c > 0]
+
+    lines = [
+        "### smollm2 on llama.cpp's engine",
+        "",
+        f"`POST /v1/chat/completions`, `stream: true`, greedy, `max_tokens` {max_tokens}, "
+        f"SmolLM2-135M-Instruct Q4_1 with {PARALLEL} slots, {N_CTX} KV tokens and "
+        f"{threads} thread(s) on every server. llama.cpp server: the HTTP server "
+        "`xllamacpp.Server` starts (the same engine build). FastAPI: `handle_chat_completions` "
+        "in a thread, chunks through `call_soon_threadsafe` into a `StreamingResponse`. "
+        "`/health` is probed every 5 ms on one keep-alive connection during the load. "
+        "Tokens per CPU-second: tokens received over the server process's CPU time in the "
+        "window (the fair comparison where other work shares the server's CPU).",
+        *footer(ctx, settings),
+        "",
+        "| streams | server | tokens/s | vs llama.cpp | tokens/CPU-s | TTFT p50 ms "
+        f"| TTFT p99 ms | /health p99 ms (target ≤{HEALTH_TARGET_MS:g}) | failures |",
+        "|--:|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for conc in CONCURRENCY:
+        for srv in servers:
+            runs = res.get((conc, srv.name), [])
+            if not runs:
+                why = skipped.get(srv.name) or errors.get(srv.name, "no result")
+                lines.append(
+                    f"| {conc} | {srv.title} | not measured: {why.splitlines()[0][:140]} | | | | | | |"
+                )
+                continue
+            ratios = [
+                a / b
+                for a, b in zip(tps(conc, srv.name), tps(conc, "llama.cpp"), strict=False)
+                if b
+            ]
+            ttft = [x for s, _, _ in runs for x in s.ttft_ms]
+            health = [x for _, h, _ in runs for x in h]
+            lines.append(
+                f"| {conc} | {srv.title} | {num(median(tps(conc, srv.name)))} "
+                f"| {times(median(ratios) if ratios else math.nan)} "
+                f"| {num(median(per_cpu(conc, srv.name)))} "
+                f"| {num(percentile(ttft, 50))} | {num(percentile(ttft, 99))} "
+                f"| {num(percentile(health, 99))} | {sum(s.failures for s, _, _ in runs)} |"
+            )
+    lines += [
+        "",
+        "Targets: tokens/s ≥0.97x llama.cpp's server at every concurrency, TTFT p99 ≤ its, "
+        "≥1.5x FastAPI at 32 streams. Inter-token p99 is not measured by this client "
+        "(zeroserve exports it: `zeroserve_generation_inter_token_seconds`).",
+    ]
+    return Section(GROUP, GROUP_TITLE, "\n".join(lines))

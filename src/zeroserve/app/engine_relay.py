@@ -1,0 +1,764 @@
+"""The in-process engine as an upstream: chat and completions for ``llamacpp`` models.
+
+Strategy (docs/architecture.md, "The in-process engine")
+--------------------------------------------------------
+This is the gateway's undecoded relay with a function call in place of a socket. The
+request body is checked once by the strict schemas (``EngineChatRequest``: unknown fields
+get a 400 naming them), its ``model`` is rewritten by the gateway's scanner
+(``relay._rewrite``) and the result goes to ``Server.handle_chat_completions`` as bytes.
+The engine's chunks come back as bytes and go to the client as SSE events as they are;
+zeroserve looks inside a chunk only where it must, once, with msgspec: the first chunk
+(an engine error becomes a proper HTTP status), and the final one (``timings``: tokens,
+prompt-cache hits). Forced tool calls are the exception: their chunks are rewritten into
+OpenAI's ``tool_calls`` deltas (:mod:`.engine_tools`).
+
+Threads and slots: the engine blocks the calling thread in C++ for the whole generation,
+so each model has a pool of exactly ``parallel`` threads (one per engine slot) and a
+semaphore of ``parallel`` slots. A request waits for a slot on the event loop, holding
+only its admission ticket (the queue depth bounds how many wait: 429 beyond); it never
+waits in a thread.
+
+Backpressure: the engine does not pause a slot for a slow reader, so a stream's pending
+chunks are bounded in bytes (``coalesce_cap_bytes``, the channels' coalesce cap): every
+pending chunk goes out in one write when the client is ready (they coalesce into one
+``writelines``), and past the cap the stream is aborted (``StreamAborted``) and its slot
+freed. Cancellation: a client disconnect, the deadline or ``aclose()`` set a flag that
+makes the engine callback return ``True``, which stops the slot at its next token.
+
+Limits checked before a slot is taken: ``max_tokens`` beyond the slot's context, and a
+prompt too long for it (``context_length_exceeded``). The prompt check is exact only when
+it has to be: a prompt whose UTF-8 bytes (an upper bound of its tokens for byte-level
+BPE vocabularies) plus the template's overhead fit is accepted at once; otherwise the
+engine's own tokenizer counts it, through the locked side port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from .. import metrics
+from ..errors import DeadlineExceeded, RequestError, ZeroserveError
+from ..models.llamacpp import LlamaCppModel
+from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
+from .engine_tools import ForcedTool, GeneratedPieces, plan_tools, release_ticket
+from .openai import schemas as s
+from .openai.telemetry import GenerationTimer
+from .relay._rewrite import model_spans, rewrite_model
+from .request import Request
+from .response import JSON, Response, StreamResponse
+
+# Tokens a chat template adds around each message (role markers, separators) and once
+# per conversation (the assistant header, a default system prompt: SmolLM2's is 20
+# tokens). Generous bounds: they only decide when the exact count is needed.
+TEMPLATE_TOKENS_PER_MESSAGE = 8
+TEMPLATE_TOKENS_FIXED = 64
+# Seconds to get an exact token count from the engine's tokenizer (loopback, no model
+# work: milliseconds; a second means the engine is wedged).
+TOKENIZE_TIMEOUT_S = 5.0
+# Largest side-port answer read (a token list of a whole context: ~8 bytes a token).
+TOKENIZE_MAX_BYTES = 4 << 20
+
+DONE = b"[DONE]"
+_encode = msgspec.json.encode
+_INDEX0 = b'"index":0'
+_EMPTY_CHOICES = b'"choices":[]'
+_ERROR_PREFIX = b'{"error"'
+_TIMINGS = b'"timings"'
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatistics:
+    slots: int  # engine slots (parallel sequences)
+    active: int  # slots generating now
+    queued: int  # requests admitted and waiting for a slot
+    requests: int
+    aborted: int  # streams stopped early (disconnect, deadline, slow reader)
+
+
+class EngineRelay:
+    """Serves one ``llamacpp`` model's chat and completions through its engine."""
+
+    def __init__(self, name: str, model: LlamaCppModel, *, byte_cap: int) -> None:
+        self.name = name
+        self.model = model
+        self.byte_cap = byte_cap
+        self.slots = model.parallel
+        self.pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix=f"engine-{name}")
+        self._free: asyncio.Semaphore | None = None
+        self.active = 0
+        self.queued = 0
+        self.requests = 0
+        self.aborted = 0
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics(self.slots, self.active, self.queued, self.requests, self.aborted)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- requests --------------------------------------------------------------------------
+    def chat(
+        self, req: Request, ticket: Any, deadline: float
+    ) -> Coroutine[Any, Any, Response | StreamResponse]:
+        """Check a chat request and start answering it (an awaitable of the response)."""
+        body = s.decode(s.engine_chat_decoder, req.body)
+        if body.top_logprobs and not body.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        plan = plan_tools(body)
+        max_tokens = (
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else body.max_tokens
+        )
+        texts = [_message_text(m) for m in body.messages]
+        extra = len(bytes(body.tools)) if s.given(body.tools) else 0
+        bound = sum(len(t.encode()) for t in texts) + extra
+        bound += TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(texts)
+        payload = plan.body if plan is not None else self._payload(req.body)
+        n = body.n or 1
+        return self._run(
+            req,
+            ticket,
+            deadline,
+            payload,
+            chat=True,
+            stream=bool(body.stream),
+            n=n,
+            seed=body.seed,
+            max_tokens=max_tokens,
+            bound=bound,
+            messages=body.messages,
+            prompt=None,
+            plan=plan,
+            has_format=s.given(body.response_format),
+        )
+
+    def completions(
+        self, req: Request, ticket: Any, deadline: float
+    ) -> Coroutine[Any, Any, Response | StreamResponse]:
+        body = s.decode(s.engine_completion_decoder, req.body)
+        for name, bad in (
+            ("echo", bool(body.echo)),
+            ("best_of", body.best_of is not None and body.best_of > 1),
+            ("suffix", body.suffix is not None),
+        ):
+            if bad:
+                raise RequestError(f"'{name}' is not supported by this model", param=name)
+        if not isinstance(body.prompt, str):
+            raise RequestError(
+                "this model takes one text prompt per request; send a string", param="prompt"
+            )
+        bound = len(body.prompt.encode()) + TEMPLATE_TOKENS_FIXED
+        return self._run(
+            req,
+            ticket,
+            deadline,
+            self._payload(req.body),
+            chat=False,
+            stream=bool(body.stream),
+            n=body.n or 1,
+            seed=body.seed,
+            max_tokens=body.max_tokens,
+            bound=bound,
+            messages=None,
+            prompt=body.prompt,
+            plan=None,
+            has_format=False,
+        )
+
+    def _payload(self, body: memoryview) -> bytes:
+        """The body as the engine takes it: bytes, with ``model`` set to the alias."""
+        parts = rewrite_model(body, self.model.alias)
+        data = b"".join(parts) if parts is not None else bytes(body)
+        metrics.count_copy("engine_body", len(data))
+        return data
+
+    async def _run(
+        self,
+        req: Request,
+        ticket: Any,
+        deadline: float,
+        payload: bytes,
+        *,
+        chat: bool,
+        stream: bool,
+        n: int,
+        seed: int | None,
+        max_tokens: int | None,
+        bound: int,
+        messages: Any,
+        prompt: str | None,
+        plan: ForcedTool | None,
+        has_format: bool,
+    ) -> Response | StreamResponse:
+        self.requests += 1
+        try:
+            await self._check_context(max_tokens, bound, messages, prompt, deadline)
+            if n > 1:
+                return await run_choices(
+                    self, payload, n, seed, chat, stream, deadline, ticket, plan
+                )
+            run = _Run(self, deadline, ticket, plan=plan, has_format=has_format)
+            edge = req.edge
+            if edge is not None:  # an API key's token quota: debited when the run ends
+                edge.model = self.name
+                run.on_tokens = edge.count_tokens
+            return await run.start(payload, chat=chat, stream=stream)
+        except BaseException:
+            release_ticket(ticket)
+            raise
+
+    async def _check_context(
+        self,
+        max_tokens: int | None,
+        bound: int,
+        messages: Any,
+        prompt: str | None,
+        deadline: float,
+    ) -> None:
+        ctx = self.model.context_length
+        want = max_tokens or 0
+        if want >= ctx:
+            raise RequestError(
+                f"this model's maximum context length is {ctx} tokens; max_tokens asks for {want}",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        if bound + want < ctx:
+            return
+        tokens = await self.count_prompt_tokens(messages, prompt, deadline)
+        if tokens + want >= ctx:
+            raise RequestError(
+                f"this model's maximum context length is {ctx} tokens; the request has "
+                f"{tokens} prompt tokens and asks for up to {want} more",
+                param="messages" if messages is not None else "prompt",
+                code="context_length_exceeded",
+            )
+
+    async def count_prompt_tokens(self, messages: Any, prompt: str | None, deadline: float) -> int:
+        """Exact prompt tokens, from the engine's template and tokenizer (side port)."""
+        if prompt is None:
+            rendered = await self._side(
+                "/apply-template", msgspec.json.encode({"messages": messages}), deadline
+            )
+            prompt = str(msgspec.json.decode(rendered).get("prompt", ""))
+        answer = await self._side(
+            "/tokenize", msgspec.json.encode({"content": prompt, "add_special": True}), deadline
+        )
+        return len(msgspec.json.decode(answer).get("tokens", ()))
+
+    async def _side(self, path: str, body: bytes, deadline: float) -> bytes:
+        """POST ``body`` to the engine's locked side port (loopback, with its key)."""
+        host, _, port = self.model.side_address.removeprefix("http://").rpartition(":")
+        loop = asyncio.get_running_loop()
+        timeout = max(min(TOKENIZE_TIMEOUT_S, deadline - loop.time()), 0.001)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+            f"Authorization: Bearer {self.model._side_key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1")
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                try:
+                    writer.writelines([head, body])
+                    data = await reader.read(TOKENIZE_MAX_BYTES)
+                    while chunk := await reader.read(TOKENIZE_MAX_BYTES):
+                        data += chunk
+                finally:
+                    writer.close()
+        except TimeoutError:
+            raise DeadlineExceeded("counting the prompt's tokens took too long") from None
+        status_line, _, rest = data.partition(b"\r\n")
+        _, _, payload = rest.partition(b"\r\n\r\n")
+        if b" 200 " not in status_line + b" ":
+            raise ZeroserveError("the engine could not count the prompt's tokens")
+        return payload
+
+    # -- slots -----------------------------------------------------------------------------
+    async def acquire(self, deadline: float) -> None:
+        """Wait for a free engine slot (on the loop; never in a thread)."""
+        if self._free is None:
+            self._free = asyncio.Semaphore(self.slots)
+        loop = asyncio.get_running_loop()
+        self.queued += 1
+        try:
+            async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                await self._free.acquire()
+        except TimeoutError:
+            raise DeadlineExceeded(
+                "the request's deadline passed while it waited for a slot"
+            ) from None
+        finally:
+            self.queued -= 1
+        self.active += 1
+
+    def release(self) -> None:
+        self.active -= 1
+        assert self._free is not None
+        self._free.release()
+
+
+class _Run:
+    """One engine call: a pool thread runs it; the loop consumes its chunks.
+
+    Thread side: :meth:`callback` (the engine's) appends chunks under ``_lock`` and wakes
+    the loop only when the consumer is waiting. Loop side: ``__anext__`` and
+    :meth:`receive_batch_nowait` take them. ``cancelled`` is read by the callback: once it
+    is set, the callback returns ``True`` and the engine stops the slot.
+    """
+
+    def __init__(
+        self,
+        relay: EngineRelay,
+        deadline: float,
+        ticket: Any,
+        *,
+        plan: ForcedTool | None = None,
+        has_format: bool = False,
+    ) -> None:
+        self.relay = relay
+        self.deadline = deadline
+        self.ticket = ticket
+        self.plan = plan
+        self.has_format = has_format
+        self.loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._pending: deque[bytes] = deque()
+        self._pending_bytes = 0
+        self.peak_pending_bytes = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._waiting = False
+        self._done = False
+        self._error: BaseException | None = None
+        self.cancelled = False
+        self.complete = False  # the whole answer reached the consumer
+        self._closed = False
+        self._slot = False
+        self._timer: asyncio.TimerHandle | None = None
+        self.timer = GenerationTimer(relay.name)
+        self.on_tokens: Callable[[int], None] | None = None  # the edge's token count
+        self.timings: s.EngineTimings | None = None
+        self._thread_done: asyncio.Future[None] | None = None
+
+    @property
+    def model(self) -> str:
+        """The served model's name (what responses carry)."""
+        return self.relay.name
+
+    # -- thread side -----------------------------------------------------------------------
+    def callback(self, chunk: bytes) -> bool:
+        if self.cancelled:
+            return True
+        self.timer.token()
+        with self._lock:
+            self._pending.append(chunk)
+            self._pending_bytes += len(chunk)
+            if self._pending_bytes > self.peak_pending_bytes:
+                self.peak_pending_bytes = self._pending_bytes
+            over = self._pending_bytes > self.relay.byte_cap
+            wake, self._waiting = self._waiting, False
+        if over:
+            self.cancelled = True
+            self.loop.call_soon_threadsafe(
+                self._fail,
+                StreamAborted(
+                    f"stream aborted: the client fell more than {self.relay.byte_cap} bytes behind"
+                ),
+            )
+            return True
+        if wake:
+            self.loop.call_soon_threadsafe(self._wake)
+        return False
+
+    def _call(self, payload: bytes, chat: bool) -> None:
+        server = self.relay.model.server
+        try:
+            if chat:
+                server.handle_chat_completions(payload, self.callback)
+            else:
+                server.handle_completions(payload, self.callback)
+        except BaseException as exc:
+            error: BaseException = exc
+            if isinstance(exc, ValueError):
+                # The engine refused the request before generating (a grammar it cannot
+                # build from the schema, a template error): the client's fault.
+                error = RequestError(
+                    f"the engine refused the request: {exc}",
+                    param="response_format" if self.has_format else None,
+                )
+            with self._lock:
+                self._error = error
+        finally:
+            with self._lock:
+                self._done = True
+                wake, self._waiting = self._waiting, False
+            if wake:
+                self.loop.call_soon_threadsafe(self._wake)
+
+    # -- loop side -------------------------------------------------------------------------
+    async def start(self, payload: bytes, *, chat: bool, stream: bool) -> Response | StreamResponse:
+        relay = self.relay
+        await relay.acquire(self.deadline)
+        self._slot = True
+        self._timer = self.loop.call_at(self.deadline, self._expire)
+        fut = self.loop.run_in_executor(relay.pool, self._call, payload, chat)
+        self._thread_done = asyncio.ensure_future(fut)
+        self._thread_done.add_done_callback(self._thread_finished)
+        try:
+            first = await self.next_chunk()
+            if first is None:
+                raise ZeroserveError("the engine returned no answer")
+            first = self.check(first)
+        except BaseException:
+            self.close()
+            raise
+        if self.plan is not None:
+            return await self.plan.respond(self, first, chat=chat, stream=stream)
+        if not stream:
+            self.complete = True  # a whole answer is one chunk
+            self.close()
+            return Response(200, [first], content_type=JSON)
+        return StreamResponse(_Pieces(self, first), framing="sse")
+
+    def check(self, chunk: bytes) -> bytes:
+        """Raise the engine's error chunk as a zeroserve error; read the final chunk's
+        timings. Each chunk is looked at here only if it can be one of those two."""
+        if chunk.startswith(_ERROR_PREFIX):
+            err = s.engine_error_decoder.decode(chunk).error
+            if err.type == "exceed_context_size_error":
+                raise RequestError(
+                    "the request exceeds this model's context length",
+                    param="messages",
+                    code="context_length_exceeded",
+                )
+            status = err.code if 400 <= err.code < 600 else 500
+            raise ZeroserveError(err.message or "the engine failed", status=status, code=err.type)
+        if _TIMINGS in chunk and self.timings is None:
+            self.timings = s.engine_chunk_decoder.decode(chunk).timings
+        return chunk
+
+    async def next_chunk(self) -> bytes | None:
+        while True:
+            with self._lock:
+                if self._pending:
+                    chunk = self._pending.popleft()
+                    self._pending_bytes -= len(chunk)
+                    return chunk
+                if self._error is not None:
+                    raise self._error
+                if self._done:
+                    self.complete = True
+                    return None
+                self._waiting = True
+                waiter = self._waiter = self.loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def take_ready(self, max_items: int) -> list[bytes]:
+        """Chunks here now, up to ``max_items``, stopping before an error chunk or the
+        final one (with ``timings``): those go through ``next_chunk`` and ``check``."""
+        out: list[bytes] = []
+        with self._lock:
+            pending = self._pending
+            while pending and len(out) < max_items:
+                chunk = pending[0]
+                if chunk.startswith(_ERROR_PREFIX) or _TIMINGS in chunk:
+                    break
+                out.append(pending.popleft())
+                self._pending_bytes -= len(chunk)
+        return out
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self._pending.clear()
+            self._pending_bytes = 0
+            if self._error is None:
+                self._error = exc
+        self._wake()
+
+    def _expire(self) -> None:
+        self.cancelled = True
+        self._fail(DeadlineExceeded("the request's deadline passed during generation"))
+
+    def _thread_finished(self, fut: asyncio.Future[None]) -> None:
+        if self._slot:
+            self._slot = False
+            self.relay.release()
+
+    def close(self) -> None:
+        """The response is over (complete, failed or abandoned): stop the engine at its
+        next token if it is still generating; the slot frees when its thread returns."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            running = not self._done
+        if running:
+            self.cancelled = True
+            if not self.complete:
+                self.relay.aborted += 1
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._thread_done is None and self._slot:
+            self._slot = False
+            self.relay.release()
+        release_ticket(self.ticket)
+        self.ticket = None
+        timings = self.timings
+        if self.on_tokens is not None:
+            used = len(self.timer.stamps)
+            if timings is not None:
+                used = timings.cache_n + timings.prompt_n + timings.predicted_n
+            self.on_tokens(used)
+        if timings is None:
+            self.timer.observe()
+        else:
+            self.timer.observe(
+                timings.predicted_n,
+                prompt_tokens=timings.cache_n + timings.prompt_n,
+                cached_tokens=timings.cache_n,
+            )
+
+
+class _Pieces:
+    """The SSE pieces of one streamed answer: the engine's chunks as they came."""
+
+    __slots__ = ("_done", "_first", "run")
+
+    def __init__(self, run: _Run, first: bytes) -> None:
+        self.run = run
+        self._first: bytes | None = first
+        self._done = False
+
+    def __aiter__(self) -> _Pieces:
+        return self
+
+    async def __anext__(self) -> bytes:
+        first = self._first
+        if first is not None:
+            self._first = None
+            return first
+        if self._done:
+            raise StopAsyncIteration
+        chunk = await self.run.next_chunk()
+        if chunk is None:
+            self._done = True
+            return DONE
+        return self.run.check(chunk)
+
+    def receive_batch_nowait(self, max_items: int) -> list[bytes]:
+        """Chunks already here (one write with the chunk just taken). The final chunk
+        (with ``timings``) is left for ``__anext__``, which reads it."""
+        if self._first is not None or self._done:
+            return []
+        return self.run.take_ready(max_items)
+
+    async def aclose(self) -> None:
+        self.run.close()
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None  # the engine's chunks carry it; zeroserve does not re-read them
+
+
+def _message_text(m: s.EngineMessage) -> str:
+    content = m.content
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        text = "\n".join(p.text or "" for p in content)
+    if m.tool_calls:
+        text += "".join(c.function.name + c.function.arguments for c in m.tool_calls)
+    return text
+
+
+# -- n > 1 --------------------------------------------------------------------------------
+def _choice_payloads(payload: bytes, n: int, seed: int | None) -> list[bytes]:
+    body = msgspec.json.decode(payload)
+    out = []
+    for j in range(n):
+        body["n"] = 1
+        if seed is not None:
+            body["seed"] = seed + j
+        out.append(_encode(body))
+    return out
+
+
+async def run_choices(
+    relay: EngineRelay,
+    payload: bytes,
+    n: int,
+    seed: int | None,
+    chat: bool,
+    stream: bool,
+    deadline: float,
+    ticket: Any,
+    plan: ForcedTool | None,
+) -> Response | StreamResponse:
+    payloads = _choice_payloads(payload, n, seed)
+    if not stream:
+
+        async def one(p: bytes) -> Any:
+            run = _Run(relay, deadline, None)
+            resp = await run.start(p, chat=chat, stream=False)
+            assert isinstance(resp, Response)
+            return msgspec.json.decode(bytes(resp.body[0]))
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(one(p)) for p in payloads]
+        except ExceptionGroup as group:
+            raise group.exceptions[0] from None
+        finally:
+            release_ticket(ticket)
+        answers = [t.result() for t in tasks]
+        merged = answers[0]
+        choices = []
+        totals = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for j, a in enumerate(answers):
+            for c in a.get("choices", []):
+                c["index"] = j
+                choices.append(c)
+            u = a.get("usage") or {}
+            for k in totals:
+                totals[k] += int(u.get(k, 0)) if k != "prompt_tokens" or j == 0 else 0
+        totals["total_tokens"] = totals["prompt_tokens"] + totals["completion_tokens"]
+        merged["choices"] = choices
+        merged["usage"] = totals
+        merged.pop("timings", None)
+        return Response(200, [_encode(merged)], content_type=JSON)
+    return StreamResponse(
+        GeneratedPieces(
+            _stream_choices(relay, payloads, chat, deadline, ticket), lambda: release_ticket(ticket)
+        ),
+        framing="sse",
+    )
+
+
+async def _stream_choices(
+    relay: EngineRelay, payloads: list[bytes], chat: bool, deadline: float, ticket: Any
+) -> AsyncGenerator[bytes, None]:
+    prompt = completion = 0
+    last_usage: Any = None
+    try:
+        for j, p in enumerate(payloads):
+            run = _Run(relay, deadline, None)
+            resp = await run.start(p, chat=chat, stream=True)
+            assert isinstance(resp, StreamResponse)
+            index = b'"index":%d' % j
+            try:
+                while True:
+                    try:
+                        chunk = await resp.pieces.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    if chunk == b"[DONE]":
+                        break
+                    if _EMPTY_CHOICES in chunk:  # the usage chunk: summed at the end
+                        last_usage = msgspec.json.decode(chunk)
+                        u = last_usage.get("usage") or {}
+                        prompt = prompt or int(u.get("prompt_tokens", 0))
+                        completion += int(u.get("completion_tokens", 0))
+                        continue
+                    yield chunk.replace(_INDEX0, index, 1) if j else chunk
+            finally:
+                run.close()
+        if last_usage is not None:
+            last_usage["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
+            last_usage.pop("timings", None)
+            yield _encode(last_usage)
+        yield b"[DONE]"
+    finally:
+        release_ticket(ticket)
+
+
+# -- discovery (as app.relay finds remote models) -----------------------------------------
+_RELAYS: weakref.WeakKeyDictionary[LlamaCppModel, EngineRelay] = weakref.WeakKeyDictionary()
+
+
+def engine_relay_for(
+    handle: Any, *, byte_cap: int = DEFAULT_COALESCE_CAP_BYTES
+) -> EngineRelay | None:
+    """The engine relay of a model handle, or None unless it is a loaded ``llamacpp``
+    model (one relay per model instance, made on first use)."""
+    meta = handle.model
+    if not isinstance(meta, LlamaCppModel) or meta.server is None:
+        return None
+    relay = _RELAYS.get(meta)
+    if relay is None:
+        relay = _RELAYS[meta] = EngineRelay(handle.name, meta, byte_cap=byte_cap)
+    return relay
+
+
+def engine_for_request(engine: Any, req: Request) -> tuple[EngineRelay, Any] | None:
+    """``(relay, handle)`` when the JSON body's ``"model"`` names a ``llamacpp`` model;
+    None otherwise (the caller's own decoding reports a bad body or an unknown model).
+    Only the ``"model"`` string is decoded here."""
+    if not engine_relays(engine):
+        return None  # the common case: no engine model, no need to scan the body
+    spans = model_spans(req.body)
+    if not spans:
+        return None
+    start, end = spans[-1]
+    try:
+        name = msgspec.json.decode(req.body[start:end])
+        handle = engine.model(name)
+    except (msgspec.DecodeError, ZeroserveError, TypeError):
+        return None
+    relay = engine_relay_for(handle, byte_cap=engine.options.coalesce_cap_bytes)
+    return None if relay is None else (relay, handle)
+
+
+def engine_relays(engine: Any) -> dict[str, EngineRelay]:
+    """The relays of every ``llamacpp`` model an engine serves (made now if need be)."""
+    out: dict[str, EngineRelay] = {}
+    for name in engine.names():
+        relay = engine_relay_for(engine.model(name), byte_cap=engine.options.coalesce_cap_bytes)
+        if relay is not None:
+            out[name] = relay
+    return out
+
+
+def close_engine_relays(engine: Any) -> None:
+    """Stop the engine threads of an engine's ``llamacpp`` models (at shutdown)."""
+    for relay in engine_relays(engine).values():
+        relay.close()
+        _RELAYS.pop(relay.model, None)
+
+
+def _snapshot() -> dict[str, EngineStatistics]:
+    return {r.name: r.statistics() for r in list(_RELAYS.values())}
+
+
+metrics.register_source("engine", _snapshot)
+
+__all__ = [
+    "EngineRelay",
+    "close_engine_relays",
+    "engine_for_request",
+    "engine_relay_for",
+    "engine_relays",
+]

@@ -1,0 +1,353 @@
+"""``response_format`` and ``tools`` for engine-backed models (``app.engine_relay``).
+
+Strategy (docs/architecture.md, "The in-process engine")
+--------------------------------------------------------
+``response_format`` (``json_object``, ``json_schema`` with ``strict``) goes to the engine
+as it came, after two checks here: its size (``MAX_RESPONSE_FORMAT_BYTES``, before any
+grammar is compiled from it) and its shape. The engine compiles the schema into a grammar
+and refuses one that is not valid JSON Schema (a 400 naming ``response_format``).
+
+``tools`` with ``tool_choice`` ``"required"`` or a named function must always produce a
+valid call, whatever the model's chat template knows about tools (SmolLM2's knows
+nothing). So the request is rewritten for the engine: the tools leave the body, a system
+message describes them, and a ``json_schema`` response format constrains the answer by
+grammar: the function's ``parameters`` (one tool) or ``{"name", "arguments"}`` with one
+branch per tool (several). The engine's answer is then turned into OpenAI's
+``tool_calls``, non-streamed, or streamed as OpenAI's exact deltas: a first delta with
+the call's ``id``, ``type`` and ``function.name`` and ``arguments: ""``, then argument
+fragments as the engine makes them (one tool; with several the name is known only at
+the end, so the call is sent whole at the end), then ``finish_reason: "tool_calls"``.
+``tool_choice`` ``"auto"`` (or absent) and ``"none"`` go to the engine unchanged: a
+template with native tool calls uses them, others answer in text.
+
+``n`` > 1 (``engine_relay.run_choices``): the engine decodes one sequence per request,
+so each choice is its own engine request (with ``seed + j`` when a seed is given). A whole answer runs them concurrently
+and merges the choices; a stream runs them one after another (as the generic OpenAI
+path does) and renumbers each chunk's choice ``index``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from ..errors import RequestError
+from .openai import schemas as s
+from .response import JSON, Response, StreamResponse
+
+
+class EngineCall(Protocol):
+    """What a forced tool call needs of one engine call (``engine_relay._Run``)."""
+
+    complete: bool
+
+    @property
+    def model(self) -> str: ...
+
+    def check(self, chunk: bytes) -> bytes: ...
+
+    async def next_chunk(self) -> bytes | None: ...
+
+    def close(self) -> None: ...
+
+
+_encode = msgspec.json.encode
+_NO_PARAMETERS = b'{"type":"object"}'
+
+
+def check_response_format(raw: msgspec.Raw | msgspec.UnsetType) -> s.ResponseFormat | None:
+    if not s.given(raw):
+        return None
+    if len(raw) > s.MAX_RESPONSE_FORMAT_BYTES:
+        raise RequestError(
+            f"response_format is {len(raw)} bytes; the limit is {s.MAX_RESPONSE_FORMAT_BYTES}",
+            param="response_format",
+        )
+    fmt = s.decode(s.response_format_decoder, memoryview(bytes(raw)))
+    if fmt.type == "json_schema" and (
+        fmt.json_schema is None or not s.given(fmt.json_schema.schema)
+    ):
+        raise RequestError(
+            "response_format of type json_schema needs json_schema.schema",
+            param="response_format.json_schema.schema",
+        )
+    return fmt
+
+
+def plan_tools(body: s.EngineChatRequest) -> ForcedTool | None:
+    """Check ``response_format``, ``tools`` and ``tool_choice``; a plan when the answer
+    must be a forced tool call, else None (the body goes to the engine as it came)."""
+    fmt = check_response_format(body.response_format)
+    choice: Any = None
+    if s.given(body.tool_choice):
+        choice = _decode_param(s.tool_choice_decoder, body.tool_choice, "tool_choice")
+    if not s.given(body.tools):
+        if choice is not None and choice != "none":
+            raise RequestError("tool_choice needs tools", param="tool_choice")
+        return None
+    if len(body.tools) > s.MAX_TOOLS_BYTES:
+        raise RequestError(
+            f"tools is {len(body.tools)} bytes; the limit is {s.MAX_TOOLS_BYTES}", param="tools"
+        )
+    tools = _decode_param(s.tools_decoder, body.tools, "tools")
+    if not tools:
+        raise RequestError("tools must not be empty", param="tools")
+    names = [t.function.name for t in tools]
+    if len(set(names)) != len(names):
+        raise RequestError("tool names must be unique", param="tools")
+    if isinstance(choice, s.NamedToolChoice):
+        chosen = [t for t in tools if t.function.name == choice.function.name]
+        if not chosen:
+            raise RequestError(
+                "tool_choice names a function that is not in tools", param="tool_choice"
+            )
+    elif choice == "required":
+        chosen = tools
+    else:
+        return None  # "auto", "none" or absent: the engine and its template decide
+    if fmt is not None:
+        raise RequestError(
+            "response_format cannot be combined with a forced tool_choice", param="response_format"
+        )
+    if (body.n or 1) > 1:
+        raise RequestError("n > 1 is not supported with a forced tool_choice", param="n")
+    return ForcedTool(body, chosen)
+
+
+def _decode_param(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw, param: str) -> Any:
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        where = str(exc).rpartition(" - at `$")[2].rstrip("`")
+        raise RequestError(
+            f"invalid parameter '{param}': {str(exc).split(' - at ')[0]}", param=param + where
+        ) from None
+
+
+def _tool_text(tools: list[s.Tool]) -> str:
+    lines = ["You call a function to answer. The functions:"]
+    for t in tools:
+        f = t.function
+        params = (
+            bytes(f.parameters).decode()
+            if f.parameters is not None and s.given(f.parameters)
+            else "{}"
+        )
+        lines.append(f"- {f.name}: {f.description or ''} Parameters (JSON Schema): {params}")
+    lines.append("Answer with the function's arguments as JSON.")
+    return "\n".join(lines)
+
+
+class ForcedTool:
+    """A request whose answer must be a call of one of ``tools`` (grammar-constrained)."""
+
+    def __init__(self, body: s.EngineChatRequest, tools: list[s.Tool]) -> None:
+        self.tools = tools
+        self.single = tools[0].function.name if len(tools) == 1 else None
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        if self.single is not None:
+            p = tools[0].function.parameters
+            schema = (
+                msgspec.Raw(bytes(p))
+                if p is not None and s.given(p)
+                else msgspec.Raw(_NO_PARAMETERS)
+            )
+        else:
+            branches = []
+            for t in tools:
+                p = t.function.parameters
+                params: Any = (
+                    msgspec.json.decode(bytes(p))
+                    if p is not None and s.given(p)
+                    else {"type": "object"}
+                )
+                branches.append(
+                    {
+                        "type": "object",
+                        "properties": {"name": {"const": t.function.name}, "arguments": params},
+                        "required": ["name", "arguments"],
+                    }
+                )
+            schema = msgspec.Raw(_encode({"anyOf": branches}))
+        messages: list[Any] = [{"role": "system", "content": _tool_text(tools)}]
+        messages += [msgspec.structs.asdict(m) for m in body.messages]
+        for m in messages:
+            for key in [k for k, v in m.items() if v is None]:
+                del m[key]
+            calls = m.get("tool_calls")
+            if calls:
+                m["tool_calls"] = [msgspec.structs.asdict(c) for c in calls]
+                for c in m["tool_calls"]:
+                    c["function"] = msgspec.structs.asdict(c["function"])
+            content = m.get("content")
+            if isinstance(content, list):
+                m["content"] = "\n".join(p.text or "" for p in content)
+        out: dict[str, Any] = {
+            "model": body.model,
+            "messages": messages,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "tool_call", "strict": True, "schema": schema},
+            },
+            "stream": bool(body.stream),
+        }
+        for key in (
+            "max_tokens",
+            "max_completion_tokens",
+            "temperature",
+            "top_p",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+            "logit_bias",
+            "stop",
+        ):
+            value = getattr(body, key)
+            if value is not None:
+                out[key] = value
+        if body.stream_options is not None:
+            out["stream_options"] = {"include_usage": body.stream_options.include_usage}
+        self.body = _encode(out)
+        self.ident = "chatcmpl-" + os.urandom(12).hex()
+        self.call_id = "call_" + os.urandom(12).hex()
+        self.created = int(time.time())
+
+    def _call(self, content: str) -> tuple[str, str]:
+        """``(name, arguments)`` of the engine's constrained answer."""
+        if self.single is not None:
+            return self.single, content
+        try:
+            obj = msgspec.json.decode(content)
+            return str(obj["name"]), _encode(obj["arguments"]).decode()
+        except (msgspec.DecodeError, KeyError, TypeError):
+            # Only a truncated answer (finish_reason "length") can fail the grammar.
+            return self.tools[0].function.name, content
+
+    async def respond(
+        self, run: EngineCall, first: bytes, *, chat: bool, stream: bool
+    ) -> Response | StreamResponse:
+        model = run.model
+        if not stream:
+            run.complete = True
+            run.close()
+            answer = s.engine_chunk_decoder.decode(first)
+            choice = answer.choices[0] if answer.choices else None
+            content = (choice.message.content if choice and choice.message else None) or ""
+            reason = choice.finish_reason if choice else "stop"
+            name, args = self._call(content)
+            usage = answer.usage or s.Usage(0, 0, 0)
+            msg = s.ToolMessage(
+                "assistant",
+                None,
+                [
+                    s.ToolCallOut(
+                        self.call_id, "function", s.ToolCallFunction(name=name, arguments=args)
+                    )
+                ],
+            )
+            out = s.ToolCompletion(
+                self.ident,
+                "chat.completion",
+                self.created,
+                model,
+                [s.ToolChoiceOut(0, msg, None, "tool_calls" if reason != "length" else "length")],
+                usage,
+            )
+            return Response(200, [_encode(out)], content_type=JSON)
+        return StreamResponse(
+            GeneratedPieces(self._stream(run, first, model), run.close), framing="sse"
+        )
+
+    def _chunk(self, model: str, delta: s.ToolDelta, reason: str | None, usage: Any) -> bytes:
+        return _encode(
+            s.ToolChunk(
+                self.ident,
+                "chat.completion.chunk",
+                self.created,
+                model,
+                [s.ToolChunkChoice(0, delta, None, reason)],
+                usage,
+            )
+        )
+
+    async def _stream(
+        self, run: EngineCall, first: bytes, model: str
+    ) -> AsyncGenerator[bytes, None]:
+        usage_default: Any = None if self.include_usage else msgspec.UNSET
+        head = s.ToolDelta(role="assistant", content=None)
+        if self.single is not None:
+            head.tool_calls = [
+                s.ToolCallDelta(0, self.call_id, "function", {"name": self.single, "arguments": ""})
+            ]
+        yield self._chunk(model, head, None, usage_default)
+        parts: list[str] = []
+        reason = "stop"
+        usage: s.Usage | None = None
+        chunk: bytes | None = first
+        while chunk is not None:
+            data = s.engine_chunk_decoder.decode(run.check(chunk))
+            if data.usage is not None:
+                usage = data.usage
+            for c in data.choices:
+                text = c.delta.content if c.delta is not None else None
+                if text:
+                    if self.single is not None:
+                        delta = s.ToolDelta(
+                            tool_calls=[s.ToolCallDelta(0, function={"arguments": text})]
+                        )
+                        yield self._chunk(model, delta, None, usage_default)
+                    else:
+                        parts.append(text)
+                if c.finish_reason is not None:
+                    reason = c.finish_reason
+            chunk = await run.next_chunk()
+        if self.single is None:
+            name, args = self._call("".join(parts))
+            call = s.ToolCallDelta(0, self.call_id, "function", {"name": name, "arguments": args})
+            yield self._chunk(model, s.ToolDelta(tool_calls=[call]), None, usage_default)
+        yield self._chunk(
+            model, s.ToolDelta(), "tool_calls" if reason != "length" else "length", usage_default
+        )
+        if self.include_usage and usage is not None:
+            yield _encode(
+                s.ToolChunk(self.ident, "chat.completion.chunk", self.created, model, [], usage)
+            )
+        yield b"[DONE]"
+
+
+class GeneratedPieces:
+    """A ``PieceStream`` over an async generator of chunks, with what to release at its
+    end (however it ends)."""
+
+    __slots__ = ("_gen", "_on_close")
+
+    def __init__(self, gen: AsyncGenerator[bytes, None], on_close: Callable[[], None]) -> None:
+        self._gen = gen
+        self._on_close = on_close
+
+    def __anext__(self) -> Awaitable[bytes]:
+        return self._gen.__anext__()
+
+    def receive_batch_nowait(self, max_items: int) -> list[Any]:
+        return []  # every chunk is made by the generator, one at a time
+
+    async def aclose(self) -> None:
+        try:
+            await self._gen.aclose()
+        finally:
+            self._on_close()
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None
+
+
+def release_ticket(ticket: Any) -> None:
+    """Release an admission ticket unless it is gone already: a request's ticket is
+    released by whichever of its ends comes first (answer sent, error, disconnect)."""
+    if ticket is not None and not ticket.released:
+        ticket.release()

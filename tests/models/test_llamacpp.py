@@ -1,0 +1,524 @@
+"""The ``llamacpp`` backend and the built-in ``smollm2``: real SmolLM2 through the real
+server, the official ``openai`` SDK (sync, async, streaming) and raw sockets.
+
+One server process serves three engines of the same GGUF: ``smollm2`` (the built-in, two
+slots), ``one`` (one slot: a stopped generation must free it) and ``brief`` (one slot, a
+one-second deadline). Answers are kept to a few tokens: the machine has two shared cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+from tests.conftest import ROOT, ServerProcess, start_server
+
+import openai
+from zeroserve.models.llamacpp import SMOLLM2_SHA256, smollm2_path
+
+pytest.importorskip("xllamacpp")
+
+GGUF = smollm2_path()
+# Seconds within which a poll of the server's state must see what it waits for.
+POLL_S = 30.0
+HELPFUL = {"role": "system", "content": "You are a helpful assistant."}
+FRANCE = {"role": "user", "content": "What is the capital of France?"}
+WEATHER = {"role": "user", "content": "What is the weather in Paris?"}
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+# Bans SmolLM2's end tokens (<|im_end|> 2, <|endoftext|> 0): the answer runs to max_tokens,
+# so a generation surely outlives a deadline or a disconnect.
+ENDLESS = {"logit_bias": {"2": -100, "0": -100}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather",
+        "parameters": CITY_SCHEMA,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[ServerProcess]:
+    server = start_server(
+        "--model",
+        "smollm2?parallel=2&n_ctx=2048",
+        "--model",
+        f"one=llamacpp:{GGUF}?parallel=1&n_ctx=1024",
+        "--model",
+        f"brief=llamacpp:{GGUF}?parallel=1&n_ctx=1024&timeout=1",
+    )
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture
+def client(llm: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=llm.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def _metric(url: str, name: str, model: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    m = re.search(rf'^{name}\{{name="{model}"\}} (\S+)$', text, re.M)
+    m = m or re.search(rf'^{name}\{{model="{model}"\}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _wait_idle(url: str, model: str) -> None:
+    """Poll (bounded) until the model has no slot busy and nobody waiting for one."""
+    deadline = time.monotonic() + POLL_S
+    while time.monotonic() < deadline:
+        if (
+            _metric(url, "zeroserve_engine_active", model) == 0
+            and _metric(url, "zeroserve_engine_queued", model) == 0
+        ):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{model} still has busy slots")
+
+
+# -- answers --------------------------------------------------------------------------------
+def test_greedy_answer_is_coherent(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2", messages=[HELPFUL, FRANCE], max_tokens=12, temperature=0
+    )
+    assert "Paris" in (r.choices[0].message.content or "")
+    assert r.model == "smollm2"
+    assert r.usage is not None and r.usage.completion_tokens > 0
+
+
+def test_stream_names_the_served_model_never_the_file(llm: ServerProcess) -> None:
+    with openai.OpenAI(base_url=llm.url + "/v1", api_key="unused", max_retries=0) as c:
+        chunks = list(
+            c.chat.completions.create(
+                model="smollm2",
+                messages=[HELPFUL, FRANCE],
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    assert chunks and all(ch.model == "smollm2" for ch in chunks)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert "Paris" in text
+    reasons = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert reasons[-1] in ("stop", "length")
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    raw = httpx.post(
+        llm.url + "/v1/chat/completions",
+        json={"model": "smollm2", "messages": [FRANCE], "max_tokens": 3, "stream": True},
+    ).text
+    assert ".gguf" not in raw and GGUF not in raw
+    assert raw.rstrip().endswith("data: [DONE]")
+
+
+def test_async_completions(llm: ServerProcess) -> None:
+    async def go() -> str:
+        async with openai.AsyncOpenAI(base_url=llm.url + "/v1", api_key="x", max_retries=0) as c:
+            r = await c.completions.create(
+                model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0
+            )
+            return r.choices[0].text
+
+    assert "Paris" in asyncio.run(go())
+
+
+def test_json_schema_output_validates(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=[WEATHER],
+        max_tokens=30,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "place", "strict": True, "schema": CITY_SCHEMA},
+        },
+    )
+    obj = json.loads(r.choices[0].message.content or "")
+    jsonschema.validate(obj, CITY_SCHEMA)
+
+
+def test_forced_tool_call_validates(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=[WEATHER],
+        max_tokens=30,
+        temperature=0,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",  # type: ignore[list-item]
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "get_weather"  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.function.arguments), CITY_SCHEMA)  # type: ignore[union-attr]
+
+
+def test_forced_tool_call_streamed_deltas(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=[WEATHER],
+        max_tokens=30,
+        temperature=0,
+        stream=True,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    chunks = list(stream)
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant" and first.tool_calls
+    head = first.tool_calls[0]
+    assert head.index == 0 and head.id and head.type == "function"
+    assert head.function is not None and head.function.name == "get_weather"
+    args = "".join(
+        tc.function.arguments or ""
+        for ch in chunks
+        for tc in (ch.choices[0].delta.tool_calls or [] if ch.choices else [])
+        if tc.function is not None
+    )
+    jsonschema.validate(json.loads(args), CITY_SCHEMA)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_role_messages_are_accepted(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2",
+        max_tokens=6,
+        temperature=0,
+        messages=[
+            WEATHER,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+        ],
+    )
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=[FRANCE],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = r.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+def test_n_choices(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2", messages=[FRANCE], max_tokens=4, temperature=0.8, seed=1, n=2
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=[FRANCE],
+        max_tokens=3,
+        temperature=0.8,
+        seed=1,
+        n=2,
+        stream=True,
+    )
+    indexes = {ch.choices[0].index for ch in stream if ch.choices}
+    assert indexes == {0, 1}
+
+
+def test_stop_strings(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2", messages=[HELPFUL, FRANCE], max_tokens=12, temperature=0, stop=["Paris"]
+    )
+    assert "Paris" not in (r.choices[0].message.content or "")
+    assert r.choices[0].finish_reason == "stop"
+
+
+# -- bad input -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "param", "code"),
+    [
+        ({"frobnicate": 1}, "frobnicate", "invalid_request"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nope"}},
+                }
+            },
+            "response_format",
+            "invalid_request",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "object", "description": "x" * (1 << 20)},
+                    },
+                }
+            },
+            "response_format",
+            "invalid_request",
+        ),
+        ({"max_tokens": 100_000}, "max_tokens", "context_length_exceeded"),
+        (
+            {"messages": [{"role": "user", "content": "hello " * 3000}]},
+            "messages",
+            "context_length_exceeded",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "invalid_request"),
+        (
+            {
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "other"}},
+            },
+            "tool_choice",
+            "invalid_request",
+        ),
+    ],
+)
+def test_bad_input_is_a_400_and_leaks_nothing(
+    llm: ServerProcess, extra: dict[str, object], param: str, code: str
+) -> None:
+    body = {"model": "one", "messages": [FRANCE], "max_tokens": 2, **extra}
+    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == code
+    _wait_idle(llm.url, "one")
+    ok = httpx.post(
+        llm.url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": "one", "messages": [FRANCE], "max_tokens": 1},
+    )
+    assert ok.status_code == 200
+
+
+def test_harmless_fields_are_accepted(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=[FRANCE],
+        max_tokens=1,
+        user="u-1",
+        metadata={"k": "v"},
+        store=False,
+    )
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+# -- cancellation and deadlines ---------------------------------------------------------------
+def test_disconnect_frees_the_slot(llm: ServerProcess) -> None:
+    """``one`` has one slot. A stream of up to 900 tokens is read for two chunks and then
+    dropped: the slot must stop at once, so the next request is served and the model
+    made far fewer tokens than asked."""
+    before = _metric(llm.url, "zeroserve_generation_tokens_total", "one")
+    body = {
+        "model": "one",
+        "messages": [FRANCE],
+        "max_tokens": 900,
+        "stream": True,
+        "temperature": 1.0,
+        **ENDLESS,
+    }
+    with (
+        httpx.Client(timeout=60) as c,
+        c.stream("POST", llm.url + "/v1/chat/completions", json=body) as r,
+    ):
+        lines = r.iter_lines()
+        got = 0
+        for line in lines:
+            if line.startswith("data: "):
+                got += 1
+                if got == 2:
+                    break
+    _wait_idle(llm.url, "one")
+    r2 = httpx.post(
+        llm.url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": "one", "messages": [FRANCE], "max_tokens": 2},
+    )
+    assert r2.status_code == 200
+    made = _metric(llm.url, "zeroserve_generation_tokens_total", "one") - before
+    assert 0 < made < 300
+    assert _metric(llm.url, "zeroserve_engine_aborted", "one") >= 1
+
+
+def test_deadline_stops_the_generation(llm: ServerProcess) -> None:
+    body = {
+        "model": "brief",
+        "messages": [FRANCE],
+        "max_tokens": 900,
+        "stream": True,
+        "temperature": 1.0,
+        **ENDLESS,
+    }
+    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=60)
+    if r.status_code == 200:  # the deadline passed mid-stream: a final SSE error event
+        events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+        assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
+    else:
+        assert r.status_code == 504
+    _wait_idle(llm.url, "brief")
+    ok = httpx.post(
+        llm.url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": "brief", "messages": [FRANCE], "max_tokens": 1},
+    )
+    assert ok.status_code == 200
+
+
+# -- side doors --------------------------------------------------------------------------------
+def _listening_ports(pid: int) -> set[int]:
+    """TCP ports process ``pid`` listens on (from /proc: its socket inodes in LISTEN)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_no_side_door_accepts_inference(llm: ServerProcess) -> None:
+    ports = _listening_ports(llm.proc.pid) - {llm.port}
+    assert ports, "the engines' own HTTP servers should be found listening"
+    body = {
+        "model": "smollm2",
+        "messages": [FRANCE],
+        "max_tokens": 1,
+        "prompt": "hi",
+        "content": "hi",
+    }
+    for port in ports:
+        base = f"http://127.0.0.1:{port}"
+        for path in (
+            "/v1/chat/completions",
+            "/completion",
+            "/v1/completions",
+            "/tokenize",
+            "/infill",
+            "/v1/responses",
+            "/v1/messages",
+            "/slots",
+        ):
+            for headers in ({}, {"authorization": "Bearer guess"}):
+                r = httpx.post(base + path, json=body, headers=headers, timeout=30)
+                assert r.status_code == 401, (port, path, r.status_code)
+
+
+# -- processes: signals, bad files ------------------------------------------------------------
+def test_sigterm_drains_a_stream_while_smollm2_is_loaded() -> None:
+    server = start_server("--model", "smollm2?parallel=1&n_ctx=512")
+    try:
+        body = {
+            "model": "smollm2",
+            "messages": [FRANCE],
+            "max_tokens": 12,
+            "stream": True,
+            "temperature": 0,
+        }
+        with (
+            httpx.Client(timeout=60) as c,
+            c.stream("POST", server.url + "/v1/chat/completions", json=body) as r,
+        ):
+            lines = r.iter_lines()
+            first = next(ln for ln in lines if ln.startswith("data: "))
+            assert "chat.completion.chunk" in first
+            server.proc.send_signal(signal.SIGTERM)
+            rest = [ln for ln in lines if ln.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        finish = json.loads(rest[-2][6:])["choices"][0]["finish_reason"]
+        assert finish in ("stop", "length")
+        assert server.proc.wait(60) == 0
+    finally:
+        server.stop()
+
+
+def _serve_fails(spec: str) -> str:
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "zeroserve", "serve", "--port", "0", "--model", spec],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode != 0
+    return proc.stdout + proc.stderr
+
+
+def test_missing_gguf_fails_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "absent.gguf"
+    out = _serve_fails(f"m=llamacpp:{path}")
+    assert str(path) in out and "not found" in out
+
+
+def test_corrupt_gguf_fails_at_start(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + os.urandom(64))
+    out = _serve_fails(f"m=llamacpp:{bad}")
+    assert str(bad) in out and "not a GGUF" in out
+    truncated = tmp_path / "truncated.gguf"
+    with open(GGUF, "rb") as f:
+        truncated.write_bytes(f.read(1 << 16))
+    out = _serve_fails(f"m=llamacpp:{truncated}?sha256={SMOLLM2_SHA256}")
+    assert str(truncated) in out and "does not match" in out
+    out = _serve_fails(f"m=llamacpp:{truncated}")  # no digest: the engine refuses it
+    assert str(truncated) in out
+
+
+def test_models_command_describes_smollm2() -> None:
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "zeroserve", "models", "--model", "smollm2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    assert out.startswith("smollm2") and "SmolLM2-135M-Instruct" in out
