@@ -254,6 +254,7 @@ def test_dashboard_moves_under_load(browser: Any, tmp_path: Path) -> None:
         stop.set()
         rows = browser.find_elements(By.CSS_SELECTOR, "#model-table tbody tr")
         assert [r.get_attribute("data-model") for r in rows] == ["echo"]
+        finished(chat(browser, "echo", "Hello from the playground", 12))
         save_screenshot(browser.find_element(By.ID, "dash-pane"), tmp_path, "dashboard-pane.png")
         save_screenshot(browser.find_element(By.TAG_NAME, "main"), tmp_path, "page.png")
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 from tests.conftest import ServerProcess, start_server
 
@@ -58,6 +60,27 @@ def test_stats_carries_the_metrics_values(ui_server: ServerProcess) -> None:
             break
     else:
         raise AssertionError("zeroserve_payload_bytes_total is missing from /metrics")
+
+
+def test_stats_counts_the_pieces_of_a_stream(ui_server: ServerProcess) -> None:
+    def generation() -> dict[str, Any]:
+        return dict(httpx.get(f"{ui_server.url}/v1/stats").json()["generation"]["echo"])
+
+    before = generation()
+    request = {
+        "model": "echo",
+        "stream": True,
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "one two"}],
+    }
+    with httpx.stream("POST", f"{ui_server.url}/v1/chat/completions", json=request) as r:
+        assert r.status_code == 200
+        events = [line for line in r.iter_lines() if line.startswith("data: {")]
+    assert len(events) >= 5
+    after = generation()
+    assert after["pieces"] - before["pieces"] == 5
+    assert after["first_piece"]["count"] - before["first_piece"]["count"] == 1
+    assert after["inter_piece"]["count"] - before["inter_piece"]["count"] == 4
 
 
 def test_no_ui_turns_the_page_off() -> None:
