@@ -259,43 +259,54 @@ LOOP_LAG_SECONDS = Histogram(
 )
 
 
-def _histogram_snapshot(histogram: Histogram) -> LatencySnapshot:
-    """An unlabelled prometheus-client histogram as a :class:`LatencySnapshot`."""
-    bounds: list[float] = []
-    counts: list[int] = []
-    total, before = 0.0, 0.0
-    for family in histogram.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_bucket"):
-                bounds.append(float(sample.labels["le"]))
-                counts.append(int(sample.value - before))
-                before = sample.value
-            elif sample.name.endswith("_sum"):
-                total = sample.value
-    return LatencySnapshot(tuple(bounds[:-1]), tuple(counts), int(before), total)
+def _labels(sample_labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sample_labels.items() if k != "le"}
 
 
 def snapshot() -> dict[str, Any]:
-    """Every value ``/metrics`` exposes, as plain data for a JSON view (``/v1/stats``):
-    the same counters, histograms and ``statistics()`` snapshots, read once."""
-    requests: dict[str, dict[str, int]] = {}
-    for (route, status), n in _requests.items():
-        requests.setdefault(route, {})[status] = n
+    """What ``/metrics`` exposes, as plain data for a JSON view (``/v1/stats``).
+
+    ``counters`` and ``histograms`` come from the registry's own ``collect()`` (the values
+    the Prometheus exposition renders), keyed by family name, each a list of labelled
+    values; a histogram's ``counts`` are per bucket (``bounds[i]``), the last one above
+    every bound. ``sources`` are the registered ``statistics()`` snapshots, whole.
+    """
+    counters: dict[str, list[dict[str, Any]]] = {}
+    histograms: dict[str, list[dict[str, Any]]] = {}
+    for family in REGISTRY.collect():
+        if family.type == "counter":
+            counters[family.name] = [
+                {"labels": dict(s.labels), "value": s.value}
+                for s in family.samples
+                if s.name.endswith("_total")
+            ]
+        elif family.type == "histogram":
+            histograms[family.name] = _histograms(family)
     return {
-        "copied_bytes": dict(_copied),
-        "payload_bytes": {d: _payload.get(d, 0) for d in ("in", "out")},
-        "requests": requests,
-        "generation": {
-            model: {
-                "first_piece": gen.first_piece.snapshot(),
-                "inter_piece": gen.inter_piece.snapshot(),
-                "pieces": gen.pieces,
-            }
-            for model, gen in _generation.items()
-        },
-        "event_loop_lag": _histogram_snapshot(LOOP_LAG_SECONDS),
+        "counters": counters,
+        "histograms": histograms,
         "sources": {name: fn() for name, fn in list(_sources.items())},
     }
+
+
+def _histograms(family: Metric) -> list[dict[str, Any]]:
+    """A histogram family's children as non-cumulative bucket counts."""
+    children: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+    for sample in family.samples:
+        labels = _labels(sample.labels)
+        child = children.setdefault(
+            tuple(sorted(labels.items())),
+            {"labels": labels, "bounds": [], "counts": [], "count": 0, "sum": 0.0},
+        )
+        if sample.name.endswith("_bucket"):
+            le = float(sample.labels["le"])
+            child["counts"].append(int(sample.value) - child["count"])
+            child["count"] = int(sample.value)
+            if le != float("inf"):
+                child["bounds"].append(le)
+        elif sample.name.endswith("_sum"):
+            child["sum"] = sample.value
+    return list(children.values())
 
 
 def exposition() -> bytes:

@@ -59,15 +59,24 @@ def test_an_engine_stream_records_every_piece(run: Any) -> None:
         try:
             handle = engine.model(name)
             before = metrics.generation_metrics(name).pieces
-            stream = handle.generate(
-                handle.admit(), GenerateRequest(prompt="a b c", max_tokens=10)
-            )
+            stream = handle.generate(handle.admit(), GenerateRequest(prompt="a b c", max_tokens=10))
             got = [piece async for piece in stream]
             gen = metrics.generation_metrics(name)
             assert len(got) == 10 and gen.pieces - before == 10
             assert gen.first_piece.count >= 1 and gen.inter_piece.count >= 9
-            doc = metrics.snapshot()["generation"][name]
-            assert doc["pieces"] == gen.pieces
+            doc = metrics.snapshot()
+            (pieces,) = [
+                c["value"]
+                for c in doc["counters"]["zeroserve_generated_pieces"]
+                if c["labels"] == {"model": name}
+            ]
+            assert pieces == gen.pieces
+            (ttft,) = [
+                h
+                for h in doc["histograms"]["zeroserve_time_to_first_token_seconds"]
+                if h["labels"] == {"model": name}
+            ]
+            assert ttft["counts"] == list(gen.first_piece.counts)
         finally:
             await engine.aclose()
 

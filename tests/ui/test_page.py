@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 from tests.conftest import ServerProcess, start_server
+from tests.ui.stats import counter, histogram
 
 from zeroserve.app.endpoints.ui import FILES, MAX_PAGE_BYTES
 
@@ -47,24 +46,30 @@ def test_stats_carries_the_metrics_values(ui_server: ServerProcess) -> None:
         text = client.get("/metrics").text
     assert doc["models"]["echo"] == ["embed", "generate", "infer"]
     assert doc["models"]["minilm"] == ["embed"]
-    assert doc["requests"]["/v1/raw/{model}"]["200"] >= 1
-    assert doc["payload_bytes"]["in"] >= len(body)
+    assert counter(doc, "zeroserve_http_requests", route="/v1/raw/{model}", status="200") >= 1
+    payload_in = counter(doc, "zeroserve_payload_bytes", direction="in")
+    assert payload_in >= len(body)
     queue = doc["sources"]["queue"]["echo"]
     assert queue["admitted"] >= 1 and queue["in_flight"] == 0
-    lag = doc["event_loop_lag"]
+    lag = histogram(doc, "zeroserve_event_loop_lag_seconds")
     assert len(lag["counts"]) == len(lag["bounds"]) + 1 and sum(lag["counts"]) == lag["count"]
     # the same counters /metrics exposes (read after the stats, so at least as large)
     for line in text.splitlines():
         if line.startswith('zeroserve_payload_bytes_total{direction="in"}'):
-            assert float(line.split()[-1]) >= doc["payload_bytes"]["in"]
+            assert float(line.split()[-1]) >= payload_in
             break
     else:
         raise AssertionError("zeroserve_payload_bytes_total is missing from /metrics")
 
 
 def test_stats_counts_the_pieces_of_a_stream(ui_server: ServerProcess) -> None:
-    def generation() -> dict[str, Any]:
-        return dict(httpx.get(f"{ui_server.url}/v1/stats").json()["generation"]["echo"])
+    def generation() -> dict[str, float]:
+        doc = httpx.get(f"{ui_server.url}/v1/stats").json()
+        return {
+            "pieces": counter(doc, "zeroserve_generated_pieces", model="echo"),
+            "first": histogram(doc, "zeroserve_time_to_first_token_seconds", model="echo")["count"],
+            "inter": histogram(doc, "zeroserve_inter_token_seconds", model="echo")["count"],
+        }
 
     before = generation()
     request = {
@@ -79,8 +84,8 @@ def test_stats_counts_the_pieces_of_a_stream(ui_server: ServerProcess) -> None:
     assert len(events) >= 5
     after = generation()
     assert after["pieces"] - before["pieces"] == 5
-    assert after["first_piece"]["count"] - before["first_piece"]["count"] == 1
-    assert after["inter_piece"]["count"] - before["inter_piece"]["count"] == 4
+    assert after["first"] - before["first"] == 1
+    assert after["inter"] - before["inter"] == 4
 
 
 def test_no_ui_turns_the_page_off() -> None:

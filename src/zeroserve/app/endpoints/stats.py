@@ -1,9 +1,10 @@
 """``GET /v1/stats``: the values of ``/metrics`` as one small JSON document, for the
 dashboard at ``/`` (docs/architecture.md, "Live statistics").
 
-It is built on request from ``metrics.snapshot()`` (the same counters, histograms and
-``statistics()`` snapshots the Prometheus exposition reads) plus each model's
-capabilities, so nothing runs while nobody asks. Counters are cumulative and histograms
+It is built on request from ``metrics.snapshot()`` (the counters and histograms of the
+registry's own ``collect()``, which the Prometheus exposition renders, and the
+registered ``statistics()`` snapshots) plus each model's capabilities, so nothing runs
+while nobody asks. Counters are cumulative and histograms
 are bucket counts: the reader takes differences between two reads for rates and
 windowed percentiles, so the server keeps no per-viewer state.
 """

@@ -13,6 +13,14 @@
   const UI_ROUTES = new Set(["/", "/ui/app.js", "/ui/app.css", "/v1/stats"]);
   // Preferred default chat models, best first; else the first model that can generate.
   const PREFERRED = ["smollm2", "tinyllm"];
+  // The metric families the dashboard reads from /v1/stats, each by its names (first found).
+  const REQUESTS = ["zeroserve_http_requests"];
+  const COPIED = ["zeroserve_copied_bytes"];
+  const PAYLOAD = ["zeroserve_payload_bytes"];
+  const TOKENS = ["zeroserve_generated_pieces"];
+  const TTFT = ["zeroserve_time_to_first_token_seconds"];
+  const ITL = ["zeroserve_inter_token_seconds"];
+  const LAG = ["zeroserve_event_loop_lag_seconds"];
   const YIELD_MS = 8;          // longest run of stream parsing without yielding to the page
   // An answer's text shown on the page, at most (the rest is counted, not drawn): laying
   // out megabytes of text every frame would make the page, not the server, the bottleneck.
@@ -312,14 +320,34 @@
     return n;
   }
 
-  function requestsTotal(s) {
-    return sum(s.requests, (byStatus, route) => (UI_ROUTES.has(route) ? 0 : sum(byStatus, (n) => n)));
+  // The first of ``names`` that the server exposes (a metric may have moved or be new).
+  function family(table, names) {
+    for (const name of names) if (table && table[name]) return table[name];
+    return null;
   }
 
-  function mergeHist(s, kind) {
+  function counterBy(s, names, label) {   // label value -> value
+    const out = {};
+    for (const c of family(s.counters, names) || []) {
+      const key = c.labels[label];
+      out[key] = (out[key] || 0) + c.value;
+    }
+    return out;
+  }
+
+  function counterSum(s, names, keep) {
+    let n = 0;
+    for (const c of family(s.counters, names) || []) if (!keep || keep(c.labels)) n += c.value;
+    return n;
+  }
+
+  function requestsTotal(s) {
+    return counterSum(s, REQUESTS, (l) => !UI_ROUTES.has(l.route));
+  }
+
+  function mergeHist(s, names) {   // every child (model, route...) of a histogram, summed
     let out = null;
-    for (const name in s.generation || {}) {
-      const h = s.generation[name][kind];
+    for (const h of family(s.histograms, names) || []) {
       if (!out) out = { bounds: h.bounds, counts: h.counts.slice() };
       else h.counts.forEach((c, i) => { out.counts[i] += c; });
     }
@@ -374,8 +402,8 @@
     if (value !== undefined) el.dataset.value = value === null ? "" : String(value);
   }
 
-  function copiedTotal(s) { return sum(s.copied_bytes, (n) => n); }
-  function payloadTotal(s) { return s.payload_bytes.in + s.payload_bytes.out; }
+  function copiedTotal(s) { return counterSum(s, COPIED); }
+  function payloadTotal(s) { return counterSum(s, PAYLOAD); }
 
   function update(s) {
     const prev = snaps.length ? snaps[snaps.length - 1] : null;
@@ -394,7 +422,7 @@
     const rps = rate(requestsTotal);
     show("s-rps", fmtRate(rps), rps);
     push("rps", rps);
-    const tokens = (x) => sum(x.generation, (g) => g.pieces);
+    const tokens = (x) => counterSum(x, TOKENS);
     const tps = rate(tokens);
     show("s-tps", fmtRate(tps), tps);
     push("tps", tps);
@@ -408,9 +436,9 @@
     show("s-rejected", fmtRate(rejected), rejected);
     push("rejected", rejected);
 
-    latency("s-ttft", "ttft", "first_piece", base, s);
-    latency("s-itl", "itl", "inter_piece", base, s);
-    const lag = diffHist(base === s ? null : base.event_loop_lag, s.event_loop_lag);
+    latency("s-ttft", "ttft", TTFT, base, s);
+    latency("s-itl", "itl", ITL, base, s);
+    const lag = diffHist(base === s ? null : mergeHist(base, LAG), mergeHist(s, LAG));
     const lag99 = quantile(lag, 0.99);
     show("s-lag", fmtSeconds(lag99), lag99);
     push("lag", lag99);
@@ -433,8 +461,9 @@
 
     copyTable(s, base);
     modelTable(s, queue, batch, workers);
-    $("payload-line").textContent = "payload in " + fmtBytes(s.payload_bytes.in) + " · out " +
-      fmtBytes(s.payload_bytes.out) + " · copied " + fmtBytes(copiedTotal(s)) + " since start";
+    const payload = counterBy(s, PAYLOAD, "direction");
+    $("payload-line").textContent = "payload in " + fmtBytes(payload.in || 0) + " · out " +
+      fmtBytes(payload.out || 0) + " · copied " + fmtBytes(copiedTotal(s)) + " since start";
     const conns = src.connections ? src.connections.open : "–";
     $("conn-line").textContent = "open connections: " + conns;
     setState(s.ready ? "ready" : "not ready", s.ready ? "ok" : "bad");
@@ -443,13 +472,13 @@
     $("dash-pane").dataset.updates = String(updates);
   }
 
-  function latency(id, name, kind, base, s) {
-    if (!Object.keys(s.generation || {}).length) {
+  function latency(id, name, names, base, s) {
+    if (!family(s.histograms, names)) {
       show(id, "no streams yet", null);
       push(name, 0);
       return;
     }
-    const h = diffHist(base === s ? null : mergeHist(base, kind), mergeHist(s, kind));
+    const h = diffHist(base === s ? null : mergeHist(base, names), mergeHist(s, names));
     const p50 = quantile(h, 0.5);
     const p99 = quantile(h, 0.99);
     show(id, p50 === null ? "idle" : fmtSeconds(p50) + " / " + fmtSeconds(p99), p99);
@@ -469,9 +498,11 @@
   function copyTable(s, base) {
     const payload = payloadTotal(s);
     const windowPayload = payloadTotal(s) - payloadTotal(base);
-    const rows = Object.keys(s.copied_bytes).sort().map((site) => {
-      const n = s.copied_bytes[site];
-      const w = n - ((base.copied_bytes || {})[site] || 0);
+    const copied = counterBy(s, COPIED, "site");
+    const before = counterBy(base, COPIED, "site");
+    const rows = Object.keys(copied).sort().map((site) => {
+      const n = copied[site];
+      const w = n - (before[site] || 0);
       const tr = row([site, fmtBytes(n), fmtPct(ratio(n, payload)) + " (10 s: " +
         (base === s ? "–" : fmtPct(ratio(w, windowPayload))) + ")"]);
       tr.dataset.site = site;
