@@ -429,7 +429,7 @@
     const inflight = sum(queue, (q) => q.in_flight);
     show("s-inflight", String(inflight), inflight);
     push("inflight", inflight);
-    const queued = sum(batch, (b) => b.queued);
+    const queued = sum(batch, (b) => b.queued) + sum(src.engine, (e) => e.queued);
     show("s-queued", String(queued), queued);
     push("queued", queued);
     const rejected = rate((x) => sum((x.sources || {}).queue, (q) => q.rejected));
@@ -460,7 +460,7 @@
     push("copy", windowRatio === null ? 0 : windowRatio * 100);
 
     copyTable(s, base);
-    modelTable(s, queue, batch, workers);
+    modelTable(s, queue, batch, workers, src.engine || {});
     const payload = counterBy(s, PAYLOAD, "direction");
     $("payload-line").textContent = "payload in " + fmtBytes(payload.in || 0) + " · out " +
       fmtBytes(payload.out || 0) + " · copied " + fmtBytes(copiedTotal(s)) + " since start";
@@ -512,13 +512,16 @@
     $("copy-table").tBodies[0].replaceChildren(...rows);
   }
 
-  function modelTable(s, queue, batch, workers) {
+  function modelTable(s, queue, batch, workers, engines) {
     const rows = Object.keys(s.models).sort().map((name) => {
       const q = queue[name] || {};
       const b = batch[name] || {};
       const w = workers[name] || {};
-      const tr = row([name, String(q.in_flight ?? "–"), String(b.queued ?? 0), String(q.rejected ?? "–"),
+      const e = engines[name];   // an in-process engine's slots, where the model has one
+      const tr = row([name, String(q.in_flight ?? "–"), String((b.queued || 0) + (e ? e.queued : 0)),
+        String(q.rejected ?? "–"),
         (w.executor || "") + " " + (w.ready ?? "–") + "/" + (w.busy ?? "–"),
+        e ? e.active + "/" + e.slots : "–",
         String(w.streams ?? "–"), String(w.restarts ?? "–")]);
       tr.dataset.model = name;
       return tr;
