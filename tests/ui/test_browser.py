@@ -68,9 +68,7 @@ def chat(driver: Any, model: str, prompt: str, max_tokens: int, *, json_mode: bo
     from selenium.webdriver.support.ui import Select
 
     Select(driver.find_element(By.ID, "model")).select_by_value(model)
-    tokens = driver.find_element(By.ID, "max-tokens")
-    tokens.clear()
-    tokens.send_keys(str(max_tokens))
+    set_value(driver, "max-tokens", str(max_tokens))
     box = driver.find_element(By.ID, "json-mode")
     if box.is_selected() != json_mode:
         box.click()
@@ -95,10 +93,18 @@ def echoed(prompt: str, max_tokens: int) -> list[str]:
     return (words * (max_tokens // len(words) + 1))[:max_tokens]
 
 
-def finished(answer: Any, state: str = "done") -> Any:
+def finished(answer: Any, state: str = "done", timeout: float = WAIT_S) -> Any:
     return wait_for(
-        f"the answer to be {state}", lambda: answer.get_attribute("data-state") == state
+        f"the answer to be {state}", lambda: answer.get_attribute("data-state") == state, timeout
     )
+
+
+def set_value(driver: Any, element_id: str, value: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    field = driver.find_element(By.ID, element_id)
+    field.clear()
+    field.send_keys(value)
 
 
 def test_chat_streams_an_answer(browser: Any, ui_server: ServerProcess, tmp_path: Path) -> None:
