@@ -79,8 +79,11 @@
     markModels();
   }
 
+  // A model with capabilities but not "generate" (an embedder) cannot chat. One with none
+  // is relayed (a remote upstream, an in-process engine) and may.
   function canGenerate(name) {
-    return !capabilities || !capabilities[name] || capabilities[name].includes("generate");
+    const caps = capabilities && capabilities[name];
+    return !caps || !caps.length || caps.includes("generate");
   }
 
   function markModels() {
