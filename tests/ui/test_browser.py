@@ -44,7 +44,7 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) 
             raise AssertionError(f"timed out waiting for {what}")
 
 
-def _gauge(url: str, name: str, label: str) -> float:
+def gauge(url: str, name: str, label: str) -> float:
     text = httpx.get(f"{url}/metrics").text
     m = re.search(rf'^{name}\{{name="{label}"\}} (\S+)$', text, re.M)
     assert m, f"{name} missing"
@@ -150,16 +150,16 @@ def test_stop_cancels_on_the_server(browser: Any, ui_server: ServerProcess) -> N
         "tokens to stream in",
         lambda: answer.get_attribute("data-state") == "streaming" and len(content.text) > 200,
     )
-    assert _gauge(ui_server.url, "zeroserve_queue_in_flight", "echo") == 1
+    assert gauge(ui_server.url, "zeroserve_queue_in_flight", "echo") == 1
     browser.find_element(By.ID, "stop").click()
     finished(answer, "stopped")
     wait_for(
         "the server to cancel",
-        lambda: _gauge(ui_server.url, "zeroserve_queue_in_flight", "echo") == 0,
+        lambda: gauge(ui_server.url, "zeroserve_queue_in_flight", "echo") == 0,
     )
     wait_for(
         "the stream's channel to close",
-        lambda: _gauge(ui_server.url, "zeroserve_workers_streams", "echo") == 0,
+        lambda: gauge(ui_server.url, "zeroserve_workers_streams", "echo") == 0,
     )
     # and the dashboard shows it
     wait_for(
