@@ -348,37 +348,76 @@
     return counterSum(s, REQUESTS, (l) => !UI_ROUTES.has(l.route));
   }
 
-  function mergeHist(s, names) {   // every child (model, route...) of a histogram, summed
-    let out = null;
-    for (const h of family(s.histograms, names) || []) {
-      if (!out) out = { bounds: h.bounds, counts: h.counts.slice() };
-      else h.counts.forEach((c, i) => { out.counts[i] += c; });
+  // Histograms are lists of buckets {lo, hi, n}, so children with different bucket
+  // bounds (two recorders of one quantity) can be pooled for a percentile.
+  function buckets(child, base) {   // child - base (same family and labels), as buckets
+    const out = [];
+    child.counts.forEach((c, i) => {
+      const n = c - (base ? base.counts[i] || 0 : 0);
+      if (n <= 0) return;
+      const last = child.bounds[child.bounds.length - 1];
+      const lo = i ? child.bounds[i - 1] : 0;
+      const hi = i < child.bounds.length ? child.bounds[i] : last;   // +Inf: report the top bound
+      out.push({ lo: Math.min(lo, hi), hi, n });
+    });
+    return out;
+  }
+
+  function sameChild(s, name, labels) {
+    const key = JSON.stringify(labels);
+    return ((s.histograms || {})[name] || []).find((h) => JSON.stringify(h.labels) === key) || null;
+  }
+
+  // The window's buckets of a latency recorded per model, possibly by two recorders (the
+  // OpenAI layer's and the engine stream's): each model counts with the one that saw
+  // more of its generations, so nothing is counted twice and no model is left out.
+  function modelBuckets(base, s, names) {
+    const best = {};
+    for (const name of names) {
+      for (const child of (s.histograms || {})[name] || []) {
+        const model = child.labels.model;
+        if (!best[model] || child.count > best[model].child.count) best[model] = { name, child };
+      }
+    }
+    const out = [];
+    for (const model in best) {
+      const { name, child } = best[model];
+      out.push(...buckets(child, base === s ? null : sameChild(base, name, child.labels)));
     }
     return out;
   }
 
-  function diffHist(a, b) {   // b - a (a may be null: everything in b)
-    if (!b) return null;
-    if (!a) return b;
-    return { bounds: b.bounds, counts: b.counts.map((c, i) => c - (a.counts[i] || 0)) };
+  function allBuckets(base, s, names) {   // every child of the first family found, pooled
+    const fam = family(s.histograms, names) || [];
+    const name = names.find((n) => (s.histograms || {})[n]);
+    const out = [];
+    for (const child of fam) out.push(...buckets(child, base === s ? null : sameChild(base, name, child.labels)));
+    return out;
   }
 
-  function quantile(h, q) {
-    if (!h) return null;
-    const total = h.counts.reduce((x, y) => x + y, 0);
+  function quantile(list, q) {
+    const total = list.reduce((x, b) => x + b.n, 0);
     if (!total) return null;
+    list = list.slice().sort((a, b) => a.hi - b.hi || a.lo - b.lo);
     const rank = q * total;
     let cum = 0;
-    for (let i = 0; i < h.counts.length; i++) {
-      const before = cum;
-      cum += h.counts[i];
-      if (cum >= rank && h.counts[i] > 0) {
-        if (i >= h.bounds.length) return h.bounds[h.bounds.length - 1];
-        const lo = i ? h.bounds[i - 1] : 0;
-        return lo + (h.bounds[i] - lo) * ((rank - before) / h.counts[i]);
+    for (const b of list) {
+      if (cum + b.n >= rank) return b.lo + (b.hi - b.lo) * ((rank - cum) / b.n);
+      cum += b.n;
+    }
+    return list[list.length - 1].hi;
+  }
+
+  // A counter recorded per model by one or more recorders: each model's largest.
+  function perModelTotal(s, names) {
+    const best = {};
+    for (const name of names) {
+      for (const c of (s.counters || {})[name] || []) {
+        const model = c.labels.model;
+        best[model] = Math.max(best[model] || 0, c.value);
       }
     }
-    return h.bounds[h.bounds.length - 1];
+    return sum(best, (v) => v);
   }
 
   function fmtSeconds(s) {
@@ -425,7 +464,7 @@
     const rps = rate(requestsTotal);
     show("s-rps", fmtRate(rps), rps);
     push("rps", rps);
-    const tokens = (x) => counterSum(x, TOKENS);
+    const tokens = (x) => perModelTotal(x, TOKENS);
     const tps = rate(tokens);
     show("s-tps", fmtRate(tps), tps);
     push("tps", tps);
@@ -441,8 +480,7 @@
 
     latency("s-ttft", "ttft", TTFT, base, s);
     latency("s-itl", "itl", ITL, base, s);
-    const lag = diffHist(base === s ? null : mergeHist(base, LAG), mergeHist(s, LAG));
-    const lag99 = quantile(lag, 0.99);
+    const lag99 = quantile(allBuckets(base, s, LAG), 0.99);
     show("s-lag", fmtSeconds(lag99), lag99);
     push("lag", lag99);
 
@@ -481,9 +519,9 @@
       push(name, 0);
       return;
     }
-    const h = diffHist(base === s ? null : mergeHist(base, names), mergeHist(s, names));
-    const p50 = quantile(h, 0.5);
-    const p99 = quantile(h, 0.99);
+    const list = modelBuckets(base, s, names);
+    const p50 = quantile(list, 0.5);
+    const p99 = quantile(list, 0.99);
     show(id, p50 === null ? "idle" : fmtSeconds(p50) + " / " + fmtSeconds(p99), p99);
     push(name, p99 === null ? 0 : p99);
   }
