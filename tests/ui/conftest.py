@@ -68,11 +68,6 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-@pytest.fixture
-def screenshots(tmp_path: Path) -> Path:
-    return tmp_path
-
-
 def save_screenshot(element: Any, folder: Path, name: str) -> Path:
     """Save ``element``'s screenshot as ``folder/name`` (and under the env folder)."""
     path = folder / name

@@ -12,11 +12,11 @@ windowed percentiles, so the server keeps no per-viewer state.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import msgspec
 
 from ... import metrics
+from ...runtime import Engine
 from ..request import Request
 from ..response import JSON, Response
 from ..router import Router
@@ -25,7 +25,7 @@ _encoder = msgspec.json.Encoder()
 _NO_STORE = (b"cache-control", b"no-store")
 
 
-def register(router: Router, engine: Any) -> None:
+def register(router: Router, engine: Engine) -> None:
     def stats(req: Request) -> Response:
         doc = metrics.snapshot()
         doc["now"] = time.monotonic()
