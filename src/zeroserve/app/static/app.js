@@ -253,7 +253,7 @@
       if (!failed) {
         out.box.dataset.state = m.stopped ? "stopped" : "done";
         history.push({ role: "user", content: prompt }, { role: "assistant", content: text });
-        if (jsonMode && !m.stopped) showJson(out, text);
+        if (jsonMode && !m.stopped) showJson(out, text, body.response_format.json_schema.schema);
       }
     }
   }
@@ -288,10 +288,22 @@
     };
   }
 
-  function showJson(out, text) {
+  // The answer parsed, and checked against the schema's top-level type and required
+  // keys (the server's grammar enforces the whole schema; this catches a model without one).
+  function showJson(out, text, schema) {
     let obj;
     try { obj = JSON.parse(text); } catch (e) {
       showError(out, "the answer is not valid JSON: " + e.message, false);
+      return;
+    }
+    const isObject = obj !== null && typeof obj === "object" && !Array.isArray(obj);
+    if (schema && schema.type === "object" && !isObject) {
+      showError(out, "the answer is JSON but not an object, as the schema asks", false);
+      return;
+    }
+    const missing = isObject && schema ? (schema.required || []).filter((k) => !(k in obj)) : [];
+    if (missing.length) {
+      showError(out, "the answer lacks required keys: " + missing.join(", "), false);
       return;
     }
     const pre = document.createElement("pre");
