@@ -44,6 +44,7 @@ def test_stats_carries_the_metrics_values(ui_server: ServerProcess) -> None:
         assert stats.headers["content-type"] == "application/json"
         doc = stats.json()
         text = client.get("/metrics").text
+    assert doc["process"] == ui_server.proc.pid
     assert doc["models"]["echo"] == ["embed", "generate", "infer"]
     assert doc["models"]["minilm"] == ["embed"]
     assert counter(doc, "zeroserve_http_requests", route="/v1/raw/{model}", status="200") >= 1

@@ -11,6 +11,7 @@ windowed percentiles, so the server keeps no per-viewer state.
 
 from __future__ import annotations
 
+import os
 import time
 
 import msgspec
@@ -29,6 +30,9 @@ def register(router: Router, engine: Engine) -> None:
     def stats(req: Request) -> Response:
         doc = metrics.snapshot()
         doc["now"] = time.monotonic()
+        # The numbers are this process's: with --workers N a reader that lands on
+        # another process (or a restarted server) must start its differences afresh.
+        doc["process"] = os.getpid()
         doc["ready"] = engine.ready()
         doc["models"] = {name: sorted(engine.model(name).capabilities) for name in engine.names()}
         return Response(200, [_encoder.encode(doc)], content_type=JSON, headers=[_NO_STORE])

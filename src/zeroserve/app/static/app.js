@@ -460,6 +460,8 @@
   function payloadTotal(s) { return counterSum(s, PAYLOAD); }
 
   function update(s) {
+    // Another process (--workers N) or a restarted server: differences start afresh.
+    if (snaps.length && snaps[snaps.length - 1].process !== s.process) snaps.length = 0;
     const prev = snaps.length ? snaps[snaps.length - 1] : null;
     snaps.push(s);
     if (snaps.length > WINDOW + 1) snaps.shift();
