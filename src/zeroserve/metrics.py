@@ -285,7 +285,7 @@ def snapshot() -> dict[str, Any]:
     return {
         "counters": counters,
         "histograms": histograms,
-        "sources": {name: fn() for name, fn in list(_sources.items())},
+        "sources": {name: source.statistics() for name, source in list(_sources.items())},
     }
 
 

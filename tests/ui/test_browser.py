@@ -267,3 +267,35 @@ def test_dashboard_moves_under_load(browser: Any, tmp_path: Path) -> None:
     finally:
         stop.set()
         assert server.stop() == 0
+
+
+def test_the_page_asks_for_an_api_key_and_sends_it(browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    from .test_page import API_KEY
+
+    server = start_server("--model", "echo", env={"ZEROSERVE_API_KEY": API_KEY})
+    try:
+        browser.get(server.url + "/")
+        browser.execute_script("sessionStorage.clear()")  # no key from an earlier test
+        browser.get(server.url + "/")
+        form = browser.find_element(By.ID, "key-form")
+        wait_for("the key form", form.is_displayed)
+        assert not browser.find_elements(By.CSS_SELECTOR, "#model option")
+        assert browser.find_element(By.ID, "server-state").text == "API key needed"
+        set_value(browser, "api-key", API_KEY)
+        browser.find_element(By.ID, "key-save").click()
+        wait_for("the model list", lambda: browser.find_elements(By.CSS_SELECTOR, "#model option"))
+        wait_for("the key form to go", lambda: not form.is_displayed())
+        wait_for(
+            "a dashboard update",
+            lambda: browser.find_element(By.ID, "dash-pane").get_attribute("data-updates"),
+        )
+        answer = chat(browser, "echo", "keyed hello", 3)
+        finished(answer)
+        assert answer.find_element(By.CSS_SELECTOR, ".content").text.split() == echoed(
+            "keyed hello", 3
+        )
+    finally:
+        browser.execute_script("sessionStorage.clear()")
+        assert server.stop() == 0

@@ -8,6 +8,9 @@ from tests.ui.stats import counter, histogram
 
 from zeroserve.app.endpoints.ui import FILES, MAX_PAGE_BYTES
 
+# A key for the keyed server (passed through the environment, never on a command line).
+API_KEY = "ui-test-key-0123456789"
+
 
 def test_page_is_served_with_a_strict_policy(ui_server: ServerProcess) -> None:
     with httpx.Client(base_url=ui_server.url) as client:
@@ -103,3 +106,19 @@ def test_no_ui_turns_the_page_off() -> None:
                 assert client.get("/v1/stats").status_code == 200
         finally:
             assert server.stop() == 0
+
+
+def test_with_api_keys_the_page_is_open_and_the_stats_are_not() -> None:
+    server = start_server("--model", "echo", env={"ZEROSERVE_API_KEY": API_KEY})
+    try:
+        with httpx.Client(base_url=server.url) as client:
+            for path in FILES:
+                assert client.get(path).status_code == 200, path  # static, no data
+            refused = client.get("/v1/stats")
+            assert refused.status_code == 401
+            assert refused.json()["error"]["type"]
+            assert client.get("/v1/models").status_code == 401
+            keyed = client.get("/v1/stats", headers={"authorization": f"Bearer {API_KEY}"})
+            assert keyed.status_code == 200 and "echo" in keyed.json()["models"]
+    finally:
+        assert server.stop() == 0
