@@ -128,15 +128,18 @@ def test_chat_streams_an_answer(browser: Any, ui_server: ServerProcess, tmp_path
     save_screenshot(browser.find_element(By.ID, "chat-pane"), tmp_path, "chat-pane.png")
 
 
-def test_json_schema_mode_checks_the_answer(browser: Any, ui_server: ServerProcess) -> None:
+def test_json_schema_mode_shows_the_servers_refusal(browser: Any, ui_server: ServerProcess) -> None:
     from selenium.webdriver.common.by import By
 
     open_page(browser, ui_server.url)
-    # echo answers with its chat-templated prompt, which is not JSON: the page says so
-    answer = chat(browser, "echo", '{"answer": "Paris"}', 4, json_mode=True)
-    finished(answer)
-    assert "not valid JSON" in answer.find_element(By.CSS_SELECTOR, ".error").text
+    # echo cannot honour a schema: the server refuses with a 400 naming the parameter,
+    # and the page shows that answer (smollm2's grammar path: test_browser_smollm2.py)
+    answer = chat(browser, "echo", "What is the capital of France?", 4, json_mode=True)
+    finished(answer, "error")
+    error = answer.find_element(By.CSS_SELECTOR, ".error").text
+    assert error.startswith("HTTP 400: ") and "(param: response_format)" in error
     assert not answer.find_elements(By.CSS_SELECTOR, "pre.json")
+    assert not answer.find_element(By.CSS_SELECTOR, ".content").text
 
 
 def test_stop_cancels_on_the_server(browser: Any, ui_server: ServerProcess) -> None:
