@@ -184,18 +184,18 @@ class _Collector:
 
 def _generation_families() -> Iterator[Metric]:
     ttft = HistogramMetricFamily(
-        "zeroserve_time_to_first_token_seconds",
+        "zeroserve_stream_first_piece_seconds",
         "From the start of a generation to its first piece handed to the response writer.",
         labels=["model"],
     )
     itl = HistogramMetricFamily(
-        "zeroserve_inter_token_seconds",
+        "zeroserve_stream_inter_piece_seconds",
         "Time between pieces handed to the response writer (a delivery of k ready pieces "
         "counts k gaps of 1/k of its wait).",
         labels=["model"],
     )
     pieces = CounterMetricFamily(
-        "zeroserve_generated_pieces", "Pieces (tokens) delivered by generations.", labels=["model"]
+        "zeroserve_stream_pieces", "Pieces (tokens) engine streams delivered.", labels=["model"]
     )
     for model, gen in sorted(_generation.items()):
         for family, latency in ((ttft, gen.first_piece), (itl, gen.inter_piece)):

@@ -67,13 +67,13 @@ def test_an_engine_stream_records_every_piece(run: Any) -> None:
             doc = metrics.snapshot()
             (pieces,) = [
                 c["value"]
-                for c in doc["counters"]["zeroserve_generated_pieces"]
+                for c in doc["counters"]["zeroserve_stream_pieces"]
                 if c["labels"] == {"model": name}
             ]
             assert pieces == gen.pieces
             (ttft,) = [
                 h
-                for h in doc["histograms"]["zeroserve_time_to_first_token_seconds"]
+                for h in doc["histograms"]["zeroserve_stream_first_piece_seconds"]
                 if h["labels"] == {"model": name}
             ]
             assert ttft["counts"] == list(gen.first_piece.counts)

@@ -70,9 +70,9 @@ def test_stats_counts_the_pieces_of_a_stream(ui_server: ServerProcess) -> None:
     def generation() -> dict[str, float]:
         doc = httpx.get(f"{ui_server.url}/v1/stats").json()
         return {
-            "pieces": counter(doc, "zeroserve_generated_pieces", model="echo"),
-            "first": histogram(doc, "zeroserve_time_to_first_token_seconds", model="echo")["count"],
-            "inter": histogram(doc, "zeroserve_inter_token_seconds", model="echo")["count"],
+            "pieces": counter(doc, "zeroserve_stream_pieces", model="echo"),
+            "first": histogram(doc, "zeroserve_stream_first_piece_seconds", model="echo")["count"],
+            "inter": histogram(doc, "zeroserve_stream_inter_piece_seconds", model="echo")["count"],
         }
 
     before = generation()

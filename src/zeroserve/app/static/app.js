@@ -17,9 +17,9 @@
   const REQUESTS = ["zeroserve_http_requests"];
   const COPIED = ["zeroserve_copied_bytes"];
   const PAYLOAD = ["zeroserve_payload_bytes"];
-  const TOKENS = ["zeroserve_generation_tokens", "zeroserve_generated_pieces"];
-  const TTFT = ["zeroserve_generation_ttft_seconds", "zeroserve_time_to_first_token_seconds"];
-  const ITL = ["zeroserve_generation_inter_token_seconds", "zeroserve_inter_token_seconds"];
+  const TOKENS = ["zeroserve_generation_tokens", "zeroserve_stream_pieces"];
+  const TTFT = ["zeroserve_generation_ttft_seconds", "zeroserve_stream_first_piece_seconds"];
+  const ITL = ["zeroserve_generation_inter_token_seconds", "zeroserve_stream_inter_piece_seconds"];
   const LAG = ["zeroserve_event_loop_lag_seconds"];
   const YIELD_MS = 8;          // longest run of stream parsing without yielding to the page
   // An answer's text shown on the page, at most (the rest is counted, not drawn): laying
