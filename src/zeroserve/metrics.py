@@ -10,12 +10,18 @@ Components with queues publish immutable ``statistics()`` snapshots through
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 REGISTRY = CollectorRegistry(auto_describe=False)
 
@@ -53,6 +59,71 @@ def copied_bytes(site: str | None = None) -> int:
 
 def payload_bytes(direction: str) -> int:
     return _payload.get(direction, 0)
+
+
+# Bucket bounds (seconds) of time to first token and inter-token time: from tens of
+# microseconds (echo on the loop) to tens of seconds (a long prompt on a CPU model).
+TOKEN_BUCKETS_S = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LatencySnapshot:
+    """A histogram's state: ``counts[i]`` values fell at or below ``bounds[i]`` (and above
+    the bound before); the last count is above every bound (``+Inf``)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int
+    sum: float
+
+
+class Latency:
+    """A histogram bumped on the event loop without locks (prometheus-client's Histogram
+    takes a lock per observation; this is per streamed piece, so it stays a list bump)."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...] = TOKEN_BUCKETS_S) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, seconds: float, n: int = 1) -> None:
+        """Record ``n`` observations of ``seconds``."""
+        self.counts[bisect_left(self.bounds, seconds)] += n
+        self.count += n
+        self.sum += seconds * n
+
+    def snapshot(self) -> LatencySnapshot:
+        return LatencySnapshot(self.bounds, tuple(self.counts), self.count, self.sum)
+
+
+class GenerationMetrics:
+    """One model's streaming latencies: time to first piece, time between pieces, and
+    the pieces delivered (a piece is what a model yields: one token for echo and LLMs)."""
+
+    __slots__ = ("first_piece", "inter_piece", "pieces")
+
+    def __init__(self) -> None:
+        self.first_piece = Latency()
+        self.inter_piece = Latency()
+        self.pieces = 0
+
+
+_generation: dict[str, GenerationMetrics] = {}
+
+
+def generation_metrics(model: str) -> GenerationMetrics:
+    """The streaming latency recorder of ``model`` (made on first use, kept for the
+    process's life so counters stay monotonic across engine restarts)."""
+    found = _generation.get(model)
+    if found is None:
+        found = _generation[model] = GenerationMetrics()
+    return found
 
 
 def register_source(
@@ -106,8 +177,38 @@ class _Collector:
         for (route, status), n in sorted(_requests.items()):
             r.add_metric([route, status], n)
         yield r
+        yield from _generation_families()
         for name, source in list(_sources.items()):
             yield from _families(name, source, source.statistics())
+
+
+def _generation_families() -> Iterator[Metric]:
+    ttft = HistogramMetricFamily(
+        "zeroserve_stream_first_piece_seconds",
+        "From the start of a generation to its first piece handed to the response writer.",
+        labels=["model"],
+    )
+    itl = HistogramMetricFamily(
+        "zeroserve_stream_inter_piece_seconds",
+        "Time between pieces handed to the response writer (a delivery of k ready pieces "
+        "counts k gaps of 1/k of its wait).",
+        labels=["model"],
+    )
+    pieces = CounterMetricFamily(
+        "zeroserve_stream_pieces", "Pieces (tokens) engine streams delivered.", labels=["model"]
+    )
+    for model, gen in sorted(_generation.items()):
+        for family, latency in ((ttft, gen.first_piece), (itl, gen.inter_piece)):
+            snap = latency.snapshot()
+            cumulative, buckets = 0, []
+            for bound, n in zip((*snap.bounds, float("inf")), snap.counts, strict=True):
+                cumulative += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            family.add_metric([model], buckets, snap.sum)
+        pieces.add_metric([model], gen.pieces)
+    yield ttft
+    yield itl
+    yield pieces
 
 
 def _family(name: str, key: str, source: _Source, labels: list[str] | None) -> Metric:
@@ -156,6 +257,56 @@ LOOP_LAG_SECONDS = Histogram(
     registry=REGISTRY,
     buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
 )
+
+
+def _labels(sample_labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sample_labels.items() if k != "le"}
+
+
+def snapshot() -> dict[str, Any]:
+    """What ``/metrics`` exposes, as plain data for a JSON view (``/v1/stats``).
+
+    ``counters`` and ``histograms`` come from the registry's own ``collect()`` (the values
+    the Prometheus exposition renders), keyed by family name, each a list of labelled
+    values; a histogram's ``counts`` are per bucket (``bounds[i]``), the last one above
+    every bound. ``sources`` are the registered ``statistics()`` snapshots, whole.
+    """
+    counters: dict[str, list[dict[str, Any]]] = {}
+    histograms: dict[str, list[dict[str, Any]]] = {}
+    for family in REGISTRY.collect():
+        if family.type == "counter":
+            counters[family.name] = [
+                {"labels": dict(s.labels), "value": s.value}
+                for s in family.samples
+                if s.name.endswith("_total")
+            ]
+        elif family.type == "histogram":
+            histograms[family.name] = _histograms(family)
+    return {
+        "counters": counters,
+        "histograms": histograms,
+        "sources": {name: source.statistics() for name, source in list(_sources.items())},
+    }
+
+
+def _histograms(family: Metric) -> list[dict[str, Any]]:
+    """A histogram family's children as non-cumulative bucket counts."""
+    children: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+    for sample in family.samples:
+        labels = _labels(sample.labels)
+        child = children.setdefault(
+            tuple(sorted(labels.items())),
+            {"labels": labels, "bounds": [], "counts": [], "count": 0, "sum": 0.0},
+        )
+        if sample.name.endswith("_bucket"):
+            le = float(sample.labels["le"])
+            child["counts"].append(int(sample.value) - child["count"])
+            child["count"] = int(sample.value)
+            if le != float("inf"):
+                child["bounds"].append(le)
+        elif sample.name.endswith("_sum"):
+            child["sum"] = sample.value
+    return list(children.values())
 
 
 def exposition() -> bytes:

@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable
 from ..edge import Edge
 from ..http.connection import RequestHead
 from ..runtime import Engine
-from .endpoints import kserve, openai, openapi, ops, raw
+from .endpoints import kserve, openai, openapi, ops, raw, stats
+from .endpoints import ui as page
 from .engine_relay import close_engine_relays, engine_relays
 from .problems import ErrorFormat
 from .relay import aclose_relays, relays
@@ -18,7 +19,8 @@ from .router import Router
 
 class App:
     """Routes a request at its head (so 404/405/429 are answered before the body is
-    read) and hands the complete request to its handler."""
+    read) and hands the complete request to its handler. ``ui`` serves the playground
+    and dashboard page at ``/`` (``/v1/stats`` is served either way)."""
 
     def __init__(
         self,
@@ -26,6 +28,7 @@ class App:
         edge: Edge | None = None,
         *,
         metrics_view: Callable[[], Awaitable[bytes]] | None = None,
+        ui: bool = True,
     ) -> None:
         self.engine = engine
         self.edge = edge if edge is not None else Edge()
@@ -38,6 +41,9 @@ class App:
         self.engine_relays = engine_relays(engine)  # llamacpp models: their slot metrics
         openai.register(self.router, engine)
         kserve.register(self.router, engine)
+        stats.register(self.router, engine)
+        if ui:
+            page.register(self.router)
         openapi.register(self.router)  # last: it describes every route above
 
     def on_head(self, head: RequestHead) -> Request:

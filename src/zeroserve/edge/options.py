@@ -6,9 +6,13 @@ from dataclasses import dataclass
 
 from .keys import ApiKey
 
+# The page at / and its two files (docs/architecture.md, "The page at /"): no data in
+# them, which a browser fetches without credentials; the page then asks for a key and
+# sends it with every API call it makes (/v1/stats included).
+PAGE_PATHS = frozenset({"/", "/ui/app.js", "/ui/app.css"})
 # Paths that stay open when keys are configured: load balancers and Kubernetes probe
 # them without credentials. ``/metrics`` joins them unless ``auth_metrics`` is set.
-OPEN_PATHS = frozenset({"/health", "/ready", "/v2/health/live", "/v2/health/ready"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/v2/health/live", "/v2/health/ready"}) | PAGE_PATHS
 METRICS_PATH = "/metrics"
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import metrics
 from ..errors import CapabilityError, DeadlineExceeded, RequestError
 from ..models.base import GenerateRequest, Model
 from ._common import Executor, InferResult, WorkerStatistics
@@ -19,6 +20,7 @@ from .channel import Channel, Policy
 from .clock import Clock, call_at
 from .options import ResolvedModel, RuntimeOptions
 from .stream import Stream
+from .timing import StreamTiming
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class ModelRuntime:
         self.executor = executor
         self.admission = Admission(spec.name, spec.queue_depth, clock)
         self.streams: set[Stream] = set()
+        self.generation = metrics.generation_metrics(spec.name)
         self.infer_batcher: Batcher[Any] | None = None
         self.embed_batcher: Batcher[Any] | None = None
 
@@ -268,7 +271,7 @@ class ModelHandle:
         except BaseException:
             ticket.release()
             raise
-        stream = Stream(channel, ticket, rt.streams.discard)
+        stream = Stream(channel, ticket, rt.streams.discard, StreamTiming(rt.generation, rt.clock))
         rt.streams.add(stream)
         stream._timer = call_at(rt.clock, dl, stream._expire)
         stream._producer = rt.executor.generate(req, channel)

@@ -11,6 +11,7 @@ from ._common import Producer
 from .admission import Ticket
 from .channel import Channel, ChannelStatistics
 from .clock import Timer
+from .timing import StreamTiming
 
 
 class Stream:
@@ -23,9 +24,14 @@ class Stream:
     """
 
     def __init__(
-        self, channel: Channel, ticket: Ticket, on_finish: Callable[[Stream], None]
+        self,
+        channel: Channel,
+        ticket: Ticket,
+        on_finish: Callable[[Stream], None],
+        timing: StreamTiming,
     ) -> None:
         self._on_finish = on_finish
+        self._timing = timing
         self.channel = channel
         self._ticket = ticket
         self._producer: Producer | None = None
@@ -37,7 +43,7 @@ class Stream:
 
     async def __anext__(self) -> Any:
         try:
-            return await self.channel.__anext__()
+            piece = await self.channel.__anext__()
         except StopAsyncIteration:
             self._finish()
             raise
@@ -47,6 +53,8 @@ class Stream:
         except BaseException:
             self._finish()
             raise
+        self._timing.awaited()
+        return piece
 
     async def aclose(self) -> None:
         """Stop the generation (the model's generator is closed; a worker is told)."""
@@ -55,7 +63,9 @@ class Stream:
     def receive_batch_nowait(self, max_items: int) -> list[Any]:
         """Up to ``max_items`` pieces available right now, without waiting: what a writer
         sends in one go. The end of the stream or an error is left for ``__anext__``."""
-        return self.channel.receive_batch_nowait(max_items)
+        pieces = self.channel.receive_batch_nowait(max_items)
+        self._timing.ready(len(pieces))
+        return pieces
 
     def statistics(self) -> ChannelStatistics:
         return self.channel.statistics()
@@ -84,6 +94,7 @@ class Stream:
         if self._finished:
             return
         self._finished = True
+        self._timing.flush()
         if self._timer is not None:
             self._timer.cancel()
         self._ticket.release()

@@ -48,6 +48,7 @@ async def serve_async(
     ready: Any = None,
     runtime: RuntimeOptions | None = None,
     edge: EdgeOptions | None = None,
+    ui: bool = True,
 ) -> None:
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
@@ -61,7 +62,8 @@ async def serve_async(
         if edge is not None and edge.tracing:
             configure_otlp()
         app = App(
-            engine, Edge(edge), metrics_view=peers.scrape if peers is not None else None
+            engine, Edge(edge), metrics_view=peers.scrape if peers is not None else None,
+            ui=ui,
         )
         server = Server(app, arena, options)
         await server.start()
@@ -105,11 +107,15 @@ def run_loop(loop: str, coro: Any) -> None:
 def serve(
     options: ServerOptions, specs: list[ModelRef], *, arena_bytes: int, loop: str = "auto",
     workers: int = 1, runtime: RuntimeOptions | None = None, edge: EdgeOptions | None = None,
+    ui: bool = True,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
     run_loop(
-        loop, serve_async(options, specs, arena_bytes=arena_bytes, runtime=runtime, edge=edge)
+        loop,
+        serve_async(
+            options, specs, arena_bytes=arena_bytes, runtime=runtime, edge=edge, ui=ui
+        ),
     )
     return 0
 

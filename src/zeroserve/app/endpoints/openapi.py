@@ -85,6 +85,10 @@ _DESCRIBED: dict[tuple[str, str], tuple[str, Any, Any, bool]] = {
         False,
     ),
     ("GET", "/openapi.json"): ("This document", None, None, False),
+    ("GET", "/v1/stats"): ("Live statistics: the /metrics values as JSON", None, None, False),
+    ("GET", "/"): ("The playground and live dashboard page (HTML)", None, None, False),
+    ("GET", "/ui/app.js"): ("The page's script", None, None, False),
+    ("GET", "/ui/app.css"): ("The page's style sheet", None, None, False),
 }
 
 
