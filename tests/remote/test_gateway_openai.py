@@ -1,5 +1,5 @@
-"""The ``openai`` SDK talking to zeroserve relaying another zeroserve (issue 6, "done
-when"): same answers as from the upstream directly, streamed and not, plus the CLI path
+"""The ``openai`` SDK talking to zeroserve relaying another zeroserve: the same
+answers as from the upstream directly, streamed and not, plus the CLI path
 (``zeroserve serve --model NAME=remote:URL``) in a real process."""
 
 from __future__ import annotations

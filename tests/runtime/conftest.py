@@ -1,5 +1,5 @@
 """Fixtures of the runtime suite: every test runs on asyncio and on uvloop, and the
-shared engine tests run on every executor (STYLE.md: one suite, every implementation)."""
+shared engine tests run on every executor (one suite, every implementation)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Model API that users implement (DESIGN.md §3).
+"""The Model API that users implement (docs/models.md; docs/architecture.md, "Contracts between the parts").
 
 A model implements only the capabilities it has; the server detects them by which
 methods a subclass overrides (``Model.capabilities()``). Every method may be sync or

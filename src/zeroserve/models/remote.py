@@ -36,7 +36,7 @@ DEFAULT_TIMEOUT_S = 300.0
 # enough to take it back soon (nginx's max_fails=1/fail_timeout=10 s, Envoy's 5 x 30 s).
 DEFAULT_MAX_FAILS = 3
 DEFAULT_EJECT_S = 10.0
-# Attempts on another upstream after a refused connection or a 5xx head (issue 6: once).
+# Attempts on another upstream after a refused connection or a 5xx head (once: docs/gateway.md, "Balancing, fail-over, health").
 DEFAULT_RETRIES = 1
 # Bytes of upstream response held for a slow client before reading the upstream pauses
 # (a bounded queue: 256 KiB is one transport write buffer, see server.options).
