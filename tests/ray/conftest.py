@@ -1,126 +1,16 @@
-"""A real local Ray cluster for the ``executor="ray"`` tests: two Ray nodes on this one
-machine (a head, and a second node offering the custom resource ``node_b``), started
-once per module under the test's own temp dir and stopped by process group, so no other
-Ray on the machine is touched (``ray stop`` would stop every Ray of this user)."""
+"""The Ray suite's module-scoped two-node cluster (see ``cluster``)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
+pytest.importorskip("ray")
 
-ROOT = Path(__file__).resolve().parents[2]
-RAY_BIN = Path(sys.executable).with_name("ray")
-# Bringing up a Ray node (GCS, raylet, agents) takes seconds on an idle machine and
-# tens of seconds on two busy shared cores.
-NODE_START_TIMEOUT_S = 120.0
-# How long a node's processes get to exit on SIGTERM before the group is killed.
-NODE_STOP_TIMEOUT_S = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class RayCluster:
-    address: str
-    temp_dir: Path
-    nodes: list[subprocess.Popen[bytes]]
-
-    def env(self) -> dict[str, str]:
-        """The environment of a zeroserve process joining this cluster."""
-        env = dict(os.environ)
-        env["RAY_ADDRESS"] = self.address
-        paths = [str(ROOT / "src"), str(ROOT), str(ROOT / "tests" / "runtime")]
-        env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
-        return env
-
-
-def _start_node(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            [str(RAY_BIN), "start", "--block", "--disable-usage-stats", *args],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopped by group, alone
-        )
-
-
-def _stop_node(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(NODE_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def _wait_nodes(address: str, n: int) -> None:
-    """Poll (with a deadline) until ``n`` nodes are alive in the cluster."""
-    deadline = time.monotonic() + NODE_START_TIMEOUT_S
-    code = (
-        "import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR', "
-        "log_to_driver=False); print(sum(1 for x in ray.nodes() if x['Alive']))"
-    )
-    while time.monotonic() < deadline:
-        res = subprocess.run(
-            [sys.executable, "-c", code, address], capture_output=True, text=True, timeout=60
-        )
-        if res.returncode == 0 and res.stdout.strip().splitlines()[-1:] == [str(n)]:
-            return
-    raise RuntimeError(f"the Ray cluster did not reach {n} nodes in {NODE_START_TIMEOUT_S} s")
+from tests.ray.cluster import RayCluster, ray_cluster_fixture
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    temp = tmp_path_factory.mktemp("ray")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "src"), str(ROOT), str(ROOT / "tests" / "runtime"), env.get("PYTHONPATH", "")]
-    )
-    common = ["--node-ip-address=127.0.0.1", f"--temp-dir={temp}", "--num-gpus=0"]
-    nodes = [
-        _start_node(
-            ["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false", *common],
-            env,
-            temp / "head.log",
-        )
-    ]
-    try:
-        _wait_nodes(address, 1)
-        nodes.append(
-            _start_node(
-                [f"--address={address}", "--num-cpus=1", '--resources={"node_b": 1}', *common],
-                env,
-                temp / "node_b.log",
-            )
-        )
-        _wait_nodes(address, 2)
-        yield RayCluster(address, temp, nodes)
-    finally:
-        for proc in reversed(nodes):
-            _stop_node(proc)
+    yield from ray_cluster_fixture(tmp_path_factory)

@@ -146,7 +146,8 @@ class RayWorker:
         self.size = len(self.view) if self.view is not None else 0
         self.pool = ThreadPoolExecutor(ACTOR_THREADS, thread_name_prefix="zeroserve-actor")
         self.model = make_model(factory, options)
-        loaded = self.model.load()
+        load: Callable[[], Any] = self.model.load  # sync, or async def
+        loaded = load()
         if asyncio.iscoroutine(loaded):  # an async load(): __init__ is not on a loop
             asyncio.run(loaded)
         self.pending: dict[int, tuple[list[dict[str, TensorDesc]], list[Any]]] = {}
