@@ -163,7 +163,7 @@ class _RayProducer(Producer):
                 else:
                     if channel.policy == "coalesce":
                         self._return_credit(1)
-            if not channel.closed:
+            if not channel.closed and not self.aborted:
                 channel.close(WorkerError("the actor's stream ended without a result"))
         except asyncio.CancelledError:
             raise
