@@ -193,15 +193,40 @@ def test_killed_actor_fails_in_flight_restarts_and_leaks_nothing(
     ray_cluster: RayCluster, ray_server: ServerProcess, files: Path
 ) -> None:
     started, release = files / "started", files / "release"
+    name = f"{ray_server.proc.pid}-stuck-0"
+    # A stream in flight on the actor is cut with an error event.
+    with (
+        httpx.Client(timeout=CLIENT_TIMEOUT_S) as http,
+        http.stream(
+            "POST",
+            f"{ray_server.url}/v1/raw/stuck",
+            content=b"go",
+            headers={"Accept": "text/event-stream"},
+        ) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        events: list[str] = []
+        for line in lines:
+            if line.startswith("data:"):
+                events.append(line)
+                break
+        assert events == ["data: first"], events
+        _poll(started.exists, "the stream to reach the actor's wait")
+        ray_cluster.driver("ray.kill(ray.get_actor(sys.argv[1]), no_restart=False)", name)
+        events += [line for line in lines if line.startswith("data:")]
+    assert len(events) == 2, events
+    assert "error" in json.loads(events[1][len("data:") :]), events
+    _poll(lambda: httpx.get(f"{ray_server.url}/ready").status_code == 200, "the restart")
+    started.unlink()
+    # An infer in flight gets 503.
     result: list[httpx.Response] = []
     client = threading.Thread(
         target=lambda: result.append(_raw(ray_server.url, "stuck", b"payload" * 1000))
     )
     client.start()
     _poll(started.exists, "the request to reach the actor")
-    ray_cluster.driver(
-        "ray.kill(ray.get_actor(sys.argv[1]), no_restart=False)", f"{ray_server.proc.pid}-stuck-0"
-    )
+    ray_cluster.driver("ray.kill(ray.get_actor(sys.argv[1]), no_restart=False)", name)
     client.join(WAIT_S)
     assert result and result[0].status_code == 503, result
     assert "error" in result[0].json()

@@ -18,7 +18,7 @@ code runs on a small thread pool, as in process workers):
   ``NeedAlloc(sizes)``; then ``write(id, offsets)`` -> ``Done``. Detached:
   ``infer_arrays(batch)`` -> the model's outputs as arrays.
 * ``generate(...)``: a streaming generator of ``("t", str)`` / ``("b", bytes)`` pieces
-  then one ``("e", finish_reason)``, stepped only while the stream has credit
+  (or ``("m", [pieces])``, a batch of them) then one ``("e", finish_reason)``, stepped only while the stream has credit
   (``credit(id, n)``); ``abort(id)`` closes the model's generator after the step in
   progress.
 
@@ -58,6 +58,8 @@ from ..tensors import (
 
 # Threads for sync model calls in one actor (as ``process.worker.WORKER_THREADS``).
 ACTOR_THREADS = 8
+# What the pump puts in a stream's queue once the stream was aborted.
+_ABORTED: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +250,26 @@ class RayWorker:
         self.aborted.add(rid)
         c.add(1 << 30)  # wake a generator waiting for credit, so it sees the abort
 
+    async def _pump(
+        self, rid: int, stepper: ThreadStepper, credit: _Credit, queue: asyncio.Queue[Any]
+    ) -> None:
+        """Step a sync generator under the stream's credit into ``queue``, which the
+        stream drains: whatever has been produced since the last Ray item goes out as
+        one item, and a piece never waits for the next one."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await credit.take()
+                if rid in self.aborted:
+                    queue.put_nowait(_ABORTED)
+                    return
+                piece = await loop.run_in_executor(self.pool, stepper.step)
+                queue.put_nowait(piece)
+                if piece is ThreadStepper.END:
+                    return
+        except Exception as exc:  # the model's: the stream turns it into a Fail
+            queue.put_nowait(exc)
+
     def _piece(self, piece: Any) -> tuple[str, Any]:
         if isinstance(piece, str):
             return ("t", piece)
@@ -280,18 +302,30 @@ class RayWorker:
                     await it.aclose()
             else:
                 stepper = ThreadStepper(iter(it))
-                loop = asyncio.get_running_loop()
+                queue: asyncio.Queue[Any] = asyncio.Queue()  # bounded by the credit
+                pump = asyncio.get_running_loop().create_task(
+                    self._pump(rid, stepper, credit, queue)
+                )
                 try:
                     while True:
-                        await credit.take()
-                        if rid in self.aborted:
+                        batch = [await queue.get()]
+                        while not queue.empty():
+                            batch.append(queue.get_nowait())
+                        last = batch[-1]
+                        raised = last if isinstance(last, BaseException) else None
+                        ended = last is ThreadStepper.END or last is _ABORTED
+                        pieces = batch[:-1] if ended or raised is not None else batch
+                        if pieces:
+                            yield ("m", [self._piece(piece) for piece in pieces])
+                        if raised is not None:
+                            raise raised
+                        if last is _ABORTED:
                             return
-                        piece = await loop.run_in_executor(self.pool, stepper.step)
-                        if piece is ThreadStepper.END:
+                        if last is ThreadStepper.END:
                             result = stepper.result
                             break
-                        yield self._piece(piece)
                 finally:
+                    pump.cancel()
                     stepper.close_in(self.pool)
             yield ("e", result if isinstance(result, str) else None)
         except (GeneratorExit, asyncio.CancelledError):

@@ -153,16 +153,9 @@ class _RayProducer(Producer):
                     return
                 if self.aborted:
                     continue
-                try:
-                    channel.send_nowait(value)
-                except WouldBlock:
-                    self.abort()
-                    channel.abort(WorkerError("actor sent a piece beyond its credit"))
-                except errors.ZeroserveError:
-                    self.abort()  # consumer gone, or the coalesce cap passed
-                else:
-                    if channel.policy == "coalesce":
-                        self._return_credit(1)
+                for _, piece in value if kind == "m" else [(kind, value)]:
+                    if not self._send(piece):
+                        break
             if not channel.closed and not self.aborted:
                 channel.close(WorkerError("the actor's stream ended without a result"))
         except asyncio.CancelledError:
@@ -176,6 +169,22 @@ class _RayProducer(Producer):
                 lease.release()
             if w is not None:
                 w.outstanding -= 1
+
+    def _send(self, piece: Any) -> bool:
+        """Pass one piece on; False once the stream is given up."""
+        channel = self.channel
+        try:
+            channel.send_nowait(piece)
+        except WouldBlock:
+            self.abort()
+            channel.abort(WorkerError("actor sent a piece beyond its credit"))
+            return False
+        except errors.ZeroserveError:
+            self.abort()  # consumer gone, or the coalesce cap passed
+            return False
+        if channel.policy == "coalesce":
+            self._return_credit(1)
+        return True
 
     def abort(self) -> None:
         if self.aborted:
