@@ -61,7 +61,9 @@ def ray(ctx: SuiteContext) -> Section:
         for spec in specs:
             k, n = case.key, spec.name
             if not grid.ok(k, n):
-                lines.append(f"| {case.label} | {n} | {grid.why(k, n)} ||||||")
+                lines.append(
+                    f"| {case.label} | {n.removeprefix('zeroserve-')} | {grid.why(k, n)} ||||||"
+                )
                 continue
             rate = grid.med(k, n, rps)
             toks = fixed(rate * STREAM_TOKENS) if case is stream else "-"

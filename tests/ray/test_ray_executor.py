@@ -4,6 +4,7 @@ copy each way through the object store otherwise, and the fault paths."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -255,3 +256,29 @@ def test_disconnect_mid_stream_stops_the_actors_generator(
     _poll(closed.exists, "the actor's generator to close")
     produced = int(closed.read_text())
     assert produced >= len(got.split())  # it stopped: a finite count was written
+
+
+def test_bad_placement_options_fail_the_load_naming_the_option() -> None:
+    from zeroserve.errors import ModelLoadError
+    from zeroserve.models.echo import EchoModel
+    from zeroserve.runtime import Engine, ModelConfig
+
+    async def load(cfg: ModelConfig) -> None:
+        engine = Engine({"m": cfg})
+        try:
+            await engine.start()
+        finally:
+            await engine.aclose()
+
+    cases: list[tuple[Any, dict[str, Any], str]] = [
+        ("ray", {"num_cpus": -1}, "num_cpus"),
+        ("ray", {"same_node": "sometimes"}, "same_node"),
+        ("ray", {"resources": "[1]"}, "resources"),
+        ("ray", {"max_restarts": -2}, "max_restarts"),
+        ("ray", {"colour": "red"}, "colour"),
+        ("process", {"num_gpus": 1}, "need executor=ray"),
+    ]
+    for executor, placement, named in cases:
+        cfg = ModelConfig(name="m", factory=EchoModel, executor=executor, placement=placement)
+        with pytest.raises(ModelLoadError, match=named):
+            asyncio.run(load(cfg))

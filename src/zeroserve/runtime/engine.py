@@ -157,6 +157,10 @@ class Engine:
         executor = cfg.executor or meta.executor
         if executor not in EXECUTORS:
             raise ModelLoadError(name, f"unknown executor {executor!r}; expected {EXECUTORS}")
+        if cfg.placement and executor != "ray":
+            raise ModelLoadError(
+                name, f"Ray placement options ({', '.join(cfg.placement)}) need executor=ray"
+            )
         spec = ResolvedModel(
             name=name,
             factory=cfg.factory,
