@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 # selenium plus Debian's headless Chromium for the browser tests of the page at /
 # (best effort: without Chromium those tests skip and say why).
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[onnx,test,bench,transformers,sentence-transformers,otel,ui]'
+	$(PY) -m pip install -q -e '.[onnx,test,bench,transformers,sentence-transformers,otel,ui,ray]'
 	-command -v promtool >/dev/null || (apt-get update -q && apt-get install -y -q --no-install-recommends prometheus)
 	-$(MAKE) --no-print-directory browser
 	touch $(TEST_STAMP)

@@ -45,7 +45,10 @@ class ServerProcess:
         return self.proc.returncode
 
 
-def start_server(*args: str, env: dict[str, str] | None = None, loop: str = "auto") -> ServerProcess:
+def start_server(
+    *args: str, env: dict[str, str] | None = None, loop: str = "auto",
+    timeout: float = START_TIMEOUT_S,
+) -> ServerProcess:
     """Start ``zeroserve serve`` on a free port and wait (bounded) until it listens."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
@@ -56,7 +59,7 @@ def start_server(*args: str, env: dict[str, str] | None = None, loop: str = "aut
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=full_env, cwd=ROOT)
     assert proc.stdout is not None
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     lines: list[str] = []
     while time.monotonic() < deadline:
         line = proc.stdout.readline()

@@ -22,7 +22,7 @@ def test_runtime_suites_are_registered() -> None:
 
 
 def test_catalog_names_every_suite_once_per_module() -> None:
-    """The catalog is explicit: W1-W8, P64, the default model and the gateway, each a
+    """The catalog is explicit: W1-W8, P64, RAY, the default model and the gateway, each a
     function of its own module under benchmarks/suites/."""
     assert list(SUITES) == [
         "W1",
@@ -37,6 +37,7 @@ def test_catalog_names_every_suite_once_per_module() -> None:
         "W7",
         "W8",
         "P64",
+        "RAY",
     ]
     modules = [fn.__module__ for fn in SUITES.values()]
     assert len(set(modules)) == len(modules)

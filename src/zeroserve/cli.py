@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (413 beyond)")
     serve.add_argument("--arena-bytes", type=int, help="payload bytes in flight before 503")
     serve.add_argument("--queue-depth", type=int, help="admitted requests per model before 429 (default 64)")
+    serve.add_argument(
+        "--ray-address", help="Ray cluster for executor=ray models (default: RAY_ADDRESS, else "
+        "a local Ray started and stopped by zeroserve)",
+    )
     serve.add_argument("--log-level", help="debug, info, warning, error")
     edge = serve.add_argument_group("edge", "API keys, CORS, access log (off by default)")
     edge.add_argument(
@@ -130,8 +134,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if args.max_body_bytes is not None:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
+        runtime_overrides: dict[str, Any] = {}
         if args.queue_depth is not None:
-            overrides["runtime"] = {"queue_depth": args.queue_depth}
+            runtime_overrides["queue_depth"] = args.queue_depth
+        if args.ray_address is not None:
+            runtime_overrides["ray_address"] = args.ray_address
+        if runtime_overrides:
+            overrides["runtime"] = runtime_overrides
         if args.drain_ready_delay is not None:
             overrides["timeouts"] = {"drain_ready_delay": args.drain_ready_delay}
         cors = [o for v in args.cors_origins or () for o in v.split(",") if o]

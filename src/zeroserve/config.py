@@ -16,7 +16,8 @@ TOML layout (every key optional)::
     [timeouts] # head, body, keepalive, write, graceful, drain_ready_delay (seconds)
     [runtime]  # the engine's RuntimeOptions: default_deadline_s, channel_capacity,
                # coalesce_cap_bytes, queue_depth, load_timeout_s, shutdown_timeout_s,
-               # restart_backoff_s, max_restart_backoff_s, inline_yield_every
+               # restart_backoff_s, max_restart_backoff_s, inline_yield_every,
+               # ray_address (the Ray cluster of executor=ray models)
     [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
                # cors_allow_credentials, access_log, request_ids, tracing
     [tls]      # certfile, keyfile, ca_certs (client certificates: mTLS)
@@ -144,6 +145,7 @@ class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     restart_backoff_s: float = _RUNTIME_DEFAULTS.restart_backoff_s
     max_restart_backoff_s: float = _RUNTIME_DEFAULTS.max_restart_backoff_s
     inline_yield_every: int = _RUNTIME_DEFAULTS.inline_yield_every
+    ray_address: str | None = _RUNTIME_DEFAULTS.ray_address
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 import numpy as np
 
-ExecutorKind = Literal["inline", "thread", "process"]
+ExecutorKind = Literal["inline", "thread", "process", "ray"]
 Inputs = Mapping[str, Any]
 Outputs = Mapping[str, Any]
 Piece = str | bytes | memoryview

@@ -44,6 +44,8 @@ BACKENDS: dict[str, str] = {
 NAMED_TARGETS = frozenset({BUILTINS["smollm2"], BACKENDS["llamacpp"]})
 # Options the runtime reads (the rest go to the model's constructor).
 RUNTIME_KEYS = frozenset({"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth"})
+# Options that place ``executor=ray`` workers; they reach the runtime as ``placement``.
+PLACEMENT_KEYS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "same_node"})
 
 
 @dataclass
@@ -93,6 +95,9 @@ def parse_spec(text: str) -> ModelRef:
     runtime = {k: options.pop(k) for k in list(options) if k in RUNTIME_KEYS}
     if target in NAMED_TARGETS:
         options.setdefault("alias", name)
+    placement = {k: options.pop(k) for k in list(options) if k in PLACEMENT_KEYS}
+    if placement:
+        runtime["placement"] = placement
     return ModelRef(name=name, target=target, options=options, runtime=runtime)
 
 

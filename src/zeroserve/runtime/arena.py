@@ -51,6 +51,10 @@ DEFAULT_WARM_BYTES = 256 << 20
 # Smallest block: small bodies (JSON requests) share no page-sized waste worth fighting.
 MIN_BLOCK = 256
 _ALIGN = 64  # cache-line alignment of every block start, good for numpy views
+# Random bytes written to the memfd just past the mapped range, so a process that opens
+# the file by another route (``/proc/<pid>/fd/<fd>``, the Ray executor) can prove it
+# holds this arena and not a stale or foreign file. 16 bytes: unguessable.
+TOKEN_BYTES = 16
 
 
 def size_class(nbytes: int) -> int:
@@ -136,7 +140,10 @@ class Arena:
         self.warm_limit = warm_bytes
         self.size = _round_up(budget * VIRTUAL_FACTOR, mmap.PAGESIZE)
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
+        # One page past the mapping holds the token (never mapped, never allocated).
+        os.ftruncate(self.fd, self.size + mmap.PAGESIZE)
+        self.token = os.urandom(TOKEN_BYTES)
+        os.pwrite(self.fd, self.token, self.size)
         self._mm = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED)
         self.view = memoryview(self._mm)
         # The mapping's address, to tell whether an array is a view into the arena. The
@@ -236,6 +243,11 @@ class Arena:
         except BufferError:
             pass
         os.close(self.fd)
+
+
+def read_token(fd: int, size: int) -> bytes:
+    """The token of the arena file ``fd`` of mapped size ``size`` (see ``TOKEN_BYTES``)."""
+    return os.pread(fd, TOKEN_BYTES, size)
 
 
 def attach(fd: int, size: int) -> memoryview:

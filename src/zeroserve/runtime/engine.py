@@ -157,6 +157,10 @@ class Engine:
         executor = cfg.executor or meta.executor
         if executor not in EXECUTORS:
             raise ModelLoadError(name, f"unknown executor {executor!r}; expected {EXECUTORS}")
+        if cfg.placement and executor != "ray":
+            raise ModelLoadError(
+                name, f"Ray placement options ({', '.join(cfg.placement)}) need executor=ray"
+            )
         spec = ResolvedModel(
             name=name,
             factory=cfg.factory,
@@ -171,6 +175,7 @@ class Engine:
             workers=_pick(cfg.workers, meta.workers),
             queue_depth=_pick(cfg.queue_depth, self.options.queue_depth),
             capabilities=type(meta).capabilities(),
+            placement=dict(cfg.placement),
         )
         return spec, meta
 
@@ -180,6 +185,10 @@ class Engine:
             return InlineExecutor(spec, self.arena, model=meta, yield_every=opts.inline_yield_every)
         if spec.executor == "thread":
             return ThreadExecutor(spec, self.arena, model=meta, yield_every=opts.inline_yield_every)
+        if spec.executor == "ray":
+            from .ray import RayExecutor  # Ray is an optional extra: imported only when used
+
+            return RayExecutor(spec, self.arena, opts)
         return ProcessExecutor(spec, self.arena, opts)
 
     # -- queries -------------------------------------------------------------------------

@@ -27,7 +27,7 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULT_RESTART_BACKOFF_S = 0.05
 MAX_RESTART_BACKOFF_S = 5.0
 
-EXECUTORS: tuple[ExecutorKind, ...] = ("inline", "thread", "process")
+EXECUTORS: tuple[ExecutorKind, ...] = ("inline", "thread", "process", "ray")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,9 @@ class RuntimeOptions:
     restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S
     max_restart_backoff_s: float = MAX_RESTART_BACKOFF_S
     inline_yield_every: int = DEFAULT_YIELD_EVERY
+    # The Ray cluster ``executor="ray"`` models join ("auto", "ray://...", "host:port");
+    # None: ``RAY_ADDRESS`` if set, else a local Ray started (and stopped) by zeroserve.
+    ray_address: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,9 @@ class ModelConfig:
     max_batch_delay_ms: float | None = None
     workers: int | None = None
     queue_depth: int | None = None
+    # Ray placement of ``executor="ray"`` workers (num_cpus, num_gpus, resources,
+    # max_restarts, same_node); see ``runtime.ray.placement``.
+    placement: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +86,4 @@ class ResolvedModel:
     workers: int
     queue_depth: int
     capabilities: frozenset[str]
+    placement: Mapping[str, Any] = field(default_factory=dict)

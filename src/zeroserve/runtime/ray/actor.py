@@ -1,0 +1,338 @@
+"""The Ray actor side of ``executor="ray"``: one loaded model serving descriptors.
+
+Strategy
+--------
+The actor is created with the ingress's :class:`ArenaRef`: the ingress's pid, the
+arena's memfd number, its size and token. In ``__init__`` (which Ray reruns on every
+restart) it opens ``/proc/<pid>/fd/<fd>``; when that succeeds and the token read from
+the file matches, the actor shares the ingress's arena (same node, same user) and from
+then on gets only :class:`~..tensors.TensorDesc` descriptors: it reads
+``numpy.frombuffer`` views and writes outputs into leases the ingress allocates. When it
+fails (another node, another user, ``same_node=never``) the actor is *detached* and the
+ingress sends arrays through Ray's object store instead.
+
+Calls (all ``async``: Ray runs them concurrently on the actor's event loop; sync model
+code runs on a small thread pool, as in process workers):
+
+* ``infer(id, descs)`` -> ``Done`` (every output already in the arena, or written) or
+  ``NeedAlloc(sizes)``; then ``write(id, offsets)`` -> ``Done``. Detached:
+  ``infer_arrays(batch)`` -> the model's outputs as arrays.
+* ``generate(...)``: a streaming generator of ``("t", str)`` / ``("b", bytes)`` pieces
+  (or ``("m", [pieces])``, a batch of them) then one ``("e", finish_reason)``, stepped only while the stream has credit
+  (``credit(id, n)``); ``abort(id)`` closes the model's generator after the step in
+  progress.
+
+Invariants
+----------
+* Nothing of a payload is pickled when attached: descriptors, sizes and offsets only.
+* A model's exception is returned as ``Fail`` (a 4xx/5xx the ingress rebuilds), never
+  raised through Ray, so a Ray error always means the actor or the cluster failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from ...models.base import GenerateRequest, Model
+from .._common import ThreadStepper, check_outputs, make_model, maybe_await, model_failure
+from ..arena import read_token
+from ..tensors import (
+    BYTES,
+    TensorDesc,
+    arena_offset,
+    as_array,
+    buffer_address,
+    bytes_tensor_size,
+    from_desc,
+    write_bytes_tensor,
+)
+
+# Threads for sync model calls in one actor (as ``process.worker.WORKER_THREADS``).
+ACTOR_THREADS = 8
+# What the pump puts in a stream's queue once the stream was aborted.
+_ABORTED: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaRef:
+    """How an actor finds the ingress's arena: by the ingress process's fd table."""
+
+    pid: int
+    fd: int
+    size: int
+    token: bytes
+
+
+class Done(msgspec.Struct, array_like=True, tag="done"):
+    outputs: list[dict[str, TensorDesc]]
+    copied: int
+
+
+class NeedAlloc(msgspec.Struct, array_like=True, tag="alloc"):
+    sizes: list[int]
+
+
+class Fail(msgspec.Struct, array_like=True, tag="fail"):
+    error: str
+    message: str
+    status: int
+
+
+Reply = Done | NeedAlloc | Fail
+REPLY = msgspec.msgpack.Decoder(Reply)
+DESCS = msgspec.msgpack.Decoder(list[dict[str, TensorDesc]])
+_encode = msgspec.msgpack.encode
+
+
+def attach_arena(ref: ArenaRef) -> memoryview | None:
+    """Map the ingress's arena if this process can open it and its token matches."""
+    try:
+        fd = os.open(f"/proc/{ref.pid}/fd/{ref.fd}", os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        if read_token(fd, ref.size) != ref.token:
+            return None
+        return memoryview(mmap.mmap(fd, ref.size, flags=mmap.MAP_SHARED))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _fail(name: str, exc: BaseException) -> Fail:
+    err = model_failure(name, exc)
+    return Fail(type(err).__name__, err.message, err.status)
+
+
+class _Credit:
+    __slots__ = ("event", "n")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.event = asyncio.Event()
+
+    def add(self, n: int) -> None:
+        self.n += n
+        self.event.set()
+
+    async def take(self) -> None:
+        while self.n <= 0:
+            self.event.clear()
+            await self.event.wait()
+        self.n -= 1
+
+
+class RayWorker:
+    """One model in one Ray actor (decorated with ``ray.remote`` by the executor)."""
+
+    def __init__(
+        self,
+        factory: Callable[..., Model],
+        options: Mapping[str, Any],
+        name: str,
+        arena: ArenaRef | None,
+    ) -> None:
+        self.name = name
+        self.view = attach_arena(arena) if arena is not None else None
+        self.base = buffer_address(self.view) if self.view is not None else 0
+        self.size = len(self.view) if self.view is not None else 0
+        self.pool = ThreadPoolExecutor(ACTOR_THREADS, thread_name_prefix="zeroserve-actor")
+        self.model = make_model(factory, options)
+        load: Callable[[], Any] = self.model.load  # sync, or async def
+        loaded = load()
+        if asyncio.iscoroutine(loaded):  # an async load(): __init__ is not on a loop
+            asyncio.run(loaded)
+        self.pending: dict[int, tuple[list[dict[str, TensorDesc]], list[Any]]] = {}
+        self.credits: dict[int, _Credit] = {}
+        self.aborted: set[int] = set()
+
+    async def hello(self) -> tuple[int, bool]:
+        """This actor's pid, and whether it shares the ingress's arena."""
+        return os.getpid(), self.view is not None
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if asyncio.iscoroutinefunction(fn):
+            return await fn(*args)
+        loop = asyncio.get_running_loop()
+        return await maybe_await(await loop.run_in_executor(self.pool, fn, *args))
+
+    # -- infer, attached ------------------------------------------------------------------
+    async def infer(self, rid: int, descs: bytes) -> bytes:
+        view = self.view
+        if view is None:
+            return _encode(Fail("WorkerError", "actor is not attached to the arena", 503))
+        try:
+            batch = [
+                {k: from_desc(view, d) for k, d in item.items()} for item in DESCS.decode(descs)
+            ]
+            outs = check_outputs(self.name, len(batch), await self._call(self.model.infer, batch))
+            described: list[dict[str, TensorDesc]] = []
+            pending: list[Any] = []
+            for out in outs:
+                d: dict[str, TensorDesc] = {}
+                for key, value in dict(out).items():
+                    arr = value if isinstance(value, np.ndarray) else as_array(value, name=key)
+                    if arr.dtype == object:
+                        flat = arr.reshape(-1)
+                        pending.append((d, key, flat, bytes_tensor_size(flat)))
+                        continue
+                    off = arena_offset(arr, self.base, self.size)
+                    if off is not None:
+                        d[key] = TensorDesc(off, arr.nbytes, arr.dtype.str, arr.shape)
+                    else:
+                        pending.append((d, key, arr, arr.nbytes))
+                described.append(d)
+        except Exception as exc:
+            return _encode(_fail(self.name, exc))
+        if not pending:
+            return _encode(Done(described, 0))
+        self.pending[rid] = (described, pending)
+        return _encode(NeedAlloc([n for *_, n in pending]))
+
+    async def write(self, rid: int, offsets: list[int]) -> bytes:
+        """Write the outputs ``infer`` held back into the leases at ``offsets``; an empty
+        list (the ingress could not allocate, or gave up) just drops them."""
+        held = self.pending.pop(rid, None)
+        if held is None or not offsets or self.view is None:
+            return _encode(Fail("WorkerError", "no outputs held for this request", 500))
+        described, pending = held
+        copied = 0
+        for (d, key, arr, n), off in zip(pending, offsets, strict=True):
+            dst = self.view[off : off + n]
+            if arr.dtype == object:
+                write_bytes_tensor(list(arr), dst)
+                d[key] = TensorDesc(off, n, BYTES, (len(arr),))
+            else:
+                if n:
+                    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                    np.frombuffer(dst, dtype=np.uint8)[:] = flat
+                d[key] = TensorDesc(off, n, arr.dtype.str, arr.shape)
+            copied += n
+        return _encode(Done(described, copied))
+
+    # -- infer, detached (object store) ---------------------------------------------------
+    async def infer_arrays(self, batch: list[dict[str, Any]]) -> Any:
+        """Run a batch whose arrays came through the object store (read-only views);
+        returns the outputs as arrays, or a ``Fail``'s bytes."""
+        try:
+            outs = check_outputs(self.name, len(batch), await self._call(self.model.infer, batch))
+            return [{k: as_array(v, name=k) for k, v in dict(o).items()} for o in outs]
+        except Exception as exc:
+            return _encode(_fail(self.name, exc))
+
+    async def embed(self, texts: list[str]) -> Any:
+        try:
+            out = await self._call(self.model.embed, texts)
+            return np.ascontiguousarray(np.asarray(out, dtype=np.float32))
+        except Exception as exc:
+            return _encode(_fail(self.name, exc))
+
+    # -- generate ---------------------------------------------------------------------------
+    async def credit(self, rid: int, n: int) -> None:
+        c = self.credits.get(rid)
+        if c is not None:
+            c.add(n)
+
+    async def abort(self, rid: int) -> None:
+        c = self.credits.get(rid)
+        if c is None:
+            return
+        self.aborted.add(rid)
+        c.add(1 << 30)  # wake a generator waiting for credit, so it sees the abort
+
+    async def _pump(
+        self, rid: int, stepper: ThreadStepper, credit: _Credit, queue: asyncio.Queue[Any]
+    ) -> None:
+        """Step a sync generator under the stream's credit into ``queue``, which the
+        stream drains: whatever has been produced since the last Ray item goes out as
+        one item, and a piece never waits for the next one."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await credit.take()
+                if rid in self.aborted:
+                    queue.put_nowait(_ABORTED)
+                    return
+                piece = await loop.run_in_executor(self.pool, stepper.step)
+                queue.put_nowait(piece)
+                if piece is ThreadStepper.END:
+                    return
+        except Exception as exc:  # the model's: the stream turns it into a Fail
+            queue.put_nowait(exc)
+
+    def _piece(self, piece: Any) -> tuple[str, Any]:
+        if isinstance(piece, str):
+            return ("t", piece)
+        return ("b", bytes(memoryview(piece).cast("B")))
+
+    async def generate(
+        self, rid: int, req: bytes, raw: TensorDesc | None, raw_bytes: bytes | None, window: int
+    ) -> Any:
+        credit = self.credits[rid] = _Credit(window)
+        try:
+            request = msgspec.msgpack.decode(req, type=GenerateRequest)
+            if raw is not None and self.view is not None:
+                request.raw = self.view[raw.offset : raw.offset + raw.length]
+            elif raw_bytes is not None:
+                request.raw = raw_bytes
+            it = await maybe_await(self.model.generate(request))
+            result: Any = None
+            if hasattr(it, "__anext__"):
+                try:
+                    while True:
+                        await credit.take()
+                        if rid in self.aborted:
+                            return
+                        try:
+                            piece = await it.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        yield self._piece(piece)
+                finally:
+                    await it.aclose()
+            else:
+                stepper = ThreadStepper(iter(it))
+                queue: asyncio.Queue[Any] = asyncio.Queue()  # bounded by the credit
+                pump = asyncio.get_running_loop().create_task(
+                    self._pump(rid, stepper, credit, queue)
+                )
+                try:
+                    while True:
+                        batch = [await queue.get()]
+                        while not queue.empty():
+                            batch.append(queue.get_nowait())
+                        last = batch[-1]
+                        raised = last if isinstance(last, BaseException) else None
+                        ended = last is ThreadStepper.END or last is _ABORTED
+                        pieces = batch[:-1] if ended or raised is not None else batch
+                        if pieces:
+                            yield ("m", [self._piece(piece) for piece in pieces])
+                        if raised is not None:
+                            raise raised
+                        if last is _ABORTED:
+                            return
+                        if last is ThreadStepper.END:
+                            result = stepper.result
+                            break
+                finally:
+                    pump.cancel()
+                    stepper.close_in(self.pool)
+            yield ("e", result if isinstance(result, str) else None)
+        except (GeneratorExit, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            fail = _fail(self.name, exc)
+            yield ("f", (fail.error, fail.message, fail.status))
+        finally:
+            self.credits.pop(rid, None)
+            self.aborted.discard(rid)

@@ -1,0 +1,520 @@
+"""The ``ray`` executor: a model's workers are Ray actors (docs/architecture.md,
+"Executors: ray").
+
+Strategy
+--------
+The same contract as the ``process`` executor, with Ray deciding where each worker runs
+and restarting it. Each worker is a :class:`~.actor.RayWorker` actor, created with this
+process's :class:`~.actor.ArenaRef`:
+
+* *attached* (the actor mapped our arena: same node): inputs travel as descriptors, the
+  leases holding them retained for the call; outputs already in the arena come back as
+  descriptors, others are written by the actor into leases allocated here (one more
+  actor call, ``write``). Nothing of the payload is pickled.
+* *detached* (another node, or ``same_node=never``): the batch goes into Ray's object
+  store with one ``ray.put`` (counted ``copied_bytes{site="ray_put"}``) and the outputs
+  come back through it (counted ``ray_get``); the model reads Ray's read-only views.
+
+Routing: a batch goes to the idle ready actor with the fewest calls in flight, attached
+ones first; a stream to the ready actor with the fewest calls in flight, attached first.
+
+Streams are Ray streaming generators stepped under per-stream credits: ``window`` pieces
+up front, then ``credit`` calls as the consumer takes pieces (``block``) or on receipt
+(``coalesce``). Abort (disconnect, deadline) calls the actor's ``abort``.
+
+Faults: a Ray actor error on a call marks that worker down (``ready()`` false, admission
+loses its slot), fails its calls with ``WorkerError(503)``, and a recovery task pings
+the actor until Ray has restarted it (``max_restarts``), then marks it up again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+
+from ... import errors, metrics
+from ...errors import ModelLoadError, WorkerError, WouldBlock
+from ...models.base import GenerateRequest
+from .._common import Executor, InferResult, Producer, WorkerStatistics
+from ..arena import Arena, Lease
+from ..channel import Channel
+from ..inproc import validate_inputs
+from ..tensors import (
+    BYTES,
+    TensorDesc,
+    arena_offset,
+    as_array,
+    bytes_tensor_size,
+    from_desc,
+    write_bytes_tensor,
+)
+from . import actor as a
+from . import cluster
+from .placement import Placement, parse_placement
+
+if TYPE_CHECKING:
+    from ..options import ResolvedModel, RuntimeOptions
+
+# How long one health ping of a restarting actor may take before it counts as failed.
+# Ray restarts an actor in about a second on an idle machine; 5 s covers a loaded one.
+PING_TIMEOUT_S = 5.0
+
+
+def actor_name(model: str, index: int) -> str:
+    """The Ray name of a model's ``index``-th actor in the ``zeroserve`` namespace: unique
+    per ingress process, so operators (and tests) can find it with ``ray.get_actor``."""
+    return f"{os.getpid()}-{model}-{index}"
+
+
+def _rebuild(fail: a.Fail) -> errors.ZeroserveError:
+    cls = errors.error_class(fail.error)
+    if cls is not None:
+        try:
+            return cls(fail.message, status=fail.status)  # type: ignore[call-arg]
+        except TypeError:
+            pass
+    return WorkerError(fail.message, status=fail.status if fail.status >= 500 else 500)
+
+
+class RayWorkerHandle:
+    """This side of one actor: its handle, state and the calls in flight on it."""
+
+    __slots__ = ("actor", "attached", "busy", "index", "outstanding", "pid", "ready", "tasks")
+
+    def __init__(self, index: int, actor: Any) -> None:
+        self.index = index
+        self.actor = actor
+        self.attached = False
+        self.pid = 0
+        self.ready = False
+        self.busy = False
+        self.outstanding = 0
+        self.tasks: set[asyncio.Future[Any]] = set()
+
+    def rank(self) -> tuple[int, int]:
+        return (0 if self.attached else 1, self.outstanding)
+
+
+class _RayProducer(Producer):
+    def __init__(self, ex: RayExecutor, req: GenerateRequest, channel: Channel) -> None:
+        self.ex = ex
+        self.channel = channel
+        self.worker: RayWorkerHandle | None = None
+        self.rid = next(ex._ids)
+        self.aborted = False
+        self.credit = 0
+        self.task = asyncio.get_running_loop().create_task(self._run(req))
+
+    def _return_credit(self, n: int) -> None:
+        w = self.worker
+        if w is None or self.aborted:
+            return
+        self.credit += n
+        if self.credit >= max(1, self.channel.capacity // 2):
+            w.actor.credit.remote(self.rid, self.credit)
+            self.credit = 0
+
+    async def _run(self, req: GenerateRequest) -> None:
+        ex, channel = self.ex, self.channel
+        leases: list[Lease] = []
+        w: RayWorkerHandle | None = None
+        try:
+            w = await ex._pick(stream=True)
+            self.worker = w
+            w.outstanding += 1
+            raw: TensorDesc | None = None
+            raw_bytes: bytes | None = None
+            if req.raw is not None:
+                arr = as_array(req.raw, name="raw")
+                if w.attached:
+                    raw = ex._describe(arr, leases)
+                else:
+                    raw_bytes = np.ascontiguousarray(arr).tobytes()
+                    metrics.count_copy("ray_put", len(raw_bytes))
+                req = msgspec.structs.replace(req, raw=None)
+            if channel.policy == "block":
+                channel.on_take = self._return_credit
+            gen = w.actor.generate.options(num_returns="streaming").remote(
+                self.rid, msgspec.msgpack.encode(req), raw, raw_bytes, channel.capacity
+            )
+            async for ref in gen:
+                kind, value = await ref
+                if kind == "e":
+                    channel.close(result=value)
+                    return
+                if kind == "f":
+                    channel.close(_rebuild(a.Fail(*value)))
+                    return
+                if self.aborted:
+                    continue
+                for _, piece in value if kind == "m" else [(kind, value)]:
+                    if not self._send(piece):
+                        break
+            if not channel.closed and not self.aborted:
+                channel.close(WorkerError("the actor's stream ended without a result"))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # delivered through the channel, not the task
+            err = ex._ray_failure(w, exc) if w is not None else exc
+            if not channel.closed:
+                channel.abort(err) if isinstance(err, errors.ZeroserveError) else channel.close(err)
+        finally:
+            for lease in leases:
+                lease.release()
+            if w is not None:
+                w.outstanding -= 1
+
+    def _send(self, piece: Any) -> bool:
+        """Pass one piece on; False once the stream is given up."""
+        channel = self.channel
+        try:
+            channel.send_nowait(piece)
+        except WouldBlock:
+            self.abort()
+            channel.abort(WorkerError("actor sent a piece beyond its credit"))
+            return False
+        except errors.ZeroserveError:
+            self.abort()  # consumer gone, or the coalesce cap passed
+            return False
+        if channel.policy == "coalesce":
+            self._return_credit(1)
+        return True
+
+    def abort(self) -> None:
+        if self.aborted:
+            return
+        self.aborted = True
+        w = self.worker
+        if w is None:
+            self.task.cancel()
+            return
+        if w.ready:
+            w.actor.abort.remote(self.rid)
+
+
+class RayExecutor(Executor):
+    kind = "ray"
+
+    def __init__(self, spec: ResolvedModel, arena: Arena, options: RuntimeOptions) -> None:
+        super().__init__(spec, arena)
+        self.options = options
+        try:
+            self.placement: Placement = parse_placement(spec.placement)
+        except ValueError as exc:
+            raise ModelLoadError(spec.name, str(exc)) from exc
+        self.workers: list[RayWorkerHandle] = []
+        self._ids = itertools.count(1)
+        self._waiters: list[asyncio.Future[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._connected = False
+        self._closing = False
+        self._started = False
+        self.restarts = 0
+        self.crashes = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, cluster.connect, self.options.ray_address)
+        except Exception as exc:
+            raise ModelLoadError(self.spec.name, f"cannot join Ray: {exc}") from exc
+        self._connected = True
+        import ray
+
+        cls = ray.remote(a.RayWorker)
+        arena: a.ArenaRef | None = None
+        if self.placement.same_node == "auto":
+            arena = a.ArenaRef(os.getpid(), self.arena.fd, self.arena.size, self.arena.token)
+        spec = self.spec
+        for i in range(spec.workers):
+            actor = cls.options(  # type: ignore[attr-defined]
+                name=actor_name(spec.name, i), **self.placement.actor_options()
+            ).remote(spec.factory, dict(spec.options), spec.name, arena)
+            self.workers.append(RayWorkerHandle(i, actor))
+        try:
+            hellos = await asyncio.wait_for(
+                asyncio.gather(*(w.actor.hello.remote() for w in self.workers)), timeout
+            )
+        except BaseException as exc:
+            await self.aclose()
+            if isinstance(exc, TimeoutError):
+                raise ModelLoadError(spec.name, f"actors did not load in {timeout} s") from exc
+            raise ModelLoadError(spec.name, f"{type(exc).__name__}: {exc}") from exc
+        for w, (pid, attached) in zip(self.workers, hellos, strict=True):
+            w.pid, w.attached, w.ready = pid, attached, True
+        self._started = True
+        self._notify()
+
+    def ready(self) -> bool:
+        return (
+            self._started
+            and not self._closing
+            and bool(self.workers)
+            and all(w.ready for w in self.workers)
+        )
+
+    async def aclose(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        for t in list(self._tasks):
+            t.cancel()
+        import ray
+
+        for w in self.workers:
+            w.ready = False
+            for fut in list(w.tasks):
+                fut.cancel()
+            try:
+                ray.kill(w.actor, no_restart=True)
+            except Exception:  # the actor or the cluster is already gone
+                pass
+        self._notify()
+        if self._connected:
+            self._connected = False
+            await asyncio.get_running_loop().run_in_executor(None, cluster.disconnect)
+
+    # -- faults ----------------------------------------------------------------------------
+    def _ray_failure(self, w: RayWorkerHandle, exc: BaseException) -> BaseException:
+        """The error a caller gets for ``exc`` raised by a Ray call on ``w``; an actor
+        failure also marks ``w`` down and starts its recovery."""
+        import ray.exceptions as rex
+
+        if isinstance(exc, errors.ZeroserveError):
+            return exc
+        if isinstance(exc, rex.RayActorError | rex.RaySystemError | rex.ObjectLostError):
+            if w.ready and not self._closing:
+                w.ready = False
+                self.crashes += 1
+                task = asyncio.get_running_loop().create_task(self._recover(w))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            return WorkerError(
+                f"Ray actor {w.pid} of model {self.spec.name!r} died while serving this request",
+                status=503,
+            )
+        return WorkerError(f"Ray call failed: {type(exc).__name__}", status=500)
+
+    async def _recover(self, w: RayWorkerHandle) -> None:
+        import ray.exceptions as rex
+
+        delay = self.options.restart_backoff_s
+        while not self._closing:
+            try:
+                pid, attached = await asyncio.wait_for(w.actor.hello.remote(), PING_TIMEOUT_S)
+            except (TimeoutError, rex.RayActorError, rex.RaySystemError):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.options.max_restart_backoff_s)
+                continue
+            w.pid, w.attached, w.ready, w.busy = pid, attached, True, False
+            self.restarts += 1
+            self._notify()
+            return
+
+    # -- slots -----------------------------------------------------------------------------
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _wait(self) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        finally:
+            if fut in self._waiters:
+                self._waiters.remove(fut)
+
+    async def _pick(self, *, stream: bool) -> RayWorkerHandle:
+        while True:
+            if self._closing:
+                raise errors.Closed("the engine is shutting down")
+            ready = [w for w in self.workers if w.ready and (stream or not w.busy)]
+            if ready:
+                return min(ready, key=RayWorkerHandle.rank)
+            await self._wait()
+
+    async def acquire(self) -> RayWorkerHandle:
+        w = await self._pick(stream=False)
+        w.busy = True
+        return w
+
+    def release(self, slot: Any) -> None:
+        slot.busy = False
+        self._notify()
+
+    # -- work ------------------------------------------------------------------------------
+    def _describe(self, arr: np.ndarray, leases: list[Lease]) -> TensorDesc:
+        """``arr`` as a descriptor into the arena (copied in, counted, if not already)."""
+        arena = self.arena
+        if arr.dtype == object:
+            items = arr.reshape(-1)
+            n = bytes_tensor_size(items)
+            lease = arena.allocate(n)
+            leases.append(lease)
+            write_bytes_tensor(list(items), lease.view)
+            metrics.count_copy("ray_input", n)
+            return TensorDesc(lease.offset, n, BYTES, (len(items),))
+        off = arena_offset(arr, arena.address, arena.size)
+        if off is not None:
+            owner = arena.lease_containing(off, arr.nbytes)
+            if owner is not None:
+                leases.append(owner.retain())
+                return TensorDesc(off, arr.nbytes, arr.dtype.str, arr.shape)
+        lease = arena.allocate(arr.nbytes)
+        leases.append(lease)
+        if arr.nbytes:
+            flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            np.frombuffer(lease.view, dtype=np.uint8)[:] = flat
+            metrics.count_copy("ray_input", arr.nbytes)
+        return TensorDesc(lease.offset, arr.nbytes, arr.dtype.str, arr.shape)
+
+    async def _await(self, w: RayWorkerHandle, ref: Any) -> Any:
+        """Await one Ray call on ``w``; cancelling the caller cancels the actor's task."""
+        import ray
+
+        fut = asyncio.ensure_future(ref)
+        w.tasks.add(fut)
+        w.outstanding += 1
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            try:
+                ray.cancel(ref)
+            except Exception:
+                pass
+            raise
+        except BaseException as exc:
+            raise self._ray_failure(w, exc) from None
+        finally:
+            w.outstanding -= 1
+            w.tasks.discard(fut)
+
+    async def infer(
+        self, slot: Any, batch: list[Mapping[str, Any]]
+    ) -> list[InferResult | BaseException]:
+        w: RayWorkerHandle = slot
+        results: list[InferResult | BaseException] = []
+        index: list[int] = []
+        arrays: list[dict[str, np.ndarray]] = []
+        for i, inputs in enumerate(batch):
+            try:
+                validate_inputs(inputs)
+                arrays.append({k: as_array(v, name=k) for k, v in inputs.items()})
+                index.append(i)
+                results.append(WorkerError("unreachable"))
+            except Exception as exc:  # this request's preprocessing failed: it alone
+                results.append(exc)
+        if not arrays:
+            return results
+        if w.attached:
+            outs = await self._infer_attached(w, arrays)
+        else:
+            outs = await self._infer_detached(w, arrays)
+        for i, out in zip(index, outs, strict=True):
+            results[i] = out
+        return results
+
+    async def _infer_attached(
+        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
+    ) -> list[InferResult]:
+        leases: list[Lease] = []
+        rid = next(self._ids)
+        try:
+            descs = [{k: self._describe(v, leases) for k, v in item.items()} for item in arrays]
+            reply = a.REPLY.decode(
+                await self._await(w, w.actor.infer.remote(rid, msgspec.msgpack.encode(descs)))
+            )
+            if isinstance(reply, a.NeedAlloc):
+                try:
+                    out_leases = [self.arena.allocate(n) for n in reply.sizes]
+                except errors.Overloaded:
+                    w.actor.write.remote(rid, [])
+                    raise
+                leases.extend(out_leases)
+                reply = a.REPLY.decode(
+                    await self._await(
+                        w, w.actor.write.remote(rid, [lease.offset for lease in out_leases])
+                    )
+                )
+            if isinstance(reply, a.Fail):
+                raise _rebuild(reply)
+            assert isinstance(reply, a.Done)
+            if reply.copied:
+                metrics.count_copy("ray_output", reply.copied)
+            return [self._result(item, leases) for item in reply.outputs]
+        finally:
+            for lease in leases:
+                lease.release()
+
+    def _result(self, described: dict[str, TensorDesc], leases: list[Lease]) -> InferResult:
+        outputs: dict[str, Any] = {}
+        held: list[Lease] = []
+        for key, desc in described.items():
+            owner = next(
+                (
+                    lease
+                    for lease in leases
+                    if lease.offset <= desc.offset
+                    and desc.offset + desc.length <= lease.offset + lease.block
+                ),
+                None,
+            )
+            if owner is None:
+                for lease in held:
+                    lease.release()
+                raise WorkerError("actor described memory outside the request's leases")
+            outputs[key] = from_desc(self.arena.view, desc)
+            if all(owner is not h for h in held):
+                held.append(owner.retain())
+        return InferResult(outputs, held)
+
+    async def _infer_detached(
+        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
+    ) -> list[InferResult]:
+        import ray
+
+        metrics.count_copy("ray_put", sum(v.nbytes for item in arrays for v in item.values()))
+        ref = await asyncio.get_running_loop().run_in_executor(None, ray.put, arrays)
+        out = await self._await(w, w.actor.infer_arrays.remote(ref))
+        if isinstance(out, bytes):
+            reply = a.REPLY.decode(out)
+            raise _rebuild(reply) if isinstance(reply, a.Fail) else WorkerError("bad reply")
+        results: list[InferResult] = []
+        for item in out:
+            metrics.count_copy("ray_get", sum(np.asarray(v).nbytes for v in item.values()))
+            results.append(InferResult(dict(item)))
+        return results
+
+    async def embed(self, slot: Any, texts: list[str]) -> np.ndarray:
+        w: RayWorkerHandle = slot
+        out = await self._await(w, w.actor.embed.remote(texts))
+        if isinstance(out, bytes):
+            reply = a.REPLY.decode(out)
+            raise _rebuild(reply) if isinstance(reply, a.Fail) else WorkerError("bad reply")
+        metrics.count_copy("ray_get", out.nbytes)
+        vecs: np.ndarray = out
+        return vecs
+
+    def generate(self, req: GenerateRequest, channel: Channel) -> Producer:
+        return _RayProducer(self, req, channel)
+
+    def statistics(self) -> WorkerStatistics:
+        return WorkerStatistics(
+            executor=self.kind,
+            workers=len(self.workers),
+            ready=sum(1 for w in self.workers if w.ready),
+            busy=sum(1 for w in self.workers if w.busy),
+            streams=sum(w.outstanding for w in self.workers),
+            restarts=self.restarts,
+            crashes=self.crashes,
+        )

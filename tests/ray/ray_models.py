@@ -1,0 +1,67 @@
+"""Small real models for the Ray suite. Module-level, so Ray actors import them by name;
+cross-process observation goes through files named in the model options (an actor runs
+in a process the test did not spawn, so it cannot share an Event with it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from zeroserve.models.base import GenerateRequest, Inputs, Model, Outputs, Piece
+
+# A model waiting for the test to act never waits longer than this (no test hangs).
+WAIT_LIMIT_S = 60.0
+POLL_S = 0.005
+
+
+class Doubler(Model):
+    """``infer`` returns ``y = 2 * x``: an output that is not in the arena yet."""
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        return [{"y": np.asarray(item["x"]) * 2} for item in batch]
+
+
+class Stuck(Model):
+    """``infer`` touches ``started`` then waits (bounded) for ``release`` to exist;
+    ``generate`` yields one piece then does the same."""
+
+    def __init__(self, started: str = "", release: str = "") -> None:
+        super().__init__()
+        self.started, self.release = Path(started), Path(release)
+
+    def _wait(self) -> None:
+        self.started.touch()
+        deadline = time.monotonic() + WAIT_LIMIT_S
+        while not self.release.exists() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        self._wait()
+        return [dict(item) for item in batch]
+
+    def generate(self, req: GenerateRequest) -> Iterator[Piece]:
+        yield "first"
+        self._wait()
+        yield "second"
+
+
+class Ticker(Model):
+    """``generate`` yields "0", "1", ... forever; once closed, it writes how many pieces it
+    produced to ``closed``."""
+
+    def __init__(self, closed: str = "") -> None:
+        super().__init__()
+        self.closed = Path(closed)
+
+    def generate(self, req: GenerateRequest) -> Iterator[Piece]:
+        i = 0
+        try:
+            while True:
+                yield f"{i} "
+                i += 1
+                time.sleep(0.001)
+        finally:
+            self.closed.write_text(str(i))
