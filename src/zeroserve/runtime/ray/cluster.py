@@ -17,6 +17,18 @@ from typing import Any
 
 # Ray namespace of zeroserve's named actors (see ``executor.actor_name``).
 NAMESPACE = "zeroserve"
+# The node address a local Ray (one zeroserve starts, or a cluster named by a loopback
+# address) registers: loopback, so none of its sockets is reached through another
+# interface. Ray on Linux otherwise swaps 127.0.0.1 for the host's first routable address
+# (``services.resolve_ip_for_localhost``) unless its single-machine mode is on, which is
+# what this variable (read once, when ``ray`` is first imported) selects.
+LOOPBACK = "127.0.0.1"
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 _lock = threading.Lock()
 _users = 0
@@ -26,6 +38,10 @@ _owned = False
 def connect(address: str | None) -> None:
     """Join (or start) Ray for one more user; blocking, call it off the event loop."""
     global _users, _owned
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    local = target is None or _is_loopback(target)
+    if local and "ray" not in sys.modules:
+        os.environ.setdefault(SINGLE_MACHINE_ENV, "0")
     import ray
 
     with _lock:
@@ -37,10 +53,11 @@ def connect(address: str | None) -> None:
                 "log_to_driver": False,
                 "configure_logging": False,
             }
-            target = address or os.environ.get("RAY_ADDRESS") or None
             if target is None:
                 path = os.pathsep.join(p for p in sys.path if p)
                 kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": path}}
+            if local:
+                kwargs["_node_ip_address"] = LOOPBACK
             ray.init(address=target, **kwargs)
             _owned = True
         _users += 1
