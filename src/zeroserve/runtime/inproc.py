@@ -100,7 +100,8 @@ def _delegate(gen: Iterator[Any], outcome: _Outcome) -> Generator[Any, None, Non
     """``gen``'s pieces; its return value or error is kept in ``outcome`` (closing this
     generator closes ``gen``)."""
     try:
-        outcome.result = yield from gen
+        # A plain iterator returns None; a generator its return value (the finish reason).
+        outcome.result = yield from cast(Generator[Any, None, Any], gen)
     except Exception as exc:
         outcome.error = exc
 
