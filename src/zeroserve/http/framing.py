@@ -180,6 +180,17 @@ class StreamFramer:
 
     def add(self, pieces: list[Any]) -> None:
         """Frame ``pieces`` (bytes-like, ``str``, or lists of them) onto the output."""
+        if self.sse and len(pieces) > GATHER_MIN_BUFFERS:
+            # Short bytes pieces (tokens): frame them all with two C-level joins instead
+            # of three buffers per event, and no Python code per piece. One copy, counted.
+            # Pieces that are not all bytes-like (the join raises), payload-sized ones and
+            # ones with line breaks (several data: lines) take the general path below.
+            try:
+                joined = b"".join(pieces)
+            except TypeError:
+                joined = None
+            if joined is not None and self._gather(pieces, joined):
+                return
         flat: list[Any] = []
         for piece in pieces:
             kind = type(piece)
@@ -189,29 +200,33 @@ class StreamFramer:
                 flat += [p.encode() if type(p) is str else p for p in piece]
             else:
                 flat.append(piece)
-        self.pieces += len(flat)
         out = self.out
         if not self.sse:
+            self.pieces += len(flat)
             for piece in flat:
                 n = piece.nbytes if type(piece) is memoryview else len(piece)
                 if n:
                     out.append(piece)
                     self.size += n
             return
-        if len(flat) > GATHER_MIN_BUFFERS:
-            # Short pieces (tokens): frame them all with two C-level joins instead of
-            # three buffers per event. One copy, counted; payload-sized pieces and pieces
-            # with line breaks (several data: lines) take the per-event path below.
-            joined = b"".join(flat)
-            if len(joined) < GATHER_MAX_BYTES * len(flat) and b"\n" not in joined and b"\r" not in joined:
-                framed = b"data: " + b"\n\ndata: ".join(flat) + b"\n\n"
-                metrics.count_copy("stream_gather", len(joined))
-                out.append(framed)
-                self.size += len(framed)
-                return
+        if len(flat) > GATHER_MIN_BUFFERS and self._gather(flat, b"".join(flat)):
+            return
+        self.pieces += len(flat)
         for piece in flat:
             n = piece.nbytes if type(piece) is memoryview else len(piece)
             self.size += sse_event(piece, out, n)
+
+    def _gather(self, flat: list[Any], joined: bytes) -> bool:
+        """Frame ``flat`` (bytes-like; ``joined`` is their concatenation) as SSE events
+        in one buffer, if they are short and have no line breaks."""
+        if len(joined) >= GATHER_MAX_BYTES * len(flat) or b"\n" in joined or b"\r" in joined:
+            return False
+        framed = b"data: " + b"\n\ndata: ".join(flat) + b"\n\n"
+        metrics.count_copy("stream_gather", len(joined))
+        self.out.append(framed)
+        self.pieces += len(flat)
+        self.size += len(framed)
+        return True
 
     def add_event(self, data: bytes) -> None:
         """One SSE event (the final error event of a failed stream)."""

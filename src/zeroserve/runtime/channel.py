@@ -22,11 +22,13 @@ producer's ``send`` raises ``errors.Broken``. ``abort(error)`` drops everything 
 and delivers ``error`` at once (deadlines, worker death).
 
 A *pulled* channel has no producer task: ``puller`` (set by the inline executor for a
-sync generator) is called by the consumer to make the next piece when none is pending,
-so the stream holds nothing at all beyond the piece being sent, and a burst costs no
-task switches (``receive_batch_nowait`` takes many pieces in one go). ``__anext__`` still
-yields to the loop every ``PULL_YIELD_EVERY`` pulled pieces, so a consumer that never
-suspends cannot starve the loop either.
+sync generator) is called by the consumer with how many pieces it wants when none is
+pending, so the stream holds nothing at all beyond the pieces being sent, and a burst
+costs no task switches. The puller makes a whole batch in one call (the inline executor
+runs it as C-level ``list(islice(...))`` over the generator), so the fast path of
+``receive_batch_nowait`` runs no Python code per piece. ``__anext__`` still yields to the
+loop every ``PULL_YIELD_EVERY`` pulled pieces, so a consumer that never suspends cannot
+starve the loop either.
 
 Invariants
 ----------
@@ -57,8 +59,6 @@ DEFAULT_CAPACITY = 8
 DEFAULT_COALESCE_CAP_BYTES = 1 << 20
 
 POLICIES: tuple[Policy, ...] = ("block", "coalesce")
-# What a puller returns when it made no piece (it closed the channel instead).
-NOTHING: Any = object()
 # A consumer of a pulled channel gives the loop back at least every 16 pieces (each costs
 # microseconds, so a stall stays well under a millisecond).
 PULL_YIELD_EVERY = 16
@@ -146,8 +146,9 @@ class Channel:
         self.result: Any = None
         self._getter: asyncio.Future[None] | None = None
         self._putters: deque[asyncio.Future[None]] = deque()
-        # Pulled channels: returns the next piece, or NOTHING after closing the channel.
-        self.puller: Callable[[], Any] | None = None
+        # Pulled channels: ``puller(n)`` returns up to ``n`` new pieces, fewer only after
+        # it closed the channel (the generator ended or failed).
+        self.puller: Callable[[int], list[Any]] | None = None
         self._pulled = 0
 
     # -- producer side -------------------------------------------------------------------
@@ -272,8 +273,7 @@ class Channel:
         if puller is None or self._send_closed or self._recv_closed:
             return
         self._pulled += 1
-        piece = puller()
-        if piece is not NOTHING:
+        for piece in puller(1):
             self._items.append(piece)
             self._sent += 1
             self._bytes += _size(piece)
@@ -289,16 +289,11 @@ class Channel:
         puller = self.puller
         if puller is None or len(out) >= max_items or self._send_closed or self._recv_closed:
             return out
-        # Pulled: call the generator directly, nothing is queued (the hot path of a
-        # stream from a sync inline model, e.g. echo: one call per piece).
-        n = 0
-        want = max_items - len(out)
-        while n < want:
-            piece = puller()
-            if piece is NOTHING:
-                break
-            out.append(piece)
-            n += 1
+        # Pulled: the generator makes the batch directly, nothing is queued (the hot path
+        # of a stream from a sync inline model, e.g. echo: one call per batch).
+        pulled = puller(max_items - len(out))
+        n = len(pulled)
+        out += pulled
         self._pulled += n
         self._sent += n
         self._received += n

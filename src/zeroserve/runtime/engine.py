@@ -92,6 +92,9 @@ class Engine:
         self.clock = clock
         self.options = options or RuntimeOptions()
         self._models: dict[str, ModelRuntime] = {}
+        # One handle per model, made once: a handle holds no per-request state, and the
+        # raw endpoint resolves one at every request head.
+        self._handles: dict[str, ModelHandle] = {}
         self._started = False
         self._closed = False
 
@@ -129,6 +132,7 @@ class Engine:
         for rt in runtimes:
             rt.start_batchers()
             self._models[rt.spec.name] = rt
+            self._handles[rt.spec.name] = ModelHandle(rt)
         self._started = True
         self._register_metrics()
 
@@ -209,11 +213,11 @@ class Engine:
         return list(self._models)
 
     def model(self, name: str) -> ModelHandle:
-        rt = self._models.get(name)
-        if rt is None:
+        handle = self._handles.get(name)
+        if handle is None:
             # The name is the client's input: not repeated back (GET /v1/models lists them).
             raise ModelNotFound("the requested model is not served")
-        return ModelHandle(rt)
+        return handle
 
     def deadline(self, deadline: float | None) -> float:
         """The absolute deadline of a request (the default one if ``None``)."""

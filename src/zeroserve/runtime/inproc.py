@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+import itertools
+from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
@@ -46,7 +47,7 @@ from ._common import (
     output_leases,
 )
 from .arena import Arena
-from .channel import NOTHING, Channel
+from .channel import Channel
 from .options import DEFAULT_YIELD_EVERY, ResolvedModel
 
 # Threads beyond ``workers`` in a ``thread`` pool, for stepping generators.
@@ -85,8 +86,28 @@ class _DoneProducer(Producer):
         pass
 
 
+class _Outcome:
+    """How a pulled generator ended: its return value, or the error it raised."""
+
+    __slots__ = ("error", "result")
+
+    def __init__(self) -> None:
+        self.result: Any = None
+        self.error: Exception | None = None
+
+
+def _delegate(gen: Iterator[Any], outcome: _Outcome) -> Generator[Any, None, None]:
+    """``gen``'s pieces; its return value or error is kept in ``outcome`` (closing this
+    generator closes ``gen``)."""
+    try:
+        # A plain iterator returns None; a generator its return value (the finish reason).
+        outcome.result = yield from cast(Generator[Any, None, Any], gen)
+    except Exception as exc:
+        outcome.error = exc
+
+
 class _PullProducer(Producer):
-    def __init__(self, gen: Iterator[Any], executor: InProcessExecutor) -> None:
+    def __init__(self, gen: Generator[Any, None, None], executor: InProcessExecutor) -> None:
         self.gen = gen
         self.executor = executor
         self.done = False
@@ -99,9 +120,7 @@ class _PullProducer(Producer):
     def abort(self) -> None:
         if not self.done:
             self.finish()
-            close = getattr(self.gen, "close", None)
-            if close is not None:
-                close()
+            self.gen.close()  # closes the model's generator too (``_delegate``)
 
 
 class InProcessExecutor(Executor):
@@ -243,21 +262,27 @@ class InProcessExecutor(Executor):
 
     def _pulled(self, gen: Iterator[Any], channel: Channel) -> Producer:
         """A sync iterator on the inline executor runs on the loop anyway: let the
-        consumer pull it (no task, no queue; see channel.py)."""
+        consumer pull it (no task, no queue; see channel.py). A batch is made by C-level
+        ``list(islice(...))`` over a delegating generator that keeps the model's return
+        value (its finish reason) and its error, so the pieces made before an error are
+        still sent."""
         name = self.spec.name
-        producer = _PullProducer(gen, self)
+        outcome = _Outcome()
+        wrapped = _delegate(gen, outcome)
+        producer = _PullProducer(wrapped, self)
         self._streams += 1
+        islice = itertools.islice
 
-        def pull() -> Any:
-            try:
-                return next(gen)
-            except StopIteration as stop:
+        def pull(n: int) -> list[Any]:
+            pieces = list(islice(wrapped, n))
+            if len(pieces) < n:  # the generator ended (or failed): close the channel
                 producer.finish()
-                channel.close(result=stop.value)
-            except Exception as exc:
-                producer.finish()
-                channel.close(model_failure(name, exc))
-            return NOTHING
+                error = outcome.error
+                if error is not None:
+                    channel.close(model_failure(name, error))
+                else:
+                    channel.close(result=outcome.result)
+            return pieces
 
         channel.puller = pull
         return producer

@@ -247,14 +247,29 @@ class HttpProtocol(asyncio.BufferedProtocol):
         except Exception:
             log.exception("unhandled error in %s %s", req.method, req.path)
             result = internal_error(req.route.errors, self._request_id())
-        if inspect.isawaitable(result) or isinstance(result, StreamResponse):
+        if isinstance(result, StreamResponse):
+            # The head and the first ready pieces leave now, from this I/O callback, not
+            # behind the batches of the streams already queued on the loop.
+            started = self._stream_writer().start(req, result)
+            task = self.task = self.loop.create_task(self._run(req, result, started))
+            task.add_done_callback(lambda t: self._release_request(req) if t.cancelled() else None)
+            return None
+        if inspect.isawaitable(result):
             task = self.task = self.loop.create_task(self._run(req, result))
             # A task cancelled before its first step never enters _run's handlers.
             task.add_done_callback(lambda t: self._release_request(req) if t.cancelled() else None)
             return None
         return self._send(req, result)
 
-    async def _run(self, req: Request, pending: HandlerResult) -> None:
+    def _stream_writer(self) -> StreamWriter:
+        writer = self._writer
+        if writer is None:
+            writer = self._writer = StreamWriter(self.loop, self.flow, self.conn, self.server)
+        return writer
+
+    async def _run(self, req: Request, pending: HandlerResult, started: bool = False) -> None:
+        """Run a handler's awaitable, or write a stream (``started``: its head and first
+        pieces were sent by ``StreamWriter.start``)."""
         fmt = req.route.errors
         try:
             try:
@@ -262,10 +277,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             except ZeroserveError as exc:
                 result = error_response(exc, fmt, self._request_id())
             if isinstance(result, StreamResponse):
-                writer = self._writer
-                if writer is None:
-                    writer = self._writer = StreamWriter(self.loop, self.flow, self.conn, self.server)
-                answer = await writer.respond(req, result)
+                answer = await self._stream_writer().respond(req, result, started=started)
                 if answer is not None:  # the stream failed before its head was sent
                     self._write_response(answer, req.route.name)
                 nxt = self._finish(req)

@@ -35,10 +35,14 @@ WRITE_HIGH_WATER = 256 * 1024
 WRITE_LOW_WATER = 0
 # Stream writer: at most this many pieces or bytes are gathered before a write and a
 # yield to the loop, so a producer that never awaits cannot starve other connections.
-# Measured on W2 (32 streams of 256 tokens, one core): 64 pieces gave the most tokens/s
-# but a new client waited p99 24 ms for its first event; 32 kept the throughput within
-# noise and cut that to 12 ms; 16 lost 40 % of the throughput for no latency gain.
-STREAM_BATCH_PIECES = 32
+# Each write costs a syscall (and, on loopback, the receiver's TCP work), so fewer, larger
+# batches cut the CPU per stream; a new stream's first batch leaves at once from the I/O
+# callback (StreamWriter.start), so its first event does not wait for a loop iteration.
+# Measured on W2 raw SSE (32 streams of 256 tokens, server CPU from /proc): 32 pieces
+# 0.33 CPU-ms per stream, new-client first event p99 23-30 ms; 128 pieces 0.20-0.23
+# CPU-ms, p99 10-19 ms; 256 (a whole stream per step) 0.20 CPU-ms but p99 44-69 ms,
+# since every loop iteration then runs every stream to its end.
+STREAM_BATCH_PIECES = 128
 STREAM_BATCH_BYTES = 64 * 1024
 
 

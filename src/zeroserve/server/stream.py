@@ -9,9 +9,12 @@ gathered before the writer flushes and yields, so a producer that never awaits c
 starve other connections; while the transport is paused the writer waits for the drain
 (``WriteFlow.drain``): that is the backpressure the producer feels.
 
-``respond`` runs one streaming response: it awaits the first piece (a failure then is
-still answered with a proper status), takes the head and its framing from
-``HttpConnection.start_response``, and ends the body, or a failed one (an SSE stream gets
+``start`` sends a new stream's head and first ready pieces from the I/O callback that
+completed its request (no task switch), so a new client's first event does not wait
+behind the batches the other streams have queued on the loop; ``respond`` (in the
+connection's task) sends the rest. Without a ready piece, ``respond`` awaits the first
+piece (a failure then is still answered with a proper status). The head and its framing
+come from ``HttpConnection.start_response``; ``respond`` ends the body, or a failed one (an SSE stream gets
 a final error event and a clean end; a raw chunked stream is cut off, which is how
 HTTP/1.1 signals a failed transfer). It only moves bytes (docs/architecture.md,
 "server/: asyncio glue").
@@ -72,37 +75,64 @@ class StreamWriter:
         self._flush_scheduled = False
         self._ctx: EdgeContext | None = None  # the stream's request, as the edge sees it
 
-    async def respond(self, req: Request, resp: StreamResponse) -> Response | None:
-        """Send one streaming response. Returns the error response to send instead if
-        the stream failed before its first piece (nothing was sent yet), else None.
-        Raises ``ConnectionResetError`` if the client went away."""
+    def start(self, req: Request, resp: StreamResponse) -> bool:
+        """Send the head and the first pieces now, from the I/O callback that completed
+        the request, if some are ready without waiting: a new stream's first event then
+        does not wait behind the batches other streams have queued on the loop. False
+        (nothing sent) if none is ready: ``respond`` then waits for the first piece."""
+        ready = resp.pieces.receive_batch_nowait(STREAM_BATCH_PIECES)
+        if not ready:
+            return False
+        head = self._head(req, resp, True)
+        conn = self.conn
+        self.framer.begin(head, chunked=conn.chunked_out, sse=resp.framing == "sse")
+        if conn.body_allowed:
+            self.framer.add(ready)
+        self.flush()
+        return True
+
+    def _head(self, req: Request, resp: StreamResponse, has_piece: bool) -> bytes:
+        ctx = self._ctx = req.edge
+        headers = resp.headers if ctx is None else ctx.response_headers(resp.headers)
+        head = self.conn.start_response(
+            resp.status, headers, content_length=None, draining=self._server.draining
+        )
+        metrics.count_request(req.route.name, resp.status)
+        if ctx is not None:
+            ctx.status = resp.status
+            if has_piece:
+                ctx.first_piece()
+        return head
+
+    async def respond(self, req: Request, resp: StreamResponse, *, started: bool = False) -> Response | None:
+        """Send one streaming response (its head and first pieces already sent if
+        ``started``, see ``start``). Returns the error response to send instead if the
+        stream failed before its first piece (nothing was sent yet), else None. Raises
+        ``ConnectionResetError`` if the client went away."""
         transport = self.flow.transport
         assert transport is not None
         it = resp.pieces
         sse = resp.framing == "sse"
-        first: Any = None
+        sent = started
         try:
-            try:
-                first = await it.__anext__()
-            except StopAsyncIteration:
-                first = None
-            except ZeroserveError as exc:
-                return error_response(exc, req.route.errors, _request_id(req))
-            conn = self.conn
-            ctx = self._ctx = req.edge
-            headers = resp.headers if ctx is None else ctx.response_headers(resp.headers)
-            head = conn.start_response(
-                resp.status, headers, content_length=None, draining=self._server.draining
-            )
-            metrics.count_request(req.route.name, resp.status)
-            if ctx is not None:
-                ctx.status = resp.status
-                if first is not None:
-                    ctx.first_piece()
-            if not conn.body_allowed:
-                transport.write(head)
-                return None
-            failed = await self.write(head, it, first, sse=sse, chunked=conn.chunked_out)
+            if started:
+                if not self.conn.body_allowed:
+                    return None
+                failed = await self._rest(it)
+            else:
+                try:
+                    first = await it.__anext__()
+                except StopAsyncIteration:
+                    first = None
+                except ZeroserveError as exc:
+                    return error_response(exc, req.route.errors, _request_id(req))
+                head = self._head(req, resp, first is not None)
+                conn = self.conn
+                if not conn.body_allowed:
+                    transport.write(head)
+                    return None
+                sent = first is not None
+                failed = await self.write(head, it, first, sse=sse, chunked=conn.chunked_out)
             if failed is not None:
                 self._failed(req, failed, sse)
                 return None
@@ -110,7 +140,7 @@ class StreamWriter:
             await it.aclose()
         if self.flow.closed:
             raise ConnectionResetError("client disconnected")
-        if self.framer.pending or first is not None:
+        if self.framer.pending or sent:
             self.flush(last=True)
         return None
 
@@ -135,15 +165,20 @@ class StreamWriter:
         iterator raised after the head was sent (the caller ends the stream), else None.
         The last chunk is not written: ``flush(last=True)`` ends the body."""
         framer = self.framer
-        flow = self.flow
         framer.begin(head, chunked=chunked, sse=sse)
         if first is None:
             return None
-        batch = it.receive_batch_nowait
         ready = [first]
-        ready += batch(STREAM_BATCH_PIECES - 1)
+        ready += it.receive_batch_nowait(STREAM_BATCH_PIECES - 1)
         framer.add(ready)
         self.flush()
+        return await self._rest(it)
+
+    async def _rest(self, it: PieceStream) -> Exception | None:
+        """Frame and write the pieces of ``it`` as they come (the head is sent)."""
+        framer = self.framer
+        flow = self.flow
+        batch = it.receive_batch_nowait
         while True:
             try:
                 piece = await it.__anext__()
