@@ -154,6 +154,8 @@ class Engine:
             meta = make_model(cfg.factory, cfg.options)
         except Exception as exc:
             raise ModelLoadError(name, f"{type(exc).__name__}: {exc}") from exc
+        if cfg.deadline_s is not None and not 0 < cfg.deadline_s < float("inf"):
+            raise ModelLoadError(name, f"deadline_s must be > 0 seconds, not {cfg.deadline_s!r}")
         executor = cfg.executor or meta.executor
         if executor not in EXECUTORS:
             raise ModelLoadError(name, f"unknown executor {executor!r}; expected {EXECUTORS}")
@@ -171,6 +173,9 @@ class Engine:
             workers=_pick(cfg.workers, meta.workers),
             queue_depth=_pick(cfg.queue_depth, self.options.queue_depth),
             capabilities=type(meta).capabilities(),
+            deadline_s=float(
+                cfg.deadline_s if cfg.deadline_s is not None else self.options.default_deadline_s
+            ),
         )
         return spec, meta
 
@@ -179,7 +184,13 @@ class Engine:
         if spec.executor == "inline":
             return InlineExecutor(spec, self.arena, model=meta, yield_every=opts.inline_yield_every)
         if spec.executor == "thread":
-            return ThreadExecutor(spec, self.arena, model=meta, yield_every=opts.inline_yield_every)
+            return ThreadExecutor(
+                spec,
+                self.arena,
+                model=meta,
+                yield_every=opts.inline_yield_every,
+                hang_grace_s=opts.hang_grace_s,
+            )
         return ProcessExecutor(spec, self.arena, opts)
 
     # -- queries -------------------------------------------------------------------------

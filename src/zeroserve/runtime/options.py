@@ -26,6 +26,12 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 # bad request), then doubling up to 5 s so a crash-looping model does not spin a core.
 DEFAULT_RESTART_BACKOFF_S = 0.05
 MAX_RESTART_BACKOFF_S = 5.0
+# Seconds a call may run past its deadline before its slot (thread) or worker (process)
+# counts as hung (docs/architecture.md, "Hung work"). Long enough for a model that checks
+# its own deadline between steps to return; short enough that a hung process worker is
+# back within seconds. A process worker killed for it reloads its model, so this errs on
+# the patient side.
+DEFAULT_HANG_GRACE_S = 5.0
 
 EXECUTORS: tuple[ExecutorKind, ...] = ("inline", "thread", "process")
 
@@ -43,6 +49,7 @@ class RuntimeOptions:
     restart_backoff_s: float = DEFAULT_RESTART_BACKOFF_S
     max_restart_backoff_s: float = MAX_RESTART_BACKOFF_S
     inline_yield_every: int = DEFAULT_YIELD_EVERY
+    hang_grace_s: float = DEFAULT_HANG_GRACE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,9 @@ class ModelConfig:
     max_batch_delay_ms: float | None = None
     workers: int | None = None
     queue_depth: int | None = None
+    # Seconds a request to this model may live at most (``RuntimeOptions.default_deadline_s``
+    # when None); a per-request timeout can only shorten it.
+    deadline_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +90,6 @@ class ResolvedModel:
     workers: int
     queue_depth: int
     capabilities: frozenset[str]
+    # The longest a request may live (queueing + execution), seconds: the model's
+    # ``deadline_s`` option, else the runtime's default deadline.
+    deadline_s: float
