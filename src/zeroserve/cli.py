@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (413 beyond)")
     serve.add_argument("--arena-bytes", type=int, help="payload bytes in flight before 503")
     serve.add_argument("--queue-depth", type=int, help="admitted requests per model before 429 (default 64)")
+    serve.add_argument(
+        "--request-timeout", type=float, metavar="SECONDS",
+        help="longest a request may live, queueing and execution (default 300; 504 beyond); "
+        "a model's deadline_s option and a request's own timeout can only shorten it",
+    )
     serve.add_argument("--log-level", help="debug, info, warning, error")
 
     models = sub.add_parser("models", help="list the models a configuration serves, with capabilities")
@@ -92,7 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_body_bytes is not None:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
         if args.queue_depth is not None:
-            overrides["runtime"] = {"queue_depth": args.queue_depth}
+            overrides.setdefault("runtime", {})["queue_depth"] = args.queue_depth
+        if args.request_timeout is not None:
+            overrides.setdefault("runtime", {})["default_deadline_s"] = args.request_timeout
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConfigWarning)
@@ -109,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return serve(
             cfg.server_options(), specs, arena_bytes=cfg.arena_bytes, loop=cfg.loop,
-            workers=cfg.workers, runtime=cfg.runtime_options(),
+            workers=cfg.workers, runtime=cfg.runtime_options(), api_limits=cfg.app_limits(),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)

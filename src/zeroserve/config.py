@@ -13,9 +13,12 @@ TOML layout (every key optional)::
 
     [limits]   # max_head_bytes, max_headers, max_uri_bytes, max_body_bytes
     [timeouts] # head, body, keepalive, write, graceful (seconds)
-    [runtime]  # the engine's RuntimeOptions: default_deadline_s, channel_capacity,
-               # coalesce_cap_bytes, queue_depth, load_timeout_s, shutdown_timeout_s,
-               # restart_backoff_s, max_restart_backoff_s, inline_yield_every
+    [runtime]  # the engine's RuntimeOptions: default_deadline_s (--request-timeout),
+               # hang_grace_s, channel_capacity, coalesce_cap_bytes, queue_depth,
+               # load_timeout_s, shutdown_timeout_s, restart_backoff_s,
+               # max_restart_backoff_s, inline_yield_every
+    [api_limits] # embedding_inputs, messages, prompts, stop, tools, n, generations,
+                 # output_tokens, v2_inputs, v2_outputs, v2_output_bytes (app/limits.py)
 
 Environment variables use the key in upper case, nested keys joined by ``__``:
 ``ZEROSERVE_PORT=9000``, ``ZEROSERVE_LIMITS__MAX_BODY_BYTES=1048576``,
@@ -35,6 +38,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .app.limits import ApiLimits
 from .errors import ConfigError, ConfigWarning
 from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
 from .runtime import RuntimeOptions
@@ -61,6 +65,23 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     graceful: float = so.GRACEFUL_TIMEOUT_S
 
 
+_API_LIMITS = ApiLimits()
+
+
+class ApiLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    embedding_inputs: int = _API_LIMITS.embedding_inputs
+    messages: int = _API_LIMITS.messages
+    prompts: int = _API_LIMITS.prompts
+    stop: int = _API_LIMITS.stop
+    tools: int = _API_LIMITS.tools
+    n: int = _API_LIMITS.n
+    generations: int = _API_LIMITS.generations
+    output_tokens: int = _API_LIMITS.output_tokens
+    v2_inputs: int = _API_LIMITS.v2_inputs
+    v2_outputs: int = _API_LIMITS.v2_outputs
+    v2_output_bytes: int = _API_LIMITS.v2_output_bytes
+
+
 _RUNTIME_DEFAULTS = RuntimeOptions()
 
 
@@ -77,6 +98,7 @@ class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     restart_backoff_s: float = _RUNTIME_DEFAULTS.restart_backoff_s
     max_restart_backoff_s: float = _RUNTIME_DEFAULTS.max_restart_backoff_s
     inline_yield_every: int = _RUNTIME_DEFAULTS.inline_yield_every
+    hang_grace_s: float = _RUNTIME_DEFAULTS.hang_grace_s
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -92,9 +114,13 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     runtime: Runtime = msgspec.field(default_factory=Runtime)
+    api_limits: ApiLimitsConfig = msgspec.field(default_factory=ApiLimitsConfig)
 
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
+
+    def app_limits(self) -> ApiLimits:
+        return ApiLimits(**msgspec.structs.asdict(self.api_limits))
 
     def http_limits(self) -> HttpLimits:
         lim = self.limits
@@ -140,9 +166,18 @@ def load_config(
     _merge(data, _from_env(os.environ if env is None else env))
     _merge(data, {k: v for k, v in (overrides or {}).items() if v is not None})
     try:
-        return msgspec.convert(data, Config, strict=False)
+        cfg = msgspec.convert(data, Config, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {_name_key(str(exc))}") from None
+    for key in ("default_deadline_s", "hang_grace_s"):
+        value = msgspec.structs.asdict(cfg.runtime)[key]
+        if not 0 < value < float("inf"):
+            raise ConfigError(f"invalid configuration: key 'runtime.{key}': must be > 0 seconds")
+    try:
+        cfg.app_limits()
+    except ValueError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+    return cfg
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

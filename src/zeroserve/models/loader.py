@@ -37,7 +37,9 @@ BACKENDS: dict[str, str] = {
     "sentence-transformers": "zeroserve.models.sentence_transformers_backend:SentenceTransformersModel",
 }
 # Options the runtime reads (the rest go to the model's constructor).
-RUNTIME_KEYS = frozenset({"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth"})
+RUNTIME_KEYS = frozenset(
+    {"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth", "deadline_s"}
+)
 
 
 @dataclass

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
+from ..app.limits import ApiLimits
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
 from .server import Server
 
@@ -39,13 +40,14 @@ async def serve_async(
     arena_bytes: int,
     ready: Any = None,
     runtime: RuntimeOptions | None = None,
+    api_limits: ApiLimits | None = None,
 ) -> None:
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
     app: App | None = None
     try:
         await engine.start()
-        app = App(engine)
+        app = App(engine, api_limits)
         server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
@@ -79,11 +81,16 @@ def run_loop(loop: str, coro: Any) -> None:
 
 def serve(
     options: ServerOptions, specs: list[ModelRef], *, arena_bytes: int, loop: str = "auto",
-    workers: int = 1, runtime: RuntimeOptions | None = None,
+    workers: int = 1, runtime: RuntimeOptions | None = None, api_limits: ApiLimits | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
-    run_loop(loop, serve_async(options, specs, arena_bytes=arena_bytes, runtime=runtime))
+    run_loop(
+        loop,
+        serve_async(
+            options, specs, arena_bytes=arena_bytes, runtime=runtime, api_limits=api_limits
+        ),
+    )
     return 0
 
 

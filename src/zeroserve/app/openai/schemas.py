@@ -20,16 +20,17 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ...errors import RequestError
-
-# OpenAI accepts at most four stop sequences.
-MAX_STOP_SEQUENCES = 4
-# The most choices one request may ask for (OpenAI's own limit for ``n``).
-MAX_N = 128
+from .. import limits as lim
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(ge=0.0, le=1.0)]
-Stop = str | Annotated[list[str], Meta(max_length=MAX_STOP_SEQUENCES)]
-N = Annotated[int, Meta(ge=1, le=MAX_N)]
+# How many stop strings and choices a request may ask for are configurable counts,
+# checked by the endpoint (app/limits.py: MAX_STOP, MAX_N).
+Stop = str | list[str]
+N = Annotated[int, Meta(ge=1)]
+# Ranges that protect the code below the schema (see app/limits.py).
+MaxTokens = Annotated[int, Meta(ge=1, le=lim.MAX_TOKENS)]
+Seed = Annotated[int, Meta(ge=lim.SEED_MIN, le=lim.SEED_MAX)]
 
 
 # -- requests -------------------------------------------------------------------------------
@@ -54,12 +55,12 @@ class Message(Struct, kw_only=True):
 class ChatCompletionRequest(Struct, kw_only=True):
     model: str
     messages: Annotated[list[Message], Meta(min_length=1)]
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     stop: Stop | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: N | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -71,17 +72,17 @@ class CompletionRequest(Struct, kw_only=True):
     # str, list[str], list[int] (one tokenised prompt) or list[list[int]]; msgspec unions
     # allow one array type, so the element union is checked in the handler.
     prompt: str | list[str | int | list[int]]
-    max_tokens: Annotated[int, Meta(ge=0)] | None = 16  # OpenAI's default for completions
+    max_tokens: Annotated[int, Meta(ge=0, le=lim.MAX_TOKENS)] | None = 16  # OpenAI's default
     stop: Stop | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: N | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     echo: bool | None = False
-    logprobs: int | None = None
-    best_of: int | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=lim.MAX_COMPLETION_LOGPROBS)] | None = None
+    best_of: Annotated[int, Meta(ge=1, le=lim.MAX_BEST_OF)] | None = None
     suffix: str | None = None
 
 
@@ -89,7 +90,7 @@ class EmbeddingRequest(Struct, kw_only=True):
     model: str
     input: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
 
 
 chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -111,7 +112,8 @@ def decode(decoder: msgspec.json.Decoder[T], body: memoryview) -> T:
     if not len(body):
         raise RequestError("the request body is empty; expected a JSON object")
     try:
-        return decoder.decode(body)
+        with lim.decoding("the JSON body"):
+            return decoder.decode(body)
     except msgspec.ValidationError as exc:
         message, param = _split_path(str(exc))
         where = f" '{param}'" if param else ""
