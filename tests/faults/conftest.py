@@ -38,7 +38,9 @@ def fault_configs() -> dict[str, ModelConfig]:
     }
 
 
-@pytest.fixture(scope="session")
+# Module scope: each module stops its server, so no idle server threads outlive the
+# suite into other suites' tests.
+@pytest.fixture(scope="module")
 def server() -> Iterator[ServerThread]:
     srv = ServerThread(
         fault_configs(), runtime=RuntimeOptions(default_deadline_s=SERVER_DEADLINE_S)
