@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "server": {"http", "app", "runtime", "errors", "metrics", "models", "edge"},
     # The load generator is a client: it imports nothing of the server.
     "loadgen": {"errors"},
-    "config": {"errors", "http", "runtime", "server", "models", "metrics", "edge"},
+    "config": {"errors", "http", "runtime", "server", "models", "metrics", "edge", "app"},
     "cli": {"__init__", "config", "errors", "models", "server", "loadgen", "runtime", "app", "http", "metrics", "edge"},
     "__init__": {"errors", "models"},
     "__main__": {"cli"},

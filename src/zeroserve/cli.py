@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--ray-address", help="Ray cluster for executor=ray models (default: RAY_ADDRESS, else "
         "a local Ray started and stopped by zeroserve)",
     )
+    serve.add_argument(
+        "--request-timeout", type=float, metavar="SECONDS",
+        help="longest a request may live, queueing and execution (default 300; 504 beyond); "
+        "a model's deadline_s option and a request's own timeout can only shorten it",
+    )
     serve.add_argument("--log-level", help="debug, info, warning, error")
     edge = serve.add_argument_group("edge", "API keys, CORS, access log (off by default)")
     edge.add_argument(
@@ -137,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runtime_overrides: dict[str, Any] = {}
         if args.queue_depth is not None:
             runtime_overrides["queue_depth"] = args.queue_depth
+        if args.request_timeout is not None:
+            runtime_overrides["default_deadline_s"] = args.request_timeout
         if args.ray_address is not None:
             runtime_overrides["ray_address"] = args.ray_address
         if runtime_overrides:
@@ -170,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(
             cfg.server_options(), specs, arena_bytes=cfg.arena_bytes, loop=cfg.loop,
             workers=cfg.workers, runtime=cfg.runtime_options(), edge=cfg.edge.options(),
-            ui=cfg.ui,
+            ui=cfg.ui, api_limits=cfg.app_limits(),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)

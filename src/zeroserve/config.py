@@ -14,10 +14,13 @@ TOML layout (every key optional)::
 
     [limits]   # max_head_bytes, max_headers, max_uri_bytes, max_body_bytes
     [timeouts] # head, body, keepalive, write, graceful, drain_ready_delay (seconds)
-    [runtime]  # the engine's RuntimeOptions: default_deadline_s, channel_capacity,
-               # coalesce_cap_bytes, queue_depth, load_timeout_s, shutdown_timeout_s,
-               # restart_backoff_s, max_restart_backoff_s, inline_yield_every,
+    [runtime]  # the engine's RuntimeOptions: default_deadline_s (--request-timeout),
+               # hang_grace_s, channel_capacity, coalesce_cap_bytes, queue_depth,
+               # load_timeout_s, shutdown_timeout_s, restart_backoff_s,
+               # max_restart_backoff_s, inline_yield_every,
                # ray_address (the Ray cluster of executor=ray models)
+    [api_limits] # embedding_inputs, messages, prompts, stop, tools, n, generations,
+                 # output_tokens, v2_inputs, v2_outputs, v2_output_bytes (app/limits.py)
     [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
                # cors_allow_credentials, access_log, request_ids, tracing
     [tls]      # certfile, keyfile, ca_certs (client certificates: mTLS)
@@ -41,6 +44,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .app.limits import ApiLimits
 from .edge import ApiKey, EdgeOptions, KeyRing, load_keys_file
 from .edge.cors import CorsPolicy
 from .errors import ConfigError, ConfigWarning
@@ -129,6 +133,23 @@ class Tls(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return so.TlsOptions(certfile=self.certfile, keyfile=self.keyfile, ca_certs=self.ca_certs)
 
 
+_API_LIMITS = ApiLimits()
+
+
+class ApiLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    embedding_inputs: int = _API_LIMITS.embedding_inputs
+    messages: int = _API_LIMITS.messages
+    prompts: int = _API_LIMITS.prompts
+    stop: int = _API_LIMITS.stop
+    tools: int = _API_LIMITS.tools
+    n: int = _API_LIMITS.n
+    generations: int = _API_LIMITS.generations
+    output_tokens: int = _API_LIMITS.output_tokens
+    v2_inputs: int = _API_LIMITS.v2_inputs
+    v2_outputs: int = _API_LIMITS.v2_outputs
+    v2_output_bytes: int = _API_LIMITS.v2_output_bytes
+
+
 _RUNTIME_DEFAULTS = RuntimeOptions()
 
 
@@ -146,6 +167,7 @@ class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_restart_backoff_s: float = _RUNTIME_DEFAULTS.max_restart_backoff_s
     inline_yield_every: int = _RUNTIME_DEFAULTS.inline_yield_every
     ray_address: str | None = _RUNTIME_DEFAULTS.ray_address
+    hang_grace_s: float = _RUNTIME_DEFAULTS.hang_grace_s
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -162,11 +184,15 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     runtime: Runtime = msgspec.field(default_factory=Runtime)
+    api_limits: ApiLimitsConfig = msgspec.field(default_factory=ApiLimitsConfig)
     edge: Edge = msgspec.field(default_factory=Edge)
     tls: Tls = msgspec.field(default_factory=Tls)
 
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
+
+    def app_limits(self) -> ApiLimits:
+        return ApiLimits(**msgspec.structs.asdict(self.api_limits))
 
     def http_limits(self) -> HttpLimits:
         lim = self.limits
@@ -214,9 +240,18 @@ def load_config(
     _merge(data, _from_env(os.environ if env is None else env))
     _merge(data, {k: v for k, v in (overrides or {}).items() if v is not None})
     try:
-        return msgspec.convert(data, Config, strict=False)
+        cfg = msgspec.convert(data, Config, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {_name_key(str(exc))}") from None
+    for key in ("default_deadline_s", "hang_grace_s"):
+        value = msgspec.structs.asdict(cfg.runtime)[key]
+        if not 0 < value < float("inf"):
+            raise ConfigError(f"invalid configuration: key 'runtime.{key}': must be > 0 seconds")
+    try:
+        cfg.app_limits()
+    except ValueError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+    return cfg
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

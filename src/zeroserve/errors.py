@@ -25,8 +25,6 @@
     ModelLoadError (Exception)     a model could not be loaded at start: the server exits
     WouldBlock (Exception)         a ``*_nowait`` operation would have had to wait
     ConfigWarning (UserWarning)    a ``ZEROSERVE_*`` variable names no configuration key
-    ResponseError (Exception)      ``zeroserve bench URL``: an answer it cannot frame as HTTP/1.1
-    PlotUnavailable (Exception)    ``zeroserve bench URL --plot`` without matplotlib
 
 Each API renders these in its own error format (OpenAI, KServe, plain JSON); the
 ``code`` is a short machine-readable identifier and ``param`` names the offending field.
@@ -237,14 +235,6 @@ class WouldBlock(Exception):
 
 class ConfigWarning(UserWarning):
     """A ``ZEROSERVE_*`` environment variable names no configuration key (ignored)."""
-
-
-class ResponseError(Exception):
-    """The load generator: the server's answer is not HTTP/1.1 this client can frame."""
-
-
-class PlotUnavailable(Exception):
-    """The load generator's ``--plot``: matplotlib is not installed."""
 
 def error_class(name: str) -> type[ZeroserveError] | None:
     """The ``ZeroserveError`` subclass called ``name`` (how a worker's error crosses the

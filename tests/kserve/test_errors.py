@@ -184,7 +184,11 @@ def test_huge_declared_sizes(http: httpx.Client) -> None:
         post_binary(http, {"inputs": [fp32_input("x", [2], 2**62)]}, data), 400, "past the end"
     )
     expect_error(
-        post_binary(http, {"inputs": [fp32_input("x", [2**31, 2**31], 8)]}, data), 400, "needs"
+        post_binary(http, {"inputs": [fp32_input("x", [2**20, 2**20], 8)]}, data), 400, "needs"
+    )
+    # A shape past the element bound (app/limits.py) is refused before its size is compared.
+    expect_error(
+        post_binary(http, {"inputs": [fp32_input("x", [2**31, 2**31], 8)]}, data), 400, "elements"
     )
     # A BYTES tensor claiming 2^40 elements in 8 bytes is refused before any allocation.
     big = {

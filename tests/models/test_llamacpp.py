@@ -297,6 +297,10 @@ def test_stop_strings(client: openai.OpenAI) -> None:
             "context_length_exceeded",
         ),
         ({"tool_choice": "required"}, "tool_choice", "invalid_request"),
+        # The generic path's count limits hold for the engine too (app/limits.py).
+        ({"n": 10**6}, "n", "limit_exceeded"),
+        ({"stop": ["x"] * 1000}, "stop", "limit_exceeded"),
+        ({"messages": [FRANCE] * 100_000}, "messages", "limit_exceeded"),
         (
             {
                 "tools": [WEATHER_TOOL],

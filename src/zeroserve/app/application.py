@@ -10,6 +10,7 @@ from ..runtime import Engine
 from .endpoints import kserve, openai, openapi, ops, raw, stats
 from .endpoints import ui as page
 from .engine_relay import close_engine_relays, engine_relays
+from .limits import ApiLimits
 from .problems import ErrorFormat
 from .relay import aclose_relays, relays
 from .request import Request
@@ -29,9 +30,11 @@ class App:
         *,
         metrics_view: Callable[[], Awaitable[bytes]] | None = None,
         ui: bool = True,
+        limits: ApiLimits | None = None,
     ) -> None:
         self.engine = engine
         self.edge = edge if edge is not None else Edge()
+        self.limits = limits or ApiLimits()
         self.readiness = ops.Readiness()
         self.router = Router()
         ops.register(self.router, engine, self.readiness, metrics_view)
@@ -39,8 +42,8 @@ class App:
         # Remote models' relays, made now so their upstream metrics show from the start.
         self.relays = relays(engine)
         self.engine_relays = engine_relays(engine)  # llamacpp models: their slot metrics
-        openai.register(self.router, engine)
-        kserve.register(self.router, engine)
+        openai.register(self.router, engine, self.limits)
+        kserve.register(self.router, engine, self.limits)
         stats.register(self.router, engine)
         if ui:
             page.register(self.router)

@@ -50,6 +50,7 @@ from ..errors import DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
 from .engine_tools import ForcedTool, GeneratedPieces, plan_tools, release_ticket
+from .limits import ApiLimits, check_count
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
 from .relay._rewrite import model_spans, rewrite_model
@@ -84,6 +85,14 @@ class EngineStatistics:
     aborted: int  # streams stopped early (disconnect, deadline, slow reader)
 
 
+def _check_choices(n: int | None, stop: str | list[str] | None, limits: ApiLimits) -> None:
+    """The count limits of the generic path (app/limits.py), for the engine's requests:
+    each choice is one engine request, so ``n`` bounds the work one body can start."""
+    check_count(n or 1, limits.n, "n", "choices")
+    stops = [stop] if isinstance(stop, str) else (stop or [])
+    check_count(len(stops), limits.stop, "stop", "stop sequences")
+
+
 class EngineRelay:
     """Serves one ``llamacpp`` model's chat and completions through its engine."""
 
@@ -107,10 +116,12 @@ class EngineRelay:
 
     # -- requests --------------------------------------------------------------------------
     def chat(
-        self, req: Request, ticket: Any, deadline: float
+        self, req: Request, ticket: Any, deadline: float, limits: ApiLimits
     ) -> Coroutine[Any, Any, Response | StreamResponse]:
         """Check a chat request and start answering it (an awaitable of the response)."""
         body = s.decode(s.engine_chat_decoder, req.body)
+        check_count(len(body.messages), limits.messages, "messages", "messages")
+        _check_choices(body.n, body.stop, limits)
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
         plan = plan_tools(body)
@@ -143,9 +154,10 @@ class EngineRelay:
         )
 
     def completions(
-        self, req: Request, ticket: Any, deadline: float
+        self, req: Request, ticket: Any, deadline: float, limits: ApiLimits
     ) -> Coroutine[Any, Any, Response | StreamResponse]:
         body = s.decode(s.engine_completion_decoder, req.body)
+        _check_choices(body.n, body.stop, limits)
         for name, bad in (
             ("echo", bool(body.echo)),
             ("best_of", body.best_of is not None and body.best_of > 1),

@@ -10,11 +10,10 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from ..errors import PlotUnavailable
 from .client import Connection, Target
 from .endpoints import ENDPOINTS, plan
 from .run import MAX_CONCURRENCY, MAX_DURATION_S, MAX_REQUESTS, run
-from .summary import plot, pyplot, summarize, table, to_json
+from .summary import PlotUnavailable, plot, pyplot, summarize, table, to_json
 
 DEFAULT_REQUESTS = 100
 DEFAULT_CONCURRENCY = 1

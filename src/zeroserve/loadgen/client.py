@@ -18,13 +18,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ResponseError
-
 # Longest response head accepted (status line and headers); a server sending more is
 # broken for this purpose. 64 KiB is httptools'/nginx's order of magnitude.
 MAX_HEAD_BYTES = 64 * 1024
 # Read size for close-delimited bodies.
 READ_BYTES = 64 * 1024
+
+
+class ResponseError(Exception):
+    """The server's answer is not HTTP/1.1 this client can frame."""
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ..errors import ResponseError
-from .client import Connection, Target
+from .client import Connection, ResponseError, Target
 from .endpoints import Plan, TokenCounter
 
 # The most requests one run may start (also the bound of a --duration run).

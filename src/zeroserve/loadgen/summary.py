@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlotUnavailable
 from .run import Run
 
 PERCENTILES = (50.0, 90.0, 99.0)
@@ -143,6 +142,10 @@ def to_json(s: Summary, meta: dict[str, Any]) -> dict[str, Any]:
         "ttft_ms": s.ttft.to_json(),
         "itl_ms": s.itl.to_json(),
     }
+
+
+class PlotUnavailable(Exception):
+    """matplotlib is not installed."""
 
 
 def pyplot() -> Any:

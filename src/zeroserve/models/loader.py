@@ -43,7 +43,9 @@ BACKENDS: dict[str, str] = {
 # served name (option ``alias``), so a response never names a file path instead.
 NAMED_TARGETS = frozenset({BUILTINS["smollm2"], BACKENDS["llamacpp"]})
 # Options the runtime reads (the rest go to the model's constructor).
-RUNTIME_KEYS = frozenset({"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth"})
+RUNTIME_KEYS = frozenset(
+    {"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth", "deadline_s"}
+)
 # Options that place ``executor=ray`` workers; they reach the runtime as ``placement``.
 PLACEMENT_KEYS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "same_node"})
 

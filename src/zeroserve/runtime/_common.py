@@ -4,6 +4,7 @@ from ``zeroserve.runtime``)."""
 from __future__ import annotations
 
 import abc
+import asyncio
 import inspect
 import logging
 import threading
@@ -47,6 +48,10 @@ class WorkerStatistics:
     streams: int
     restarts: int
     crashes: int
+    # Slots held by calls that outlived their deadline by the hang grace (thread), and
+    # hung workers killed and restarted (process); see docs/architecture.md, "Hung work".
+    stuck: int = 0
+    reclaimed: int = 0
 
 
 def make_model(factory: Callable[..., Model], options: Mapping[str, Any]) -> Model:
@@ -55,6 +60,18 @@ def make_model(factory: Callable[..., Model], options: Mapping[str, Any]) -> Mod
     if isinstance(factory, type) or options:
         return factory(**options)
     return factory()
+
+
+async def run_to_end(fut: asyncio.Future[Any]) -> Any:
+    """Await a pool thread's future. Cancelled, it still waits for the thread to return
+    before re-raising: a thread cannot be stopped, and whoever waits on this call must see
+    it as running until its thread is free again (that is how hung work is detected)."""
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        if not fut.done():
+            await asyncio.wait({fut})
+        raise
 
 
 async def maybe_await(value: Any) -> Any:
@@ -162,13 +179,23 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def release(self, slot: Any) -> None: ...
 
+    # ``deadline_at`` (event-loop time): the latest deadline of the requests a call serves.
+    # A call still running ``hang_grace_s`` after it is hung: its slot or worker is
+    # reclaimed (see docs/architecture.md, "Hung work").
     @abc.abstractmethod
     async def infer(
-        self, slot: Any, batch: list[Mapping[str, Any]]
+        self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
     ) -> list[InferResult | BaseException]: ...
 
     @abc.abstractmethod
-    async def embed(self, slot: Any, texts: list[str]) -> np.ndarray: ...
+    async def embed(
+        self, slot: Any, texts: list[str], *, deadline_at: float | None = None
+    ) -> np.ndarray: ...
+
+    def has_capacity(self) -> bool:
+        """Whether a new request could ever be run: false when every slot is held by
+        work that outlived its deadline (admission then answers 503 at the head)."""
+        return True
 
     def infer_now(self, inputs: Mapping[str, Any]) -> InferResult | None:
         """Run one request to completion right now, on the calling (loop) thread, when
@@ -177,7 +204,9 @@ class Executor(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def generate(self, req: GenerateRequest, channel: Channel) -> Producer: ...
+    def generate(
+        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+    ) -> Producer: ...
 
     @abc.abstractmethod
     async def aclose(self) -> None: ...

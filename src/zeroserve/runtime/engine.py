@@ -158,6 +158,8 @@ class Engine:
             meta = make_model(cfg.factory, cfg.options)
         except Exception as exc:
             raise ModelLoadError(name, f"{type(exc).__name__}: {exc}") from exc
+        if cfg.deadline_s is not None and not 0 < cfg.deadline_s < float("inf"):
+            raise ModelLoadError(name, f"deadline_s must be > 0 seconds, not {cfg.deadline_s!r}")
         executor = cfg.executor or meta.executor
         if executor not in EXECUTORS:
             raise ModelLoadError(name, f"unknown executor {executor!r}; expected {EXECUTORS}")
@@ -180,6 +182,9 @@ class Engine:
             queue_depth=_pick(cfg.queue_depth, self.options.queue_depth),
             capabilities=type(meta).capabilities(),
             placement=dict(cfg.placement),
+            deadline_s=float(
+                cfg.deadline_s if cfg.deadline_s is not None else self.options.default_deadline_s
+            ),
         )
         return spec, meta
 
@@ -188,7 +193,13 @@ class Engine:
         if spec.executor == "inline":
             return InlineExecutor(spec, self.arena, model=meta, yield_every=opts.inline_yield_every)
         if spec.executor == "thread":
-            return ThreadExecutor(spec, self.arena, model=meta, yield_every=opts.inline_yield_every)
+            return ThreadExecutor(
+                spec,
+                self.arena,
+                model=meta,
+                yield_every=opts.inline_yield_every,
+                hang_grace_s=opts.hang_grace_s,
+            )
         if spec.executor == "ray":
             from .ray import RayExecutor  # Ray is an optional extra: imported only when used
 

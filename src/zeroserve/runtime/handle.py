@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
-from ..errors import CapabilityError, DeadlineExceeded, RequestError
+from ..errors import CapabilityError, DeadlineExceeded, Overloaded, RequestError
 from ..models.base import GenerateRequest, Model
 from ._common import Executor, InferResult, WorkerStatistics
 from .admission import Admission, AdmissionStatistics, Ticket
@@ -97,7 +97,9 @@ class ModelRuntime:
         live = [p for p in batch if not p.done]
         if not live:
             return
-        results = await self.executor.infer(slot, [p.payload for p in live])
+        results = await self.executor.infer(
+            slot, [p.payload for p in live], deadline_at=self._loop_deadline(live)
+        )
         for p, r in zip(live, results, strict=True):
             if isinstance(r, BaseException):
                 p.fail(r)
@@ -120,7 +122,7 @@ class ModelRuntime:
             texts.extend(payload)
         if not live:
             return
-        vecs = await self.executor.embed(slot, texts)
+        vecs = await self.executor.embed(slot, texts, deadline_at=self._loop_deadline(live))
         if vecs.ndim != 2 or vecs.shape[0] != len(texts):
             raise RequestError(
                 f"model {self.spec.name!r} returned embeddings of shape {vecs.shape} "
@@ -133,10 +135,25 @@ class ModelRuntime:
             start += n
 
     def deadline(self, deadline: float | None) -> float:
-        """The absolute deadline of a request (the default one if ``None``)."""
+        """The absolute deadline of a request (the model's limit from now if ``None``)."""
         if deadline is None:
-            return self.clock() + self.options.default_deadline_s
+            return self.clock() + self.spec.deadline_s
         return deadline
+
+    def loop_time(self, deadline: float) -> float:
+        """A deadline on the engine's clock as event-loop time (executors' timers)."""
+        return asyncio.get_running_loop().time() + (deadline - self.clock())
+
+    def _loop_deadline(self, batch: list[Pending]) -> float:
+        return self.loop_time(max(p.deadline for p in batch))
+
+    def no_capacity(self) -> Overloaded:
+        return Overloaded(
+            f"model {self.spec.name!r} has no working worker: every one is running a call "
+            "past its deadline (hung); retry later",
+            status=503,
+            retry_after=self.options.hang_grace_s,
+        )
 
     def statistics(self) -> ModelStatistics:
         return ModelStatistics(
@@ -203,9 +220,19 @@ class ModelHandle:
         chat_template); not loaded for ``process`` models."""
         return self._rt.meta
 
+    def deadline(self, timeout_s: float | None = None) -> float:
+        """The absolute deadline of a request starting now: ``timeout_s`` (the client's
+        own), capped by the model's limit (``ModelConfig.deadline_s``)."""
+        limit = self.spec.deadline_s
+        return self._rt.clock() + (limit if timeout_s is None else min(timeout_s, limit))
+
     def admit(self) -> Ticket:
-        """Admit one request at its head, or raise ``Overloaded(429)``."""
-        return self._rt.admission.admit()
+        """Admit one request at its head, or raise ``Overloaded``: 429 when the queue is
+        full, 503 when no worker can take work (all hung, see docs/architecture.md)."""
+        rt = self._rt
+        if not rt.executor.has_capacity():
+            raise rt.no_capacity()
+        return rt.admission.admit()
 
     def _require(self, capability: str) -> None:
         if capability not in self.capabilities:
@@ -274,7 +301,7 @@ class ModelHandle:
         stream = Stream(channel, ticket, rt.streams.discard, StreamTiming(rt.generation, rt.clock))
         rt.streams.add(stream)
         stream._timer = call_at(rt.clock, dl, stream._expire)
-        stream._producer = rt.executor.generate(req, channel)
+        stream._producer = rt.executor.generate(req, channel, deadline_at=rt.loop_time(dl))
         return stream
 
     def statistics(self) -> ModelStatistics:

@@ -24,8 +24,10 @@ Invariants
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import itertools
+import logging
 from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -48,7 +50,9 @@ from ._common import (
 )
 from .arena import Arena
 from .channel import Channel
-from .options import DEFAULT_YIELD_EVERY, ResolvedModel
+from .options import DEFAULT_HANG_GRACE_S, DEFAULT_YIELD_EVERY, ResolvedModel
+
+log = logging.getLogger("zeroserve.runtime")
 
 # Threads beyond ``workers`` in a ``thread`` pool, for stepping generators.
 STREAM_THREADS = 4
@@ -123,8 +127,27 @@ class _PullProducer(Producer):
             self.gen.close()  # closes the model's generator too (``_delegate``)
 
 
+class _Slot:
+    """One of the ``workers`` batch slots while taken. ``running``: the pool thread's
+    future of the call on it (thread executor), so a slot whose call was abandoned stays
+    taken until that thread returns."""
+
+    __slots__ = ("deadline_at", "running", "stuck")
+
+    def __init__(self) -> None:
+        self.running: concurrent.futures.Future[Any] | None = None
+        self.deadline_at: float | None = None
+        self.stuck = False
+
+
 class InProcessExecutor(Executor):
-    """Shared by ``inline`` and ``thread``; ``pool`` is None for ``inline``."""
+    """Shared by ``inline`` and ``thread``; ``pool`` is None for ``inline``.
+
+    Hung work (thread): a thread cannot be killed. A slot whose call was abandoned (its
+    requests expired or went away) stays taken until the call's thread returns; if that
+    is ``hang_grace_s`` past the call's deadline the slot is counted ``stuck``. With every
+    slot stuck the model has no capacity: ``ready()`` is false and admission answers 503.
+    """
 
     kind = "inline"
 
@@ -135,13 +158,16 @@ class InProcessExecutor(Executor):
         *,
         model: Model | None = None,
         yield_every: int = DEFAULT_YIELD_EVERY,
+        hang_grace_s: float = DEFAULT_HANG_GRACE_S,
     ) -> None:
         super().__init__(spec, arena)
         self.model: Model | None = model
         self.pool: ThreadPoolExecutor | None = None
         self.yield_every = max(1, yield_every)
+        self.hang_grace_s = hang_grace_s
         self._slots = asyncio.Semaphore(spec.workers)
         self._busy = 0
+        self._stuck = 0
         self._streams = 0
         self._ready = False
         self._async_infer: bool | None = None  # known after the first infer_now
@@ -159,30 +185,75 @@ class InProcessExecutor(Executor):
         self._ready = True
 
     def ready(self) -> bool:
-        return self._ready
+        return self._ready and self.has_capacity()
+
+    def has_capacity(self) -> bool:
+        return self._stuck < self.spec.workers
 
     async def aclose(self) -> None:
         self._ready = False
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _call(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        slot: _Slot | None = None,
+        deadline_at: float | None = None,
+    ) -> Any:
         if self.pool is None or inspect.iscoroutinefunction(fn):
             return await maybe_await(fn(*args))
-        loop = asyncio.get_running_loop()
-        return await maybe_await(await loop.run_in_executor(self.pool, fn, *args))
+        running = self.pool.submit(fn, *args)
+        if slot is not None:
+            slot.running = running
+            slot.deadline_at = deadline_at
+        return await maybe_await(await asyncio.wrap_future(running))
 
     # -- batches -------------------------------------------------------------------------
-    async def acquire(self) -> None:
+    async def acquire(self) -> _Slot:
         await self._slots.acquire()
         self._busy += 1
+        return _Slot()
 
     def release(self, slot: Any) -> None:
+        s: _Slot = slot
+        running = s.running
+        if running is None or running.done():
+            self._free(s)
+            return
+        # Abandoned while its thread runs: the slot stays taken until the thread returns.
+        loop = asyncio.get_running_loop()
+        running.add_done_callback(lambda _: loop.call_soon_threadsafe(self._free, s))
+        if s.deadline_at is not None:
+            loop.call_at(s.deadline_at + self.hang_grace_s, self._hung, s)
+
+    def _hung(self, slot: _Slot) -> None:
+        if slot.running is None or slot.running.done() or slot.stuck:
+            return
+        slot.stuck = True
+        self._stuck += 1
+        log.warning(
+            "model %r: a %s call ran %.1f s past its deadline; its thread is stuck "
+            "(%d of %d slots stuck)",
+            self.spec.name,
+            self.kind,
+            self.hang_grace_s,
+            self._stuck,
+            self.spec.workers,
+        )
+
+    def _free(self, slot: _Slot) -> None:
+        if slot.stuck:
+            slot.stuck = False
+            self._stuck -= 1
+            log.warning("model %r: a stuck call returned; its slot is free again", self.spec.name)
+        slot.running = None
         self._busy -= 1
         self._slots.release()
 
     async def infer(
-        self, slot: Any, batch: list[Mapping[str, Any]]
+        self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
     ) -> list[InferResult | BaseException]:
         assert self.model is not None
         results: list[InferResult | BaseException] = []
@@ -199,7 +270,9 @@ class InProcessExecutor(Executor):
             return results
         try:
             outputs = check_outputs(
-                self.spec.name, len(good), await self._call(self.model.infer, good)
+                self.spec.name,
+                len(good),
+                await self._call(self.model.infer, good, slot=slot, deadline_at=deadline_at),
             )
         except Exception as exc:
             raise model_failure(self.spec.name, exc) from exc
@@ -230,16 +303,20 @@ class InProcessExecutor(Executor):
         out = dict(outputs[0])
         return InferResult(out, output_leases(self.arena, out))
 
-    async def embed(self, slot: Any, texts: list[str]) -> np.ndarray:
+    async def embed(
+        self, slot: Any, texts: list[str], *, deadline_at: float | None = None
+    ) -> np.ndarray:
         assert self.model is not None
         try:
-            out = await self._call(self.model.embed, texts)
+            out = await self._call(self.model.embed, texts, slot=slot, deadline_at=deadline_at)
         except Exception as exc:
             raise model_failure(self.spec.name, exc) from exc
         return np.asarray(out, dtype=np.float32)
 
     # -- generation ----------------------------------------------------------------------
-    def generate(self, req: GenerateRequest, channel: Channel) -> Producer:
+    def generate(
+        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+    ) -> Producer:
         model = self.model
         assert model is not None
         it: Any = None
@@ -357,11 +434,12 @@ class InProcessExecutor(Executor):
         return WorkerStatistics(
             executor=self.kind,
             workers=self.spec.workers,
-            ready=self.spec.workers if self._ready else 0,
+            ready=self.spec.workers - self._stuck if self._ready else 0,
             busy=self._busy,
             streams=self._streams,
             restarts=0,
             crashes=0,
+            stuck=self._stuck,
         )
 
 
@@ -379,8 +457,11 @@ class ThreadExecutor(InProcessExecutor):
         *,
         model: Model | None = None,
         yield_every: int = DEFAULT_YIELD_EVERY,
+        hang_grace_s: float = DEFAULT_HANG_GRACE_S,
     ) -> None:
-        super().__init__(spec, arena, model=model, yield_every=yield_every)
+        super().__init__(
+            spec, arena, model=model, yield_every=yield_every, hang_grace_s=hang_grace_s
+        )
         # Slots bound concurrent batches to ``workers``; the extra threads serve stream
         # steps (one short ``next()`` each) so streams never queue behind a long batch.
         self.pool = ThreadPoolExecutor(

@@ -26,6 +26,12 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 # bad request), then doubling up to 5 s so a crash-looping model does not spin a core.
 DEFAULT_RESTART_BACKOFF_S = 0.05
 MAX_RESTART_BACKOFF_S = 5.0
+# Seconds a call may run past its deadline before its slot (thread) or worker (process)
+# counts as hung (docs/architecture.md, "Hung work"). Long enough for a model that checks
+# its own deadline between steps to return; short enough that a hung process worker is
+# back within seconds. A process worker killed for it reloads its model, so this errs on
+# the patient side.
+DEFAULT_HANG_GRACE_S = 5.0
 
 EXECUTORS: tuple[ExecutorKind, ...] = ("inline", "thread", "process", "ray")
 
@@ -46,6 +52,7 @@ class RuntimeOptions:
     # The Ray cluster ``executor="ray"`` models join ("auto", "ray://...", "host:port");
     # None: ``RAY_ADDRESS`` if set, else a local Ray started (and stopped) by zeroserve.
     ray_address: str | None = None
+    hang_grace_s: float = DEFAULT_HANG_GRACE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +77,9 @@ class ModelConfig:
     # Ray placement of ``executor="ray"`` workers (num_cpus, num_gpus, resources,
     # max_restarts, same_node); see ``runtime.ray.placement``.
     placement: Mapping[str, Any] = field(default_factory=dict)
+    # Seconds a request to this model may live at most (``RuntimeOptions.default_deadline_s``
+    # when None); a per-request timeout can only shorten it.
+    deadline_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,4 +96,7 @@ class ResolvedModel:
     workers: int
     queue_depth: int
     capabilities: frozenset[str]
+    # The longest a request may live (queueing + execution), seconds: the model's
+    # ``deadline_s`` option, else the runtime's default deadline.
+    deadline_s: float
     placement: Mapping[str, Any] = field(default_factory=dict)

@@ -13,6 +13,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
+from ..app.limits import ApiLimits
 from ..edge import Edge
 from ..edge.tracing import configure_otlp
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
@@ -49,6 +50,7 @@ async def serve_async(
     runtime: RuntimeOptions | None = None,
     edge: EdgeOptions | None = None,
     ui: bool = True,
+    api_limits: ApiLimits | None = None,
 ) -> None:
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
@@ -63,7 +65,7 @@ async def serve_async(
             configure_otlp()
         app = App(
             engine, Edge(edge), metrics_view=peers.scrape if peers is not None else None,
-            ui=ui,
+            ui=ui, limits=api_limits,
         )
         server = Server(app, arena, options)
         await server.start()
@@ -107,14 +109,15 @@ def run_loop(loop: str, coro: Any) -> None:
 def serve(
     options: ServerOptions, specs: list[ModelRef], *, arena_bytes: int, loop: str = "auto",
     workers: int = 1, runtime: RuntimeOptions | None = None, edge: EdgeOptions | None = None,
-    ui: bool = True,
+    ui: bool = True, api_limits: ApiLimits | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
     run_loop(
         loop,
         serve_async(
-            options, specs, arena_bytes=arena_bytes, runtime=runtime, edge=edge, ui=ui
+            options, specs, arena_bytes=arena_bytes, runtime=runtime, edge=edge, ui=ui,
+            api_limits=api_limits,
         ),
     )
     return 0

@@ -20,8 +20,9 @@ large, 429/503 admission, 504 deadline.
 Request ``parameters`` reach the model as the input ``"__parameters__"``: a one-element
 BYTES tensor holding the parameters' JSON (``json.loads(inputs["__parameters__"][0])``),
 present only when the request has parameters other than ``binary_data_output``. It is not
-returned as an output. Triton's ``timeout`` parameter (microseconds) also bounds the
-request's deadline.
+returned as an output. Triton's ``timeout`` parameter (microseconds) sets the
+request's deadline, capped by the model's limit (``app/deadlines.py``); the outputs of
+one response may carry at most ``ApiLimits.v2_output_bytes``.
 
 The binary protocol is detected by the ``Inference-Header-Content-Length`` header alone;
 ``Content-Type`` is ignored (many clients send none). ``Content-Encoding: gzip`` and
@@ -35,11 +36,14 @@ import zlib
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
+
 from ... import metrics
 from ...errors import CapabilityError, ModelNotFound, PayloadTooLarge, RequestError
 from ...runtime import Engine, ModelHandle
 from ..kserve import codec
 from ..kserve.schemas import MetadataTensor, ModelMetadata, ModelReady, ServerMetadata, encoder
+from ..limits import MAX_TIMEOUT_S, ApiLimits, check_count
 from ..request import Request
 from ..response import JSON, OCTET, Response
 from ..router import Router
@@ -64,7 +68,8 @@ def _json(obj: Any, status: int = 200) -> Response:
     return Response(status, [encoder.encode(obj)], content_type=JSON)
 
 
-def register(router: Router, engine: Engine) -> None:
+def register(router: Router, engine: Engine, limits: ApiLimits | None = None) -> None:
+    api_limits = limits or ApiLimits()
     server_meta = _json(ServerMetadata(SERVER_NAME, _version(), EXTENSIONS))
     live_ok = _json({"live": True})
     ready_ok = _json({"ready": True})
@@ -118,14 +123,20 @@ def register(router: Router, engine: Engine) -> None:
         handle = req.handle
         body = _body(req)
         json_size = codec.header_length(req.header(_IHCL), body.nbytes)
-        decoded = codec.decode_request(body, json_size)
+        decoded = codec.decode_request(body, json_size, api_limits)
         inputs = decoded.inputs
         params = codec.model_parameters(decoded.request)
         if params is not None:
             inputs[codec.PARAMETERS_INPUT] = params
-        deadline = _deadline(engine, decoded.request.parameters)
+        deadline = handle.deadline(_timeout_s(decoded.request.parameters))
         result = await handle.infer(req.take_ticket(), inputs, deadline=deadline)
         try:
+            check_count(
+                _output_bytes(result.outputs),
+                api_limits.v2_output_bytes,
+                "outputs",
+                "output bytes in one response",
+            )
             version = req.params.get("version")
             body_out, header_size = codec.encode_response(
                 handle.name,
@@ -170,16 +181,34 @@ def _model_ready(engine: Engine, handle: ModelHandle) -> bool:
         return True
 
 
-def _deadline(engine: Engine, params: dict[str, Any] | None) -> float | None:
-    """Triton's ``timeout`` parameter (microseconds) as an absolute engine deadline."""
+def _timeout_s(params: dict[str, Any] | None) -> float | None:
+    """Triton's ``timeout`` parameter (microseconds; 0 or absent: none) in seconds."""
     if not params or "timeout" not in params:
         return None
     timeout = params["timeout"]
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
-        raise RequestError("parameter 'timeout' must be an integer number of microseconds")
-    if timeout == 0:
-        return None
-    return float(engine.clock()) + timeout / 1e6
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int)
+        or not 0 <= timeout <= MAX_TIMEOUT_S * 1e6
+    ):
+        raise RequestError(
+            "parameter 'timeout' must be an integer number of microseconds, "
+            f"at most {MAX_TIMEOUT_S * 1e6:.0f}"
+        )
+    return None if timeout == 0 else timeout / 1e6
+
+
+def _output_bytes(outputs: Any) -> int:
+    """Bytes the outputs' data takes (BYTES elements by their lengths)."""
+    total = 0
+    for value in outputs.values():
+        if isinstance(value, np.ndarray) and value.dtype.kind == "O":
+            total += sum(len(v) for v in value.reshape(-1) if isinstance(v, bytes | str))
+        elif isinstance(value, np.ndarray | memoryview):
+            total += value.nbytes
+        elif isinstance(value, bytes | bytearray):
+            total += len(value)
+    return total
 
 
 def _body(req: Request) -> memoryview:

@@ -41,8 +41,10 @@ from ...edge import EdgeContext
 from ...errors import CapabilityError, ModelNotFound, RequestError
 from ...models.base import GenerateRequest
 from ...runtime import Engine, ModelHandle, Ticket
+from ..deadlines import openai_timeout
 from ..engine_relay import engine_for_request
 from ..engine_tools import release_ticket
+from ..limits import SEED_SPACE, ApiLimits, check_count
 from ..openai import schemas as s
 from ..openai.generation import Generation, count_tokens
 from ..openai.params import refuse_unsupported
@@ -53,8 +55,8 @@ from ..response import JSON, HandlerResult, Response, StreamResponse
 from ..router import Router
 
 
-def register(router: Router, engine: Engine) -> None:
-    api = _OpenAI(engine)
+def register(router: Router, engine: Engine, limits: ApiLimits | None = None) -> None:
+    api = _OpenAI(engine, limits or ApiLimits())
     router.add("GET", "/v1/models", api.list_models)
     router.add("GET", "/v1/models/{model}", api.get_model)
     router.add("POST", "/v1/chat/completions", api.chat)
@@ -74,12 +76,20 @@ class _Job:
     """One choice to generate: a prompt, its sampling request and its ticket (owned
     until the generation starts with it)."""
 
-    __slots__ = ("_ticket", "index", "max_tokens", "on_tokens", "prompt_tokens", "request")
+    __slots__ = (
+        "_ticket", "deadline", "index", "max_tokens", "on_tokens", "prompt_tokens", "request"
+    )
 
     def __init__(
-        self, index: int, request: GenerateRequest, prompt_tokens: int, ticket: Ticket
+        self,
+        index: int,
+        request: GenerateRequest,
+        prompt_tokens: int,
+        ticket: Ticket,
+        deadline: float,
     ) -> None:
         self.on_tokens: Callable[[int], None] | None = None  # the edge's token count
+        self.deadline = deadline
         self.index = index
         self.request = request
         self.max_tokens = request.max_tokens
@@ -99,8 +109,9 @@ class _Job:
 
 
 class _OpenAI:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, limits: ApiLimits) -> None:
         self.engine = engine
+        self.limits = limits
         self.created = int(time.time())
 
     # -- models ------------------------------------------------------------------------
@@ -166,9 +177,20 @@ class _OpenAI:
         temperature: float | None,
         top_p: float | None,
         seed: int | None,
+        deadline: float,
     ) -> tuple[list[_Job], int]:
         """One job per (prompt, choice), indexed as OpenAI does (prompt-major); and the
         prompt tokens of the request (each prompt counted once)."""
+        limits = self.limits
+        check_count(n, limits.n, "n", "choices")
+        check_count(len(prompts) * n, limits.generations, "n", "generations (prompts x n)")
+        if max_tokens is not None:
+            check_count(
+                len(prompts) * n * max_tokens,
+                limits.output_tokens,
+                "max_tokens",
+                "output tokens (prompts x n x max_tokens)",
+            )
         meta = handle.model
         counts = [count_tokens(meta, p) for p in prompts]
         ctx = meta.context_length
@@ -183,6 +205,7 @@ class _OpenAI:
                         code="context_length_exceeded",
                     )
         stops = [stop] if isinstance(stop, str) else list(stop or ())
+        check_count(len(stops), limits.stop, "stop", "stop sequences")
         stops = [x for x in stops if x]
         tickets = self._admit(handle, len(prompts) * n)
         jobs: list[_Job] = []
@@ -193,16 +216,16 @@ class _OpenAI:
                     max_tokens=max_tokens,
                     temperature=1.0 if temperature is None else temperature,
                     top_p=1.0 if top_p is None else top_p,
-                    seed=None if seed is None else seed + j,
+                    seed=None if seed is None else (seed + j) % SEED_SPACE,
                     stop=stops,
                 )
                 k = i * n + j
-                jobs.append(_Job(k, greq, c, tickets[k]))
+                jobs.append(_Job(k, greq, c, tickets[k], deadline))
         return jobs, sum(counts)
 
     def _starter(self, handle: ModelHandle, job: _Job) -> Callable[[], Generation]:
         def start() -> Generation:
-            stream = handle.generate(job.take_ticket(), job.request, deadline=None)
+            stream = handle.generate(job.take_ticket(), job.request, deadline=job.deadline)
             return Generation(
                 stream,
                 handle.model,
@@ -302,8 +325,8 @@ class _OpenAI:
         deadline = asyncio.get_running_loop().time() + relay.model.timeout
         try:
             if chat:
-                return relay.chat(req, ticket, deadline)
-            return relay.completions(req, ticket, deadline)
+                return relay.chat(req, ticket, deadline, self.limits)
+            return relay.completions(req, ticket, deadline, self.limits)
         except BaseException:
             release_ticket(ticket)
             raise
@@ -317,6 +340,7 @@ class _OpenAI:
         if engine is not None:
             return engine
         body = s.decode(s.chat_decoder, req.body)
+        check_count(len(body.messages), self.limits.messages, "messages", "messages")
         refuse_unsupported(body, chat=True)
         handle = self._handle(body.model, "generate")
         messages = [
@@ -329,7 +353,7 @@ class _OpenAI:
             if body.max_completion_tokens is not None
             else body.max_tokens
         )
-        return self._generate(handle, body, [prompt], max_tokens, chat=True, edge=req.edge)
+        return self._generate(handle, req, body, [prompt], max_tokens, chat=True, edge=req.edge)
 
     # -- completions -------------------------------------------------------------------
     def completions(self, req: Request) -> HandlerResult:
@@ -349,13 +373,18 @@ class _OpenAI:
         ):
             if bad:
                 raise RequestError(f"'{name}' is not supported by this server", param=name)
+        if isinstance(body.prompt, list):
+            check_count(len(body.prompt), self.limits.prompts, "prompt", "prompts")
         prompts = _texts(body.prompt, "prompt")
         handle = self._handle(body.model, "generate")
-        return self._generate(handle, body, prompts, body.max_tokens, chat=False, edge=req.edge)
+        return self._generate(
+            handle, req, body, prompts, body.max_tokens, chat=False, edge=req.edge
+        )
 
     def _generate(
         self,
         handle: ModelHandle,
+        req: Request,
         body: s.ChatCompletionRequest | s.CompletionRequest,
         prompts: list[str],
         max_tokens: int | None,
@@ -374,6 +403,7 @@ class _OpenAI:
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
+            deadline=handle.deadline(openai_timeout(req, stream=bool(body.stream))),
         )
         if edge is not None:
             edge.model = handle.name
@@ -396,16 +426,21 @@ class _OpenAI:
         if relay is not None:
             return relay.forward(req, "/embeddings")
         body = s.decode(s.embedding_decoder, req.body)
+        if isinstance(body.input, list):
+            check_count(len(body.input), self.limits.embedding_inputs, "input", "inputs")
         texts = _texts(body.input, "input")
         handle = self._handle(body.model, "embed")
+        deadline = handle.deadline(openai_timeout(req))
         req.admit(handle)  # the request owns the ticket until the engine takes it
         if req.edge is not None:
             req.edge.model = handle.name
-        return self._embed(req, texts, body)
+        return self._embed(req, texts, body, deadline)
 
-    async def _embed(self, req: Request, texts: list[str], body: s.EmbeddingRequest) -> Response:
+    async def _embed(
+        self, req: Request, texts: list[str], body: s.EmbeddingRequest, deadline: float
+    ) -> Response:
         handle = req.handle
-        vecs = await handle.embed(req.take_ticket(), texts, deadline=None)
+        vecs = await handle.embed(req.take_ticket(), texts, deadline=deadline)
         if body.dimensions is not None and body.dimensions != vecs.shape[1]:
             raise RequestError(
                 f"model {handle.name!r} returns {vecs.shape[1]}-dimensional embeddings and "

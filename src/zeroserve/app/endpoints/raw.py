@@ -7,6 +7,9 @@ buffer the body was received into.
 Streaming (models with ``generate``): ``Accept: text/event-stream`` gives one SSE event
 per piece; ``?stream=1`` or a model without ``infer`` gives a chunked
 ``application/octet-stream`` body of the pieces. ``?max_tokens=N`` bounds the stream.
+
+Deadline: ``?timeout=`` or a ``Request-Timeout`` header (seconds), counted from the
+complete request and capped by the model's limit (see ``app/deadlines.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from ...errors import CapabilityError, RequestError
 from ...models.base import GenerateRequest
 from ...runtime import Engine, InferResult, ModelHandle
 from ...runtime.channel import POLICIES
+from ..deadlines import raw_timeout
+from ..limits import MAX_TOKENS
 from ..relay import relay_for
 from ..request import Request
 from ..response import EVENT_STREAM, OCTET, HandlerResult, Response, StreamResponse
@@ -29,10 +34,12 @@ _TRUE = frozenset(("1", "true", "yes"))
 
 def register(router: Router, engine: Engine) -> None:
     def on_head(req: Request) -> None:
+        raw_timeout(req)  # a malformed timeout is a 400 at the head
         req.admit(engine.model(req.params["model"]))
 
     def raw(req: Request) -> HandlerResult:
         handle = req.handle
+        deadline = handle.deadline(raw_timeout(req))
         relay = relay_for(handle)
         if relay is not None:  # a remote model: relay the bytes as they are
             return relay.forward(req, relay.raw_path(), rewrite_model=False)
@@ -46,7 +53,7 @@ def register(router: Router, engine: Engine) -> None:
             policy = req.query.get("policy", "block")
             if policy not in POLICIES:
                 raise RequestError(f"policy must be one of {', '.join(POLICIES)}", param="policy")
-            stream = handle.generate(req.take_ticket(), gen, deadline=None, policy=policy)
+            stream = handle.generate(req.take_ticket(), gen, deadline=deadline, policy=policy)
             return StreamResponse(stream, framing="sse" if sse else "chunked")
         if "infer" not in caps:
             raise CapabilityError(f"model {handle.name!r} has no raw inference")
@@ -54,15 +61,15 @@ def register(router: Router, engine: Engine) -> None:
         # Trivial inline models answer without a task switch (see infer_nowait). The
         # ticket stays with the request until the engine takes it: a task cancelled
         # before it starts leaves it there for the server's release.
-        result = handle.infer_nowait(inputs)
+        result = handle.infer_nowait(inputs, deadline=deadline)
         if result is None:
-            return _infer(req, inputs)
+            return _infer(req, inputs, deadline)
         req.take_ticket().release()
         return _response(handle, result)
 
-    async def _infer(req: Request, inputs: dict[str, Any]) -> Response:
+    async def _infer(req: Request, inputs: dict[str, Any], deadline: float) -> Response:
         handle = req.handle
-        return _response(handle, await handle.infer(req.take_ticket(), inputs, deadline=None))
+        return _response(handle, await handle.infer(req.take_ticket(), inputs, deadline=deadline))
 
     router.add("POST", "/v1/raw/{model}", raw, on_head=on_head)
 
@@ -84,6 +91,6 @@ def _max_tokens(req: Request) -> int | None:
         n = int(value)
     except ValueError:
         raise RequestError("max_tokens must be an integer", param="max_tokens") from None
-    if n < 0:
-        raise RequestError("max_tokens must be >= 0", param="max_tokens")
+    if n < 0 or n > MAX_TOKENS:
+        raise RequestError(f"max_tokens must be between 0 and {MAX_TOKENS}", param="max_tokens")
     return n

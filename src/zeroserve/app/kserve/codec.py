@@ -25,7 +25,9 @@ Copies that cannot be avoided are counted with ``metrics.count_copy``:
 Invariants
 ----------
 * Every size in the request is checked before memory is touched or allocated: a declared
-  size or shape larger than the body is a 400, never an allocation.
+  size or shape larger than the body is a 400, never an allocation. Shapes are bounded
+  in rank, per dimension and in element count (``app/limits.py``), and tensor and output
+  counts by ``ApiLimits``; nesting too deep for the decoder is a 400 too.
 * Error messages name fields and sizes, never tensor data.
 * BYTES tensors reach models as numpy object arrays of ``bytes`` in the request's shape.
 """
@@ -43,6 +45,14 @@ import numpy as np
 from ... import metrics
 from ...errors import RequestError, WorkerError
 from ...runtime.tensors import BYTES, BYTES_LENGTH, read_bytes_tensor
+from ..limits import (
+    MAX_TENSOR_DIM,
+    MAX_TENSOR_ELEMENTS,
+    MAX_TENSOR_RANK,
+    ApiLimits,
+    check_count,
+    decoding,
+)
 from .schemas import (
     InferenceRequest,
     InferenceResponse,
@@ -118,16 +128,25 @@ def header_length(value: bytes | None, body_size: int) -> int | None:
     return n
 
 
-def decode_request(body: memoryview, json_size: int | None) -> DecodedRequest:
+_DEFAULT_LIMITS = ApiLimits()
+
+
+def decode_request(
+    body: memoryview, json_size: int | None, limits: ApiLimits = _DEFAULT_LIMITS
+) -> DecodedRequest:
     """Decode an inference request; numeric binary inputs are views of ``body``."""
     total = body.nbytes
     end = total if json_size is None else json_size
     try:
-        request = request_decoder.decode(body[:end])
+        with decoding("the inference request JSON"):
+            request = request_decoder.decode(body[:end])
     except msgspec.ValidationError as exc:
         raise RequestError(f"invalid inference request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise RequestError(f"malformed inference request JSON: {exc}") from None
+    check_count(len(request.inputs), limits.v2_inputs, "inputs", "input tensors")
+    if request.outputs is not None:
+        check_count(len(request.outputs), limits.v2_outputs, "outputs", "requested outputs")
     offset = end
     inputs: dict[str, Any] = {}
     for inp in request.inputs:
@@ -175,9 +194,25 @@ def decode_request(body: memoryview, json_size: int | None) -> DecodedRequest:
 
 
 def _element_count(name: str, shape: Sequence[int]) -> int:
+    if len(shape) > MAX_TENSOR_RANK:
+        raise RequestError(
+            f"input {_q(name)} has {len(shape)} dimensions; at most {MAX_TENSOR_RANK} are accepted"
+        )
+    # Nonzero dimensions multiplied: an empty tensor must still have a buildable shape.
+    nonzero = 1
     for dim in shape:
         if dim < 0:
             raise RequestError(f"input {_q(name)} has a negative dimension in its shape")
+        if dim > MAX_TENSOR_DIM:
+            raise RequestError(
+                f"input {_q(name)} has a dimension above {MAX_TENSOR_DIM} in its shape"
+            )
+        if dim:
+            nonzero *= dim
+            if nonzero > MAX_TENSOR_ELEMENTS:
+                raise RequestError(
+                    f"input {_q(name)}: its shape has more than {MAX_TENSOR_ELEMENTS} elements"
+                )
     return math.prod(shape)
 
 
@@ -222,7 +257,7 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], count: int, name: s
         raise RequestError(f"input {_q(name)}: 'data' must be an array")
     if datatype == BYTES:
         flat: list[bytes] = []
-        if not _flatten_strings(data, flat):
+        if not _flatten_strings(data, flat, len(shape)):
             raise RequestError(f"input {_q(name)}: BYTES data must be strings")
         if len(flat) != count:
             raise RequestError(
@@ -269,7 +304,8 @@ def _json_big_ints(
     data: list[Any], dtype: np.dtype[Any], datatype: str, shape: list[int], name: str
 ) -> np.ndarray:
     flat: list[Any] = []
-    _flatten(data, flat)
+    if not _flatten(data, flat, len(shape)):
+        raise RequestError(f"input {_q(name)}: 'data' nests deeper than its shape")
     if not all(type(v) is int for v in flat):
         raise RequestError(f"input {_q(name)}: 'data' elements are not valid {datatype} values")
     info = np.iinfo(dtype)
@@ -280,20 +316,24 @@ def _json_big_ints(
     return arr
 
 
-def _flatten(data: list[Any], out: list[Any]) -> None:
+def _flatten(data: list[Any], out: list[Any], depth: int) -> bool:
+    """Flatten nested lists at most ``depth`` deep (a tensor's rank: its JSON may be
+    nested per dimension, or flat); False if deeper."""
     for item in data:
         if isinstance(item, list):
-            _flatten(item, out)
+            if depth <= 1 or not _flatten(item, out, depth - 1):
+                return False
         else:
             out.append(item)
+    return True
 
 
-def _flatten_strings(data: list[Any], out: list[bytes]) -> bool:
+def _flatten_strings(data: list[Any], out: list[bytes], depth: int) -> bool:
     for item in data:
         if isinstance(item, str):
             out.append(item.encode("utf-8"))
         elif isinstance(item, list):
-            if not _flatten_strings(item, out):
+            if depth <= 1 or not _flatten_strings(item, out, depth - 1):
                 return False
         else:
             return False

@@ -22,19 +22,20 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ...errors import RequestError
+from .. import limits as lim
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
-# OpenAI accepts at most four stop sequences.
-MAX_STOP_SEQUENCES = 4
-# The most choices one request may ask for (OpenAI's own limit for ``n``).
-MAX_N = 128
-
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(ge=0.0, le=1.0)]
-Stop = str | Annotated[list[str], Meta(max_length=MAX_STOP_SEQUENCES)]
-N = Annotated[int, Meta(ge=1, le=MAX_N)]
+# How many stop strings and choices a request may ask for are configurable counts,
+# checked by the endpoint (app/limits.py: MAX_STOP, MAX_N).
+Stop = str | list[str]
+N = Annotated[int, Meta(ge=1)]
+# Ranges that protect the code below the schema (see app/limits.py).
+MaxTokens = Annotated[int, Meta(ge=1, le=lim.MAX_TOKENS)]
+Seed = Annotated[int, Meta(ge=lim.SEED_MIN, le=lim.SEED_MAX)]
 
 
 # -- requests -------------------------------------------------------------------------------
@@ -59,12 +60,12 @@ class Message(Struct, kw_only=True):
 class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: Annotated[list[Message], Meta(min_length=1)]
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     stop: Stop | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: N | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -97,17 +98,17 @@ class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     # str, list[str], list[int] (one tokenised prompt) or list[list[int]]; msgspec unions
     # allow one array type, so the element union is checked in the handler.
     prompt: str | list[str | int | list[int]]
-    max_tokens: Annotated[int, Meta(ge=0)] | None = 16  # OpenAI's default for completions
+    max_tokens: Annotated[int, Meta(ge=0, le=lim.MAX_TOKENS)] | None = 16  # OpenAI's default
     stop: Stop | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: N | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     echo: bool | None = False
-    logprobs: int | None = None
-    best_of: int | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=lim.MAX_COMPLETION_LOGPROBS)] | None = None
+    best_of: Annotated[int, Meta(ge=1, le=lim.MAX_BEST_OF)] | None = None
     suffix: str | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -124,7 +125,7 @@ class EmbeddingRequest(Struct, kw_only=True):
     model: str
     input: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
 
 
 chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -146,7 +147,8 @@ def decode(decoder: msgspec.json.Decoder[T], body: memoryview) -> T:
     if not len(body):
         raise RequestError("the request body is empty; expected a JSON object")
     try:
-        return decoder.decode(body)
+        with lim.decoding("the JSON body"):
+            return decoder.decode(body)
     except msgspec.ValidationError as exc:
         message, param = _split_path(str(exc))
         where = f" '{param}'" if param else ""
@@ -291,8 +293,8 @@ MAX_RESPONSE_FORMAT_BYTES = 64 * 1024
 # Largest ``tools`` array accepted, in bytes (the same reason: each tool's parameters
 # become a grammar; OpenAI allows 128 tools, a few hundred bytes each).
 MAX_TOOLS_BYTES = 128 * 1024
-# OpenAI's bounds for these parameters.
-MAX_TOP_LOGPROBS = 20
+# OpenAI's bound for ``top_logprobs``: one constant, in app/limits.py.
+MAX_TOP_LOGPROBS = lim.MAX_TOP_LOGPROBS
 
 
 def given(raw: msgspec.Raw | UnsetType | None) -> TypeIs[msgspec.Raw]:
@@ -369,12 +371,12 @@ response_format_decoder = msgspec.json.Decoder(ResponseFormat)
 class EngineChatRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     messages: Annotated[list[EngineMessage], Meta(min_length=1)]
-    max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     stop: Stop | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: N | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -402,11 +404,11 @@ class EngineChatRequest(Struct, kw_only=True, forbid_unknown_fields=True):
 class EngineCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     prompt: str | list[str | int | list[int]]
-    max_tokens: Annotated[int, Meta(ge=0)] | None = 16
+    max_tokens: Annotated[int, Meta(ge=0, le=lim.MAX_TOKENS)] | None = 16
     stop: Stop | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: N | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None

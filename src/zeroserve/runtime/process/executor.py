@@ -24,6 +24,11 @@ mapped there (:mod:`.worker`). Control frames are msgspec msgpack (:mod:`.wire`)
 * Faults: EOF on a worker's socket means it died. Its calls fail with ``WorkerError``,
   their leases are released, the process is reaped, ``ready()`` is false, and a new
   worker is spawned (back-off doubling from ``restart_backoff_s``).
+* Hung work: every call carries its deadline (loop time). A call past its deadline keeps
+  its worker out of scheduling (``acquire`` skips it; with none left, ``has_capacity()``
+  is false and admission answers 503); a call still running ``hang_grace_s`` past it
+  means the worker is hung: it is killed, which takes the crash path above (the other
+  calls on it get 503), and counted in ``reclaimed``.
 
 Invariants
 ----------
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import multiprocessing
 import socket
 from collections.abc import Mapping
@@ -73,6 +79,8 @@ if TYPE_CHECKING:
 
     from ..options import ResolvedModel, RuntimeOptions
 
+log = logging.getLogger("zeroserve.runtime")
+
 
 def _rebuild_error(name: str, message: str, status: int) -> errors.ZeroserveError:
     cls = errors.error_class(name)
@@ -82,6 +90,15 @@ def _rebuild_error(name: str, message: str, status: int) -> errors.ZeroserveErro
         except TypeError:
             pass
     return WorkerError(message, status=status if status >= 500 else 500)
+
+
+def _loop_now() -> float | None:
+    """Event-loop time, the clock of calls' ``deadline_at``; None off the loop (nothing
+    counts as overdue there)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return None
 
 
 async def _close_writer(writer: asyncio.StreamWriter, sock: socket.socket) -> None:
@@ -98,9 +115,20 @@ async def _close_writer(writer: asyncio.StreamWriter, sock: socket.socket) -> No
 class _Call:
     """One request (or batch, or stream) in flight on a worker."""
 
-    __slots__ = ("abandoned", "channel", "credit", "future", "id", "kind", "leases", "window")
+    __slots__ = (
+        "abandoned",
+        "channel",
+        "credit",
+        "deadline_at",
+        "future",
+        "hang_timer",
+        "id",
+        "kind",
+        "leases",
+        "window",
+    )
 
-    def __init__(self, rid: int, kind: str) -> None:
+    def __init__(self, rid: int, kind: str, deadline_at: float | None = None) -> None:
         self.id = rid
         self.kind = kind
         self.leases: list[Lease] = []
@@ -109,8 +137,17 @@ class _Call:
         self.abandoned = False
         self.credit = 0
         self.window = 0
+        self.deadline_at = deadline_at
+        self.hang_timer: asyncio.TimerHandle | None = None
+
+    def overdue(self, now: float | None) -> bool:
+        return self.deadline_at is not None and now is not None and now >= self.deadline_at
 
     def release(self) -> None:
+        """The call ended (its terminal frame came, or its worker died)."""
+        if self.hang_timer is not None:
+            self.hang_timer.cancel()
+            self.hang_timer = None
         leases, self.leases = self.leases, []
         for lease in leases:
             lease.release()
@@ -122,6 +159,7 @@ class WorkerProcess:
     __slots__ = (
         "busy",
         "calls",
+        "hung",
         "index",
         "pid",
         "proc",
@@ -150,6 +188,7 @@ class WorkerProcess:
         self.calls: dict[int, _Call] = {}
         self.ready = True
         self.busy = False
+        self.hung = False  # killed for a hung call; its EOF is not counted as a crash
         self.task: asyncio.Task[None] | None = None
 
     def send(self, msg: Any) -> None:
@@ -160,11 +199,28 @@ class WorkerProcess:
     def streams(self) -> int:
         return sum(1 for c in self.calls.values() if c.kind == "stream")
 
+    def batch_running(self) -> bool:
+        """A batch (infer/embed) is still running here, abandoned or not: the worker's
+        slot stays taken until it ends."""
+        return any(c.kind != "stream" for c in self.calls.values())
+
+    def usable(self, now: float | None) -> bool:
+        """Ready, and not running a call past its deadline (a worker that may be hung
+        gets no new work)."""
+        return self.ready and not self.hung and not any(c.overdue(now) for c in self.calls.values())
+
 
 class _RemoteProducer(Producer):
-    def __init__(self, ex: ProcessExecutor, req: GenerateRequest, channel: Channel) -> None:
+    def __init__(
+        self,
+        ex: ProcessExecutor,
+        req: GenerateRequest,
+        channel: Channel,
+        deadline_at: float | None,
+    ) -> None:
         self.ex = ex
         self.channel = channel
+        self.deadline_at = deadline_at
         self.worker: WorkerProcess | None = None
         self.call: _Call | None = None
         self.task = asyncio.get_running_loop().create_task(self._start(req))
@@ -173,7 +229,7 @@ class _RemoteProducer(Producer):
         ex, channel = self.ex, self.channel
         try:
             worker = await ex._wait_worker()
-            call = _Call(next(ex._ids), "stream")
+            call = _Call(next(ex._ids), "stream", self.deadline_at)
             call.channel = channel
             call.window = channel.capacity
             raw: TensorDesc | None = None
@@ -186,7 +242,7 @@ class _RemoteProducer(Producer):
             channel.close(exc)
             return
         self.worker, self.call = worker, call
-        worker.calls[call.id] = call
+        ex._register(worker, call)
         if channel.policy == "block":
             channel.on_take = lambda n: ex._return_credit(worker, call, n)
         worker.send(p.Generate(call.id, msgspec.msgpack.encode(req), raw, call.window))
@@ -217,6 +273,7 @@ class ProcessExecutor(Executor):
         self._started = False
         self.restarts = 0
         self.crashes = 0
+        self.reclaimed = 0
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, timeout: float) -> None:
@@ -302,6 +359,7 @@ class ProcessExecutor(Executor):
             self._started
             and not self._closing
             and all(w is not None and w.ready for w in self.workers)
+            and self.has_capacity()
         )
 
     async def aclose(self) -> None:
@@ -339,7 +397,8 @@ class ProcessExecutor(Executor):
         if self._closing:
             return
         w.ready = False
-        self.crashes += 1
+        if not w.hung:
+            self.crashes += 1
         task = asyncio.get_running_loop().create_task(self._recover(w))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -357,6 +416,7 @@ class ProcessExecutor(Executor):
         )
         if self.workers[w.index] is w:
             self.workers[w.index] = None
+        self._notify()  # requests waiting for this worker re-check capacity
         delay = self.options.restart_backoff_s
         while not self._closing:
             try:
@@ -428,6 +488,7 @@ class ProcessExecutor(Executor):
                     call.future.set_exception(exc)
         finally:
             call.release()
+            self._call_ended(w, call)
 
     def _abandon(self, w: WorkerProcess, call: _Call) -> None:
         if not call.abandoned:
@@ -495,6 +556,35 @@ class ProcessExecutor(Executor):
                 return lease
         raise WorkerError("worker described memory outside the request's leases")
 
+    # -- hung work ---------------------------------------------------------------------------
+    def _register(self, w: WorkerProcess, call: _Call) -> None:
+        """Put ``call`` in flight on ``w``, watched for hanging past its deadline."""
+        w.calls[call.id] = call
+        if call.deadline_at is not None:
+            loop = asyncio.get_running_loop()
+            when = call.deadline_at + self.options.hang_grace_s
+            call.hang_timer = loop.call_at(when, self._hung, w, call)
+
+    def _hung(self, w: WorkerProcess, call: _Call) -> None:
+        if call.id not in w.calls or w.hung or self._closing or self.workers[w.index] is not w:
+            return
+        w.hung = True
+        self.reclaimed += 1
+        log.warning(
+            "model %r: worker %d (pid %d) ran a %s call %.1f s past its deadline; killing "
+            "and restarting it",
+            self.spec.name,
+            w.index,
+            w.pid,
+            call.kind,
+            self.options.hang_grace_s,
+        )
+        w.proc.kill()  # EOF follows: the crash path fails its calls (503) and respawns it
+
+    def has_capacity(self) -> bool:
+        now = _loop_now()
+        return any(w is None or w.usable(now) for w in self.workers)
+
     # -- slots -----------------------------------------------------------------------------
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []
@@ -515,14 +605,24 @@ class ProcessExecutor(Executor):
         while True:
             if self._closing:
                 raise errors.Closed("the engine is shutting down")
+            now = asyncio.get_running_loop().time()
             for w in self.workers:
-                if w is not None and w.ready and not w.busy:
+                if w is not None and w.usable(now) and not w.busy:
                     w.busy = True
                     return w
             await self._wait()
 
     def release(self, slot: Any) -> None:
-        slot.busy = False
+        # A batch abandoned by its requests (deadline, disconnect) may still be running in
+        # the worker: the slot is free only when it ended (_call_ended).
+        w: WorkerProcess = slot
+        if not w.batch_running():
+            w.busy = False
+            self._notify()
+
+    def _call_ended(self, w: WorkerProcess, call: _Call) -> None:
+        if call.kind != "stream" and w.busy and not w.batch_running():
+            w.busy = False
         self._notify()
 
     async def _wait_worker(self) -> WorkerProcess:
@@ -530,7 +630,8 @@ class ProcessExecutor(Executor):
         while True:
             if self._closing:
                 raise errors.Closed("the engine is shutting down")
-            ready = [w for w in self.workers if w is not None and w.ready]
+            now = asyncio.get_running_loop().time()
+            ready = [w for w in self.workers if w is not None and w.usable(now)]
             if ready:
                 return min(ready, key=lambda w: w.streams)
             await self._wait()
@@ -561,7 +662,7 @@ class ProcessExecutor(Executor):
         return TensorDesc(lease.offset, arr.nbytes, arr.dtype.str, arr.shape)
 
     async def _roundtrip(self, w: WorkerProcess, call: _Call, msg: Any) -> Any:
-        w.calls[call.id] = call
+        self._register(w, call)
         w.send(msg)
         try:
             return await call.future
@@ -572,10 +673,10 @@ class ProcessExecutor(Executor):
             raise
 
     async def infer(
-        self, slot: Any, batch: list[Mapping[str, Any]]
+        self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
     ) -> list[InferResult | BaseException]:
         w: WorkerProcess = slot
-        call = _Call(next(self._ids), "infer")
+        call = _Call(next(self._ids), "infer", deadline_at)
         results: list[InferResult | BaseException] = []
         sent: list[dict[str, TensorDesc]] = []
         index: list[int] = []
@@ -597,23 +698,29 @@ class ProcessExecutor(Executor):
             results[i] = out
         return results
 
-    async def embed(self, slot: Any, texts: list[str]) -> np.ndarray:
+    async def embed(
+        self, slot: Any, texts: list[str], *, deadline_at: float | None = None
+    ) -> np.ndarray:
         w: WorkerProcess = slot
-        call = _Call(next(self._ids), "embed")
+        call = _Call(next(self._ids), "embed", deadline_at)
         out: np.ndarray = await self._roundtrip(w, call, p.Embed(call.id, texts))
         return out
 
-    def generate(self, req: GenerateRequest, channel: Channel) -> Producer:
-        return _RemoteProducer(self, req, channel)
+    def generate(
+        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+    ) -> Producer:
+        return _RemoteProducer(self, req, channel, deadline_at)
 
     def statistics(self) -> WorkerStatistics:
         live = [w for w in self.workers if w is not None]
+        now = _loop_now()
         return WorkerStatistics(
             executor=self.kind,
             workers=len(self.workers),
-            ready=sum(1 for w in live if w.ready),
+            ready=sum(1 for w in live if w.usable(now)),
             busy=sum(1 for w in live if w.busy),
             streams=sum(w.streams for w in live),
             restarts=self.restarts,
             crashes=self.crashes,
+            reclaimed=self.reclaimed,
         )

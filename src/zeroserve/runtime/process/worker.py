@@ -18,7 +18,9 @@ generator right after the step in progress (the W6 path).
 
 Invariants
 ----------
-* Every request id gets exactly one terminal frame (see ``wire``).
+* Every request id gets exactly one terminal frame (see ``wire``). For an aborted call
+  running sync model code, it is sent only once that code returned: until then the
+  server counts the call as running, which is how it finds a hung worker.
 * Outputs that are already in the arena (an echo of its input) are described by offset:
   no copy. Anything else is written once into leases the server allocates on request.
 * When the server goes away (EOF on the socket), the worker exits.
@@ -39,7 +41,14 @@ import numpy as np
 
 from ... import errors
 from ...models.base import GenerateRequest, Model
-from .._common import ThreadStepper, check_outputs, make_model, maybe_await, model_failure
+from .._common import (
+    ThreadStepper,
+    check_outputs,
+    make_model,
+    maybe_await,
+    model_failure,
+    run_to_end,
+)
 from ..arena import attach
 from ..tensors import (
     BYTES,
@@ -201,7 +210,8 @@ class WorkerLoop:
         if asyncio.iscoroutinefunction(fn):
             return await fn(*args)
         loop = asyncio.get_running_loop()
-        return await maybe_await(await loop.run_in_executor(self.pool, fn, *args))
+        # An Abort answers only once the thread returned, so the server sees a hung call.
+        return await maybe_await(await run_to_end(loop.run_in_executor(self.pool, fn, *args)))
 
     async def _alloc(self, rid: int, sizes: list[int]) -> list[int]:
         fut: asyncio.Future[p.Allocated] = asyncio.get_running_loop().create_future()
@@ -294,7 +304,7 @@ class WorkerLoop:
             try:
                 while True:
                     await credit.take()
-                    piece = await loop.run_in_executor(self.pool, stepper.step)
+                    piece = await run_to_end(loop.run_in_executor(self.pool, stepper.step))
                     if piece is ThreadStepper.END:
                         result = stepper.result
                         break

@@ -399,8 +399,11 @@ class RayExecutor(Executor):
             w.outstanding -= 1
             w.tasks.discard(fut)
 
+    # ``deadline_at``: the Ray executor does not reclaim hung actors by deadline (the
+    # process executor's hang grace); an expired call is cancelled by its handle's timer,
+    # which aborts the actor's work, and a dead actor is restarted by Ray.
     async def infer(
-        self, slot: Any, batch: list[Mapping[str, Any]]
+        self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
     ) -> list[InferResult | BaseException]:
         w: RayWorkerHandle = slot
         results: list[InferResult | BaseException] = []
@@ -495,7 +498,9 @@ class RayExecutor(Executor):
             results.append(InferResult(dict(item)))
         return results
 
-    async def embed(self, slot: Any, texts: list[str]) -> np.ndarray:
+    async def embed(
+        self, slot: Any, texts: list[str], *, deadline_at: float | None = None
+    ) -> np.ndarray:
         w: RayWorkerHandle = slot
         out = await self._await(w, w.actor.embed.remote(texts))
         if isinstance(out, bytes):
@@ -505,7 +510,9 @@ class RayExecutor(Executor):
         vecs: np.ndarray = out
         return vecs
 
-    def generate(self, req: GenerateRequest, channel: Channel) -> Producer:
+    def generate(
+        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+    ) -> Producer:
         return _RayProducer(self, req, channel)
 
     def statistics(self) -> WorkerStatistics:

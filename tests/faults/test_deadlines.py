@@ -1,0 +1,212 @@
+"""Deadlines on every route, over loopback: the client's own timeout (the openai SDK's
+``timeout=``, raw ``?timeout=`` / ``Request-Timeout``, V2 ``parameters.timeout``), the
+model's ``deadline_s`` and the server's ``--request-timeout``; each expired request is a
+504 in its API's format, and a stream ends with an error event.
+
+The server's own limit here is ``SERVER_DEADLINE_S`` (30 s) and every client gives up
+after ``CLIENT_WAIT_S`` (10 s): a 504 can only come from the shorter deadline asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from openai_servers import ServerThread
+from tests.conftest import start_server
+from tests.faults.conftest import MODEL_DEADLINE_S, SERVER_DEADLINE_S
+
+import openai
+from zeroserve.config import ConfigError, load_config
+
+# A client waits at most this long for any answer: well under the server's limit.
+CLIENT_WAIT_S = 10.0
+MESSAGES = [{"role": "user", "content": "hi"}]
+assert CLIENT_WAIT_S < SERVER_DEADLINE_S
+
+
+def sdk(server: ServerThread, timeout: float) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout
+    )
+
+
+def openai_504(r: httpx.Response) -> dict[str, Any]:
+    assert r.status_code == 504, r.text
+    err: dict[str, Any] = r.json()["error"]
+    assert err["code"] == "deadline_exceeded"
+    return err
+
+
+# -- OpenAI: the SDK's own timeout ------------------------------------------------------
+def test_sdk_timeout_bounds_chat(server: ServerThread) -> None:
+    client = sdk(server, timeout=2.0)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(model="stall", messages=MESSAGES)  # type: ignore[arg-type]
+    assert info.value.status_code == 504
+    assert info.value.response.json()["error"]["code"] == "deadline_exceeded"
+    assert server.in_flight("stall") == 0
+
+
+def test_sdk_timeout_bounds_completions_and_embeddings(server: ServerThread) -> None:
+    client = sdk(server, timeout=2.0)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model="stall", prompt="x")
+    assert info.value.status_code == 504
+    with pytest.raises(openai.InternalServerError) as info:
+        client.embeddings.create(model="stall", input=["x"])
+    assert info.value.status_code == 504
+    assert server.in_flight("stall") == 0
+
+
+def test_stainless_timeout_header_ends_a_stream_with_an_error_event(
+    server: ServerThread,
+) -> None:
+    body = {"model": "slowstart", "messages": MESSAGES, "stream": True}
+    events: list[str] = []
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        json=body,
+        headers={"x-stainless-timeout": "0.5"},
+        timeout=CLIENT_WAIT_S,
+    ) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    docs = [json.loads(e) for e in events if e != "[DONE]"]
+    contents = [d["choices"][0]["delta"].get("content") for d in docs if d.get("choices")]
+    assert "first" in contents
+    assert docs[-1]["error"]["code"] == "deadline_exceeded"
+    assert server.in_flight("slowstart") == 0
+
+
+def test_read_timeout_header_does_not_cut_a_stream(server: ServerThread) -> None:
+    # A read timeout restarts with every piece the client receives: it is not a deadline
+    # for a whole stream (only X-Stainless-Timeout is).
+    body = {"model": "tinyllm", "prompt": "hello", "stream": True, "max_tokens": 8}
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        json=body,
+        headers={"x-stainless-read-timeout": "0.000001"},
+        timeout=CLIENT_WAIT_S,
+    ) as r:
+        text = "".join(r.iter_text())
+    assert r.status_code == 200
+    assert "deadline_exceeded" not in text and text.rstrip().endswith("data: [DONE]")
+
+
+def test_model_deadline_caps_the_clients(server: ServerThread) -> None:
+    # stall-capped lives at most MODEL_DEADLINE_S whatever the client asks for.
+    client = sdk(server, timeout=CLIENT_WAIT_S)
+    with pytest.raises(openai.InternalServerError) as info:
+        client.chat.completions.create(model="stall-capped", messages=MESSAGES)  # type: ignore[arg-type]
+    assert info.value.status_code == 504
+    r = httpx.post(
+        server.url + "/v1/raw/stall-capped?timeout=20", content=b"x", timeout=CLIENT_WAIT_S
+    )
+    openai_504(r)
+    assert MODEL_DEADLINE_S < CLIENT_WAIT_S
+
+
+def test_malformed_sdk_header_is_ignored(server: ServerThread) -> None:
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"model": "echo", "messages": MESSAGES},
+        headers={"x-stainless-timeout": "soon"},
+        timeout=CLIENT_WAIT_S,
+    )
+    assert r.status_code == 200
+
+
+# -- raw ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("suffix", "headers"),
+    [("?timeout=0.3", {}), ("", {"request-timeout": "0.3"}), ("?stream=1&timeout=0.3", {})],
+)
+def test_raw_timeout(server: ServerThread, suffix: str, headers: dict[str, str]) -> None:
+    r = httpx.post(
+        server.url + "/v1/raw/stall" + suffix,
+        content=b"x",
+        headers=headers,
+        timeout=CLIENT_WAIT_S,
+    )
+    openai_504(r)
+    assert server.in_flight("stall") == 0
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", "1e9"])
+def test_raw_bad_timeout_is_400(server: ServerThread, value: str) -> None:
+    for url, headers in (
+        (f"/v1/raw/echo?timeout={value}", {}),
+        ("/v1/raw/echo", {"request-timeout": value}),
+    ):
+        r = httpx.post(server.url + url, content=b"x", headers=headers, timeout=CLIENT_WAIT_S)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] in ("timeout", "request-timeout")
+    assert server.in_flight("echo") == 0
+
+
+def test_raw_timeout_that_is_not_reached_serves(server: ServerThread) -> None:
+    r = httpx.post(server.url + "/v1/raw/echo?timeout=5", content=b"abc", timeout=CLIENT_WAIT_S)
+    assert (r.status_code, r.content) == (200, b"abc")
+
+
+# -- KServe V2 ----------------------------------------------------------------------------
+def test_v2_timeout_parameter(server: ServerThread) -> None:
+    body = {
+        "inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1]}],
+        "parameters": {"timeout": 300_000},
+    }
+    r = httpx.post(server.url + "/v2/models/stall/infer", json=body, timeout=CLIENT_WAIT_S)
+    assert r.status_code == 504, r.text
+    assert set(r.json()) == {"error"} and isinstance(r.json()["error"], str)
+    assert server.in_flight("stall") == 0
+
+
+# -- the server's own limit ----------------------------------------------------------------
+def test_request_timeout_flag_and_model_option() -> None:
+    srv = start_server(
+        "--request-timeout", "0.5",
+        "--model", "stall=tests.faults.fault_models:StallModel",
+        "--model", "capped=tests.faults.fault_models:StallModel?deadline_s=0.2",
+        "--model", "echo",
+    )  # fmt: skip
+    try:
+        for model in ("stall", "capped"):
+            r = httpx.post(f"{srv.url}/v1/raw/{model}", content=b"x", timeout=CLIENT_WAIT_S)
+            openai_504(r)
+            # The client cannot lengthen the server's limit.
+            r = httpx.post(
+                f"{srv.url}/v1/raw/{model}?timeout=60", content=b"x", timeout=CLIENT_WAIT_S
+            )
+            openai_504(r)
+        r = httpx.post(f"{srv.url}/v1/raw/echo", content=b"ok", timeout=CLIENT_WAIT_S)
+        assert r.content == b"ok"
+    finally:
+        assert srv.stop() == 0
+
+
+def test_request_timeout_config_key_and_env() -> None:
+    assert load_config(env={}).runtime_options().default_deadline_s == 300.0
+    cfg = load_config(env={"ZEROSERVE_RUNTIME__DEFAULT_DEADLINE_S": "2.5"})
+    assert cfg.runtime_options().default_deadline_s == 2.5
+    cfg = load_config(env={}, overrides={"runtime": {"default_deadline_s": 7}})
+    assert cfg.runtime_options().default_deadline_s == 7.0
+    with pytest.raises(ConfigError, match=r"runtime\.default_deadline_s"):
+        load_config(env={"ZEROSERVE_RUNTIME__DEFAULT_DEADLINE_S": "0"})
+    cfg = load_config(env={"ZEROSERVE_RUNTIME__HANG_GRACE_S": "1.5"})
+    assert cfg.runtime_options().hang_grace_s == 1.5
+    with pytest.raises(ConfigError, match=r"runtime\.hang_grace_s"):
+        load_config(env={"ZEROSERVE_RUNTIME__HANG_GRACE_S": "-1"})
+
+
+def test_api_limits_config_key() -> None:
+    cfg = load_config(env={"ZEROSERVE_API_LIMITS__EMBEDDING_INPUTS": "16"})
+    assert cfg.app_limits().embedding_inputs == 16
+    with pytest.raises(ConfigError, match="positive"):
+        load_config(env={"ZEROSERVE_API_LIMITS__MESSAGES": "0"})

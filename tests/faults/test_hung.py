@@ -1,0 +1,194 @@
+"""Hung and crashing models, over loopback: a process worker hung past its deadline is
+killed and restarted (the restart counted), a thread executor whose every slot is stuck
+is not ready and answers fast 503s with Retry-After; every gauge returns to idle.
+
+The server here has a 30 s request limit and a short hang grace; requests that should
+hang ask for a short ``?timeout=``. Clients give up after ``CLIENT_WAIT_S`` (10 s), so a
+503 or 504 they get can only come from the mechanisms under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from openai_servers import ServerThread
+from tests.faults import fault_models as fm
+
+from zeroserve.runtime import ModelConfig, ModelStatistics, RuntimeOptions
+
+CLIENT_WAIT_S = 10.0
+# How long a test waits for the server to reach a state (a restart, a stuck count).
+STATE_WAIT_S = 30.0
+HANG_GRACE_S = 0.3
+HANG_TIMEOUT = "?timeout=0.3"
+
+
+@pytest.fixture(scope="module")
+def hung_server() -> Iterator[ServerThread]:
+    fm.RELEASE.clear()
+    configs = {
+        "hang-thread": ModelConfig("hang-thread", fm.HangThreadModel),
+        "hang-proc": ModelConfig("hang-proc", fm.HangProcessModel),
+    }
+    srv = ServerThread(
+        configs, runtime=RuntimeOptions(default_deadline_s=30.0, hang_grace_s=HANG_GRACE_S)
+    ).start()
+    yield srv
+    fm.RELEASE.set()
+    srv.stop()
+
+
+def stats(srv: ServerThread, model: str) -> ModelStatistics:
+    async def read() -> ModelStatistics:
+        assert srv.engine is not None
+        return srv.engine.model(model).statistics()
+
+    return srv.call(read())
+
+
+def wait_for(what: str, check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + STATE_WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def idle(srv: ServerThread, model: str) -> bool:
+    s = stats(srv, model)
+    return (
+        s.queue.in_flight == 0
+        and s.workers.busy == 0
+        and s.workers.streams == 0
+        and s.workers.stuck == 0
+        and s.workers.ready == s.workers.workers
+    )
+
+
+def raw(srv: ServerThread, model: str, body: bytes, query: str = "") -> httpx.Response:
+    return httpx.post(f"{srv.url}/v1/raw/{model}{query}", content=body, timeout=CLIENT_WAIT_S)
+
+
+async def _concurrently(srv: ServerThread, calls: list[tuple[str, bytes, str]]) -> list[Any]:
+    async with httpx.AsyncClient(base_url=srv.url, timeout=CLIENT_WAIT_S) as client:
+        return await asyncio.gather(
+            *(client.post(f"/v1/raw/{m}{q}", content=b) for m, b, q in calls),
+            return_exceptions=True,
+        )
+
+
+def concurrently(srv: ServerThread, calls: list[tuple[str, bytes, str]]) -> list[Any]:
+    return asyncio.run(_concurrently(srv, calls))
+
+
+# -- thread: stuck slots make the model not ready --------------------------------------------
+def test_thread_executor_with_every_slot_stuck_is_not_ready(hung_server: ServerThread) -> None:
+    srv = hung_server
+    model = "hang-thread"
+    assert raw(srv, model, b"ok").content == b"ok"
+    workers = stats(srv, model).workers.workers
+    # Hang every slot: each request gets its 504 at its own short deadline.
+    answers = concurrently(srv, [(model, b"hang", HANG_TIMEOUT)] * workers)
+    assert [r.status_code for r in answers] == [504] * workers
+    wait_for("every slot stuck", lambda: stats(srv, model).workers.stuck == workers)
+    # Not ready, and /ready names the model.
+    r = httpx.get(srv.url + "/ready", timeout=CLIENT_WAIT_S)
+    assert r.status_code == 503
+    models = r.json()["detail"]["models"]
+    assert models[model]["ready"] is False
+    assert models["hang-proc"]["ready"] is True
+    r = httpx.get(f"{srv.url}/v2/models/{model}/ready", timeout=CLIENT_WAIT_S)
+    assert (r.status_code, r.json()["ready"]) == (400, False)
+    # New requests are refused at the head with 503 + Retry-After, not queued into a dead
+    # model until their (30 s) deadline.
+    for _ in range(3):
+        r = raw(srv, model, b"ok")
+        assert r.status_code == 503, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    # The other model is unaffected.
+    assert raw(srv, "hang-proc", b"fine").content == b"fine"
+    # When the threads return, the slots are free and the model is ready again.
+    fm.RELEASE.set()
+    wait_for("slots freed", lambda: idle(srv, model))
+    assert httpx.get(srv.url + "/ready", timeout=CLIENT_WAIT_S).status_code == 200
+    assert raw(srv, model, b"again").content == b"again"
+    fm.RELEASE.clear()
+
+
+# -- process: hung workers are killed and restarted -----------------------------------------
+def test_process_worker_hung_past_its_deadline_is_restarted(hung_server: ServerThread) -> None:
+    srv = hung_server
+    model = "hang-proc"
+    before = stats(srv, model).workers
+    # More hung calls than the worker has threads (8): without reclaim the worker would be
+    # exhausted after them and answer nothing but 504s.
+    rounds = 10
+    for i in range(rounds):
+        r = raw(srv, model, b"hang", HANG_TIMEOUT)
+        assert r.status_code == 504, r.text
+        # Until the hung worker is killed it takes no work: a request now is refused at
+        # once (503) or waits for the restarted worker (200); never a 504 after a deadline.
+        r = raw(srv, model, b"ok")
+        assert r.status_code in (200, 503), r.text
+        if r.status_code == 503:
+            assert "retry-after" in r.headers
+        wait_for(
+            "the hung worker restarted",
+            lambda i=i: (
+                stats(srv, model).workers.reclaimed == before.reclaimed + i + 1 and idle(srv, model)
+            ),
+        )
+    after = stats(srv, model).workers
+    assert after.reclaimed == before.reclaimed + rounds
+    assert after.restarts == before.restarts + rounds
+    assert after.crashes == before.crashes  # a reclaim is not a crash
+    assert raw(srv, model, b"served").content == b"served"
+    assert httpx.get(srv.url + "/ready", timeout=CLIENT_WAIT_S).status_code == 200
+
+
+def test_other_requests_on_a_hung_worker_get_503(hung_server: ServerThread) -> None:
+    srv = hung_server
+    model = "hang-proc"
+    before = stats(srv, model).workers.reclaimed
+    with httpx.stream(
+        "POST",
+        f"{srv.url}/v1/raw/{model}?stream=1&max_tokens=100000",
+        content=b"x",
+        timeout=CLIENT_WAIT_S,
+    ) as stream:
+        assert stream.status_code == 200
+        pieces = stream.iter_raw()
+        assert next(pieces)  # the stream runs on the worker
+        r = raw(srv, model, b"hang", HANG_TIMEOUT)
+        assert r.status_code == 504
+        # The worker is killed: the stream on it is cut (a raw chunked stream signals a
+        # failed transfer by ending early).
+        with pytest.raises(httpx.RemoteProtocolError):
+            for _ in pieces:
+                pass
+    wait_for("restart", lambda: stats(srv, model).workers.reclaimed == before + 1)
+    wait_for("idle", lambda: idle(srv, model))
+
+
+def test_worker_crash_mid_batch(hung_server: ServerThread) -> None:
+    srv = hung_server
+    model = "hang-proc"
+    before = stats(srv, model).workers
+    answers = concurrently(srv, [(model, b"a", ""), (model, b"crash", ""), (model, b"b", "")])
+    statuses = [r.status_code for r in answers]
+    assert statuses[1] == 503
+    assert all(s in (200, 503) for s in statuses), statuses
+    for r in answers:
+        if r.status_code == 503:
+            assert r.json()["error"]["code"] == "worker_failed"
+    wait_for(
+        "restart after the crash",
+        lambda: stats(srv, model).workers.restarts == before.restarts + 1 and idle(srv, model),
+    )
+    assert stats(srv, model).workers.crashes == before.crashes + 1
+    assert raw(srv, model, b"after").content == b"after"

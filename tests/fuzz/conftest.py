@@ -1,0 +1,124 @@
+"""Fixtures of the fuzz suite: one real server over loopback, a keep-alive client, and
+the one assertion every fuzz test makes.
+
+``ZEROSERVE_FUZZ_EXAMPLES`` sets the examples per test (CI: ``CI_EXAMPLES``); a long
+campaign runs, for example, ``ZEROSERVE_FUZZ_EXAMPLES=100000 pytest tests/fuzz``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, settings
+
+OPENAI_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "openai")
+if OPENAI_TESTS not in sys.path:
+    sys.path.insert(0, OPENAI_TESTS)
+
+from openai_servers import ServerThread  # noqa: E402
+
+from zeroserve.models.echo import EchoModel  # noqa: E402
+from zeroserve.runtime import ModelConfig, RuntimeOptions  # noqa: E402
+
+# Examples per fuzz test in CI: the whole suite stays well under a minute on two cores.
+CI_EXAMPLES = 150
+EXAMPLES = int(os.environ.get("ZEROSERVE_FUZZ_EXAMPLES", CI_EXAMPLES))
+# A request the fuzzer sends may take at most this long. Echo answers in microseconds;
+# these bounds are for a starved machine (a long campaign runs at nice 19 next to other
+# work), where a 5 s deadline once turned scheduling delay into false 504s. A hang still
+# shows as a 504 from the server's deadline, not as a stuck test.
+SERVER_DEADLINE_S = 60.0
+REQUEST_TIMEOUT_S = 120.0
+# After a response, the server's leases and tickets are back within this long.
+IDLE_WAIT_S = 30.0
+
+settings.register_profile(
+    "zeroserve-fuzz",
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    # CI runs the same examples every time; a long campaign explores at random.
+    derandomize=EXAMPLES <= CI_EXAMPLES,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("zeroserve-fuzz")
+
+
+class _Errors(logging.Handler):
+    """Collects every ERROR record the server logs (an unhandled exception is one)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+        self.lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.lock:
+            self.records.append(record)
+
+    def take(self) -> list[str]:
+        with self.lock:
+            out = [self.format(r) for r in self.records]
+            self.records.clear()
+        return out
+
+
+@dataclass
+class Target:
+    server: ServerThread
+    client: httpx.Client
+    errors: _Errors
+    statuses: dict[int, int] = field(default_factory=dict)
+
+    def send(self, method: str, path: str, body: bytes = b"", **kw: Any) -> httpx.Response:
+        r = self.client.request(method, path, content=body, **kw)
+        self.statuses[r.status_code] = self.statuses.get(r.status_code, 0) + 1
+        return r
+
+    def idle(self) -> bool:
+        """No ticket held, no request queued or running, no arena lease alive, no stream."""
+
+        async def read() -> bool:
+            engine = self.server.engine
+            assert engine is not None
+            stats = engine.statistics()
+            queues = all(m.queue.in_flight == 0 for m in stats.models.values())
+            workers = all(
+                m.workers.busy == 0 and m.workers.streams == 0 for m in stats.models.values()
+            )
+            return queues and workers and stats.arena.leases == 0 and stats.channels.open == 0
+
+        return self.server.call(read())
+
+
+# Module scope: each module stops its server, so no idle server threads outlive the
+# suite into other suites' tests.
+@pytest.fixture(scope="module")
+def target() -> Iterator[Target]:
+    configs = {
+        "echo": ModelConfig("echo", EchoModel),
+        "echo-thread": ModelConfig("echo-thread", EchoModel, executor="thread"),
+    }
+    srv = ServerThread(configs, runtime=RuntimeOptions(default_deadline_s=SERVER_DEADLINE_S))
+    srv.start()
+    errors = _Errors()
+    logger = logging.getLogger("zeroserve")
+    logger.addHandler(errors)
+    client = httpx.Client(base_url=srv.url, timeout=REQUEST_TIMEOUT_S)
+    t = Target(srv, client, errors)
+    try:
+        yield t
+    finally:
+        client.close()
+        logger.removeHandler(errors)
+        srv.stop()
+        if os.environ.get("ZEROSERVE_FUZZ_EXAMPLES"):
+            print(f"\nfuzz statuses: {dict(sorted(t.statuses.items()))}")

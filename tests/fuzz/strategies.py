@@ -1,0 +1,321 @@
+"""Hypothesis strategies for hostile request bodies, one family per decoder.
+
+Each body strategy mixes three kinds of input, because each finds different bugs:
+near-valid documents whose fields take hostile values (huge, negative, wrong-typed,
+deeply nested), arbitrary JSON, and arbitrary or mangled bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from hypothesis import strategies as st
+
+from zeroserve.app import limits as lim
+
+# Integers at and around every boundary the server has, plus the int64 / uint64 edges.
+EDGE_INTS = [
+    0, 1, -1, 2, 4, 5, 16, 20, 64, 128, 129, 2048, 2049,
+    lim.MAX_TOKENS, lim.MAX_TOKENS + 1, lim.MAX_DIMENSIONS, lim.MAX_DIMENSIONS + 1,
+    2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**59, 2**62, 2**63 - 1, 2**63, 2**64 - 1, 2**64,
+    -(2**63), -(2**63) - 1, 10**26, -(10**26), 10**400,
+]  # fmt: skip
+
+ints = st.one_of(st.sampled_from(EDGE_INTS), st.integers(-(2**70), 2**70), st.integers(-3, 70))
+# Counts that stay cheap for the echo model (so examples run fast), or that are out of
+# every range (a valid but huge ``max_tokens`` x ``n`` is slow work, not hostile input).
+OUT_OF_RANGE = [v for v in EDGE_INTS if v < 0 or v > lim.MAX_TOKENS]
+small_ints = st.one_of(st.integers(0, 8), st.sampled_from(OUT_OF_RANGE))
+floats = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.0, -0.0, 1e-300, 1e308, -1e308, 2.0000001, 0.5]),
+)
+text = st.text(max_size=40)
+json_leaf = st.one_of(st.none(), st.booleans(), ints, floats, text)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(text, inner, max_size=5)),
+    max_leaves=25,
+)
+
+
+def hostile(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """A field's value: mostly a valid one, else anything JSON can hold."""
+    return st.one_of(valid, valid, json_value)
+
+
+_DEPTHS = st.one_of(st.integers(1, 70), st.integers(900, 1100), st.integers(5000, 100_000))
+
+
+def nested() -> st.SearchStrategy[str]:
+    """Deeply nested arrays or objects, closed or not."""
+    return st.builds(
+        lambda d, opener, closed: (opener * d) + ("]" * d if closed and opener == "[" else ""),
+        _DEPTHS,
+        st.sampled_from(["[", '{"a":']),
+        st.booleans(),
+    )
+
+
+def optional_fields(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries({}, optional=fields)
+
+
+def _messages() -> st.SearchStrategy[Any]:
+    role = st.sampled_from(["system", "developer", "user", "assistant", "tool", "robot"])
+    part = optional_fields(type=hostile(st.sampled_from(["text", "image_url"])), text=hostile(text))
+    content = st.one_of(text, st.none(), st.lists(hostile(part), max_size=3))
+    message = optional_fields(role=hostile(role), content=hostile(content), name=hostile(text))
+    too_many = [{"role": "user", "content": "a"}] * (lim.MAX_MESSAGES + 1)
+    return st.one_of(st.lists(hostile(message), max_size=4), st.just(too_many))
+
+
+def _stop() -> st.SearchStrategy[Any]:
+    return st.one_of(text, st.lists(text, max_size=6))
+
+
+_sampling = {
+    "stop": hostile(_stop()),
+    "temperature": hostile(floats),
+    "top_p": hostile(floats),
+    "seed": hostile(ints),
+    "n": hostile(st.one_of(st.integers(0, 4), st.sampled_from([129, *OUT_OF_RANGE]))),
+    "stream": hostile(st.booleans()),
+    "stream_options": hostile(optional_fields(include_usage=hostile(st.booleans()))),
+}
+_models = st.sampled_from(["echo", "echo-thread", "nope", ""])
+
+
+def chat_bodies() -> st.SearchStrategy[Any]:
+    doc = st.fixed_dictionaries(
+        {},
+        optional={
+            "model": hostile(_models),
+            "messages": _messages(),
+            "max_tokens": hostile(small_ints),
+            "max_completion_tokens": hostile(small_ints),
+            "logprobs": hostile(st.booleans()),
+            **_sampling,
+        },
+    )
+    return documents(doc)
+
+
+def completion_bodies() -> st.SearchStrategy[Any]:
+    prompt = st.one_of(
+        text,
+        st.lists(text, max_size=4),
+        st.lists(ints, max_size=4),
+        st.lists(st.lists(ints, max_size=3), max_size=3),
+        st.just(["a"] * (lim.MAX_PROMPTS + 1)),
+    )
+    doc = st.fixed_dictionaries(
+        {},
+        optional={
+            "model": hostile(_models),
+            "prompt": hostile(prompt),
+            "max_tokens": hostile(small_ints),
+            "echo": hostile(st.booleans()),
+            "logprobs": hostile(small_ints),
+            "best_of": hostile(small_ints),
+            "suffix": hostile(text),
+            **_sampling,
+        },
+    )
+    return documents(doc)
+
+
+def embedding_bodies() -> st.SearchStrategy[Any]:
+    inputs = st.one_of(
+        text,
+        st.lists(text, max_size=6),
+        st.lists(ints, max_size=4),
+        st.sampled_from([[""] * lim.MAX_EMBEDDING_INPUTS, [""] * (lim.MAX_EMBEDDING_INPUTS + 1)]),
+    )
+    doc = st.fixed_dictionaries(
+        {},
+        optional={
+            "model": hostile(_models),
+            "input": hostile(inputs),
+            "encoding_format": hostile(st.sampled_from(["float", "base64", "int8"])),
+            "dimensions": hostile(small_ints),
+        },
+    )
+    return documents(doc)
+
+
+def documents(doc: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[bytes]:
+    """A document as JSON bytes, or mangled: truncated, spliced with nesting, or noise."""
+    as_json = doc.map(lambda d: json.dumps(d).encode())
+    truncated = st.builds(lambda b, cut: b[: max(0, len(b) - cut)], as_json, st.integers(1, 20))
+    spliced = st.builds(
+        lambda b, deep, at: b[:at] + deep.encode() + b[at:],
+        as_json,
+        nested(),
+        st.integers(0, 40),
+    )
+    return st.one_of(
+        as_json,
+        as_json,
+        as_json,
+        truncated,
+        spliced,
+        json_value.map(lambda v: json.dumps(v).encode()),
+        nested().map(str.encode),
+        st.binary(max_size=64),
+    )
+
+
+# -- KServe V2 --------------------------------------------------------------------------
+DATATYPES = [
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BYTES", "BF16", "fp32", "",
+]  # fmt: skip
+shapes = st.one_of(
+    st.lists(st.integers(0, 4), max_size=4),
+    st.lists(st.sampled_from(EDGE_INTS), max_size=4),
+    st.lists(st.integers(0, 1), min_size=30, max_size=70),
+)
+_params = optional_fields(
+    binary_data_output=hostile(st.booleans()),
+    timeout=hostile(st.one_of(st.integers(0, 2_000_000), st.sampled_from(EDGE_INTS))),
+    anything=json_value,
+)
+
+
+def _v2_data(shape: list[int], datatype: str) -> st.SearchStrategy[Any]:
+    count = 1
+    for d in shape:
+        count *= d
+    if count > 64 or count < 0:
+        return st.lists(json_leaf, max_size=4)
+    leaf: st.SearchStrategy[Any]
+    if datatype == "BYTES":
+        leaf = text
+    elif datatype == "BOOL":
+        leaf = st.booleans()
+    elif datatype.startswith("FP"):
+        leaf = floats
+    else:
+        leaf = ints
+    return st.lists(leaf, min_size=count, max_size=count)
+
+
+@st.composite
+def v2_input(draw: st.DrawFn, binary: bool) -> tuple[dict[str, Any], bytes]:
+    datatype = draw(hostile(st.sampled_from(DATATYPES)))
+    shape = draw(hostile(shapes))
+    doc: dict[str, Any] = {"name": draw(hostile(st.sampled_from(["x", "y", "z", "__parameters__"]))),
+                           "datatype": datatype, "shape": shape}  # fmt: skip
+    blob = b""
+    if binary and draw(st.booleans()):
+        blob = draw(v2_blob(datatype, shape))
+        size: Any = len(blob)
+        if draw(st.integers(0, 4)) == 0:
+            size = draw(hostile(ints))
+        doc["parameters"] = {"binary_data_size": size}
+    elif isinstance(shape, list) and all(isinstance(d, int) for d in shape):
+        doc["data"] = draw(hostile(_v2_data(shape, datatype if isinstance(datatype, str) else "")))
+    else:
+        doc["data"] = draw(json_value)
+    if draw(st.integers(0, 6)) == 0:
+        doc["parameters"] = draw(hostile(optional_fields(shared_memory_region=text)))
+    return doc, blob
+
+
+@st.composite
+def v2_blob(draw: st.DrawFn, datatype: Any, shape: Any) -> bytes:
+    """A binary tensor: exactly sized, BYTES elements with (possibly lying) length
+    prefixes, or noise."""
+    if datatype == "BYTES":
+        elements = draw(st.lists(st.binary(max_size=8), max_size=6))
+        out = b""
+        for e in elements:
+            n = (
+                len(e)
+                if draw(st.integers(0, 5))
+                else draw(st.sampled_from([0, 1, 2**31, 2**32 - 1]))
+            )
+            out += struct.pack("<I", n) + e
+        return out
+    count = 1
+    if isinstance(shape, list):
+        for d in shape:
+            count *= d if isinstance(d, int) else 1
+    width = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2,
+             "UINT32": 4, "INT32": 4, "FP32": 4}.get(datatype if isinstance(datatype, str) else "", 8)  # fmt: skip
+    if 0 <= count <= 64 and draw(st.booleans()):
+        return draw(st.binary(min_size=count * width, max_size=count * width))
+    return draw(st.binary(max_size=64))
+
+
+@st.composite
+def v2_json_bodies(draw: st.DrawFn) -> bytes:
+    if draw(st.integers(0, 5)) == 0:
+        return draw(documents(st.fixed_dictionaries({}, optional={"inputs": json_value})))
+    inputs = [draw(v2_input(binary=False))[0] for _ in range(draw(st.integers(0, 3)))]
+    doc: dict[str, Any] = {"inputs": inputs}
+    doc.update(draw(_v2_extra()))
+    return draw(documents(st.just(doc)))
+
+
+def _v2_extra() -> st.SearchStrategy[dict[str, Any]]:
+    output = optional_fields(
+        name=hostile(st.sampled_from(["x", "y", "__parameters__"])),
+        parameters=hostile(
+            optional_fields(
+                binary_data=hostile(st.booleans()),
+                classification=hostile(small_ints),
+                shared_memory_region=text,
+            )
+        ),
+    )
+    return optional_fields(
+        id=hostile(text), parameters=hostile(_params), outputs=hostile(st.lists(output, max_size=3))
+    )
+
+
+@st.composite
+def v2_binary_bodies(draw: st.DrawFn) -> tuple[bytes, str]:
+    """A binary-extension body and its Inference-Header-Content-Length header value."""
+    pairs = [draw(v2_input(binary=True)) for _ in range(draw(st.integers(0, 3)))]
+    doc: dict[str, Any] = {"inputs": [p[0] for p in pairs]}
+    doc.update(draw(_v2_extra()))
+    header = json.dumps(doc).encode()
+    if draw(st.integers(0, 6)) == 0:
+        header = draw(documents(st.just(doc)))
+    blob = b"".join(p[1] for p in pairs)
+    if draw(st.integers(0, 6)) == 0:
+        blob += draw(st.binary(max_size=16))
+    length: str = str(len(header))
+    kind = draw(st.integers(0, 8))
+    if kind == 0:
+        length = str(draw(st.integers(-5, len(header) + len(blob) + 5)))
+    elif kind == 1:
+        length = draw(st.sampled_from(["", "+1", "0x10", "1e3", "99999999999999999999", "-0", "٣"]))
+    return header + blob, length
+
+
+# -- raw ------------------------------------------------------------------------------------
+_query_text = st.text(
+    alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters="#"),
+    max_size=24,
+)
+_query_value = st.one_of(
+    _query_text,
+    st.sampled_from(["1", "0", "true", "yes", "block", "coalesce", "nan", "inf", "-1", "1e400"]),
+    ints.map(str),
+    floats.map(str),
+)
+
+
+@st.composite
+def raw_queries(draw: st.DrawFn) -> str:
+    keys = st.sampled_from(["stream", "max_tokens", "policy", "timeout", "x", ""])
+    pairs = draw(st.lists(st.tuples(st.one_of(keys, _query_text), _query_value), max_size=5))
+    query = "&".join(f"{k}={v}" for k, v in pairs)
+    if draw(st.integers(0, 5)) == 0:
+        query = draw(_query_text)
+    return query
