@@ -49,7 +49,7 @@ from .. import metrics
 from ..errors import DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
-from .engine_tools import ForcedTool, GeneratedPieces, plan_tools, release_ticket
+from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
 from .relay._rewrite import model_spans, rewrite_model
@@ -113,7 +113,7 @@ class EngineRelay:
         body = s.decode(s.engine_chat_decoder, req.body)
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-        plan = plan_tools(body)
+        plan = plan_tools(body, self.model)
         max_tokens = (
             body.max_completion_tokens
             if body.max_completion_tokens is not None
@@ -197,7 +197,7 @@ class EngineRelay:
         bound: int,
         messages: Any,
         prompt: str | None,
-        plan: ForcedTool | None,
+        plan: ForcedTool | AutoTool | None,
         has_format: bool,
     ) -> Response | StreamResponse:
         self.requests += 1
@@ -323,7 +323,7 @@ class _Run:
         deadline: float,
         ticket: Any,
         *,
-        plan: ForcedTool | None = None,
+        plan: ForcedTool | AutoTool | None = None,
         has_format: bool = False,
     ) -> None:
         self.relay = relay
@@ -612,7 +612,7 @@ async def run_choices(
     stream: bool,
     deadline: float,
     ticket: Any,
-    plan: ForcedTool | None,
+    plan: ForcedTool | AutoTool | None,
 ) -> Response | StreamResponse:
     payloads = _choice_payloads(payload, n, seed)
     if not stream:
