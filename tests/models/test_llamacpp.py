@@ -235,22 +235,12 @@ def test_auto_tools_answer_is_a_valid_call_or_text(client: openai.OpenAI) -> Non
     assert r.usage is not None and r.usage.completion_tokens > 0
 
 
-def test_auto_tools_streamed_is_a_valid_call_or_text(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(
-        model="smollm2",
-        messages=[PARIS_TOOL],
-        max_tokens=40,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        tools=[WEATHER_TOOL],  # type: ignore[list-item]
-        tool_choice="auto",
-    )
-    chunks = list(stream)
+def _streamed_message(chunks: list[Any]) -> tuple[Any, str | None]:
+    """The message and finish reason a stream of chunks spells (as OpenAI clients
+    rebuild it), after checking the stream's shape."""
     assert chunks[0].choices[0].delta.role == "assistant"
     assert len({c.id for c in chunks}) == 1 and all(c.model == "smollm2" for c in chunks)
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
-    # Rebuild the message from the deltas, as OpenAI clients do.
     text = ""
     calls: dict[int, dict[str, str]] = {}
     reason = None
@@ -266,17 +256,86 @@ def test_auto_tools_streamed_is_a_valid_call_or_text(client: openai.OpenAI) -> N
         if c.finish_reason is not None:
             assert reason is None, "one finish_reason per stream"
             reason = c.finish_reason
+    assert not (text and calls), "an answer is a call or text, never both"
     message = openai.types.chat.ChatCompletionMessage(
         role="assistant",
         content=text or None,
         tool_calls=[
-            {"id": v["id"], "type": "function", "function": {"name": v["name"], "arguments": v["arguments"]}}
+            {
+                "id": v["id"],
+                "type": "function",
+                "function": {"name": v["name"], "arguments": v["arguments"]},
+            }
             for _, v in sorted(calls.items())
         ]
         or None,
     )
-    assert not (text and calls), "an answer is a call or text, never both"
-    _check_auto_message(message, reason)
+    return message, reason
+
+
+def test_auto_tools_streamed_is_a_valid_call_or_text(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=[PARIS_TOOL],
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice="auto",
+    )
+    _check_auto_message(*_streamed_message(list(stream)))
+
+
+def _earlier_call(ident: str, city: str) -> Any:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": ident,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+            }
+        ],
+    }
+
+
+# A conversation whose earlier turns called the tool (written into the generic format's
+# call objects for the template): greedy SmolLM2 follows them and calls it again.
+FEW_SHOT_CALLS = [
+    {"role": "user", "content": "What is the weather in London? Use the tool."},
+    _earlier_call("call_1", "London"),
+    {"role": "user", "content": "What is the weather in Rome? Use the tool."},
+    _earlier_call("call_2", "Rome"),
+    PARIS_TOOL,
+]
+
+
+def test_auto_tools_call_in_the_generic_format(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=FEW_SHOT_CALLS,  # type: ignore[arg-type]
+        max_tokens=40,
+        temperature=0,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice="auto",
+    )
+    (choice,) = r.choices
+    assert _check_auto_message(choice.message, choice.finish_reason), "expected a call"
+
+
+def test_auto_tools_call_streamed_in_the_generic_format(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=FEW_SHOT_CALLS,  # type: ignore[arg-type]
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+    )
+    assert _check_auto_message(*_streamed_message(list(stream))), "expected a call"
 
 
 def test_tools_without_tool_choice_mean_auto(client: openai.OpenAI) -> None:
@@ -424,6 +483,12 @@ def test_stop_strings(client: openai.OpenAI) -> None:
             "tool_choice",
             "invalid_request",
         ),
+        (
+            {"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}},
+            "response_format",
+            "invalid_request",
+        ),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "auto", "n": 2}, "n", "invalid_request"),
     ],
 )
 def test_bad_input_is_a_400_and_leaks_nothing(
