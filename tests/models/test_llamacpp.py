@@ -489,6 +489,16 @@ def test_stop_strings(client: openai.OpenAI) -> None:
             "invalid_request",
         ),
         ({"tools": [WEATHER_TOOL], "tool_choice": "auto", "n": 2}, "n", "invalid_request"),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+            "invalid_request",
+        ),
     ],
 )
 def test_bad_input_is_a_400_and_leaks_nothing(

@@ -391,10 +391,15 @@ class _Run:
             error: BaseException = exc
             if isinstance(exc, ValueError):
                 # The engine refused the request before generating (a grammar it cannot
-                # build from the schema, a template error): the client's fault.
+                # build from the schema, a template error): the client's fault. With a tool
+                # plan the grammar comes from the tools' parameters.
                 error = RequestError(
                     f"the engine refused the request: {exc}",
-                    param="response_format" if self.has_format else None,
+                    param="tools"
+                    if self.plan is not None
+                    else "response_format"
+                    if self.has_format
+                    else None,
                 )
             with self._lock:
                 self._error = error
