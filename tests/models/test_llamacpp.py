@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jsonschema
@@ -199,6 +200,183 @@ def test_forced_tool_call_streamed_deltas(client: openai.OpenAI) -> None:
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+PARIS_TOOL = {"role": "user", "content": "What is the weather in Paris? Use the tool."}
+
+
+def _check_auto_message(message: Any, finish_reason: str | None) -> bool:
+    """Assert an answer to tools with ``auto`` is a well-formed call or text; True for
+    a call."""
+    if message.tool_calls:
+        assert finish_reason == "tool_calls"
+        assert message.content is None
+        for call in message.tool_calls:
+            assert call.id and call.type == "function"
+            assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), CITY_SCHEMA)
+        return True
+    assert finish_reason in ("stop", "length")
+    assert isinstance(message.content, str) and message.content.strip()
+    assert not message.content.lstrip().startswith('{"tool_calls"') or finish_reason == "length"
+    return False
+
+
+def test_auto_tools_answer_is_a_valid_call_or_text(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=[PARIS_TOOL],
+        max_tokens=40,
+        temperature=0,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice="auto",
+    )
+    assert r.model == "smollm2" and r.object == "chat.completion"
+    (choice,) = r.choices
+    _check_auto_message(choice.message, choice.finish_reason)
+    assert r.usage is not None and r.usage.completion_tokens > 0
+
+
+def _streamed_message(chunks: list[Any]) -> tuple[Any, str | None]:
+    """The message and finish reason a stream of chunks spells (as OpenAI clients
+    rebuild it), after checking the stream's shape."""
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1 and all(c.model == "smollm2" for c in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    text = ""
+    calls: dict[int, dict[str, str]] = {}
+    reason = None
+    for ch in chunks[:-1]:
+        (c,) = ch.choices
+        text += c.delta.content or ""
+        for tc in c.delta.tool_calls or []:
+            slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            slot["id"] += tc.id or ""
+            if tc.function is not None:
+                slot["name"] += tc.function.name or ""
+                slot["arguments"] += tc.function.arguments or ""
+        if c.finish_reason is not None:
+            assert reason is None, "one finish_reason per stream"
+            reason = c.finish_reason
+    assert not (text and calls), "an answer is a call or text, never both"
+    message = openai.types.chat.ChatCompletionMessage(
+        role="assistant",
+        content=text or None,
+        tool_calls=[
+            {
+                "id": v["id"],
+                "type": "function",
+                "function": {"name": v["name"], "arguments": v["arguments"]},
+            }
+            for _, v in sorted(calls.items())
+        ]
+        or None,
+    )
+    return message, reason
+
+
+def test_auto_tools_streamed_is_a_valid_call_or_text(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=[PARIS_TOOL],
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice="auto",
+    )
+    _check_auto_message(*_streamed_message(list(stream)))
+
+
+def _earlier_call(ident: str, city: str) -> Any:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": ident,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+            }
+        ],
+    }
+
+
+# A conversation whose earlier turns called the tool (written into the generic format's
+# call objects for the template): greedy SmolLM2 follows them and calls it again.
+FEW_SHOT_CALLS = [
+    {"role": "user", "content": "What is the weather in London? Use the tool."},
+    _earlier_call("call_1", "London"),
+    {"role": "user", "content": "What is the weather in Rome? Use the tool."},
+    _earlier_call("call_2", "Rome"),
+    PARIS_TOOL,
+]
+
+
+def test_auto_tools_call_in_the_generic_format(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=FEW_SHOT_CALLS,  # type: ignore[arg-type]
+        max_tokens=40,
+        temperature=0,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice="auto",
+    )
+    (choice,) = r.choices
+    assert _check_auto_message(choice.message, choice.finish_reason), "expected a call"
+
+
+def test_auto_tools_call_streamed_in_the_generic_format(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=FEW_SHOT_CALLS,  # type: ignore[arg-type]
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+    )
+    assert _check_auto_message(*_streamed_message(list(stream))), "expected a call"
+
+
+def test_tools_without_tool_choice_mean_auto(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=[HELPFUL, {"role": "user", "content": "Say hello."}],
+        max_tokens=12,
+        temperature=0,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+    )
+    (choice,) = r.choices
+    _check_auto_message(choice.message, choice.finish_reason)
+
+
+def test_auto_tools_rewrites_earlier_calls(client: openai.OpenAI) -> None:
+    """A conversation with an earlier call and its result, and tools again: answered."""
+    r = client.chat.completions.create(
+        model="smollm2",
+        max_tokens=12,
+        temperature=0,
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        messages=[
+            PARIS_TOOL,
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+        ],
+    )
+    (choice,) = r.choices
+    _check_auto_message(choice.message, choice.finish_reason)
+
+
 def test_tool_role_messages_are_accepted(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
         model="smollm2",
@@ -307,6 +485,22 @@ def test_stop_strings(client: openai.OpenAI) -> None:
                 "tool_choice": {"type": "function", "function": {"name": "other"}},
             },
             "tool_choice",
+            "invalid_request",
+        ),
+        (
+            {"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}},
+            "response_format",
+            "invalid_request",
+        ),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "auto", "n": 2}, "n", "invalid_request"),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
             "invalid_request",
         ),
     ],

@@ -49,7 +49,7 @@ from .. import metrics
 from ..errors import DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
-from .engine_tools import ForcedTool, GeneratedPieces, plan_tools, release_ticket
+from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
 from .limits import ApiLimits, check_count
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
@@ -124,7 +124,7 @@ class EngineRelay:
         _check_choices(body.n, body.stop, limits)
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-        plan = plan_tools(body)
+        plan = plan_tools(body, self.model)
         max_tokens = (
             body.max_completion_tokens
             if body.max_completion_tokens is not None
@@ -209,7 +209,7 @@ class EngineRelay:
         bound: int,
         messages: Any,
         prompt: str | None,
-        plan: ForcedTool | None,
+        plan: ForcedTool | AutoTool | None,
         has_format: bool,
     ) -> Response | StreamResponse:
         self.requests += 1
@@ -335,7 +335,7 @@ class _Run:
         deadline: float,
         ticket: Any,
         *,
-        plan: ForcedTool | None = None,
+        plan: ForcedTool | AutoTool | None = None,
         has_format: bool = False,
     ) -> None:
         self.relay = relay
@@ -403,10 +403,15 @@ class _Run:
             error: BaseException = exc
             if isinstance(exc, ValueError):
                 # The engine refused the request before generating (a grammar it cannot
-                # build from the schema, a template error): the client's fault.
+                # build from the schema, a template error): the client's fault. With a tool
+                # plan the grammar comes from the tools' parameters.
                 error = RequestError(
                     f"the engine refused the request: {exc}",
-                    param="response_format" if self.has_format else None,
+                    param="tools"
+                    if self.plan is not None
+                    else "response_format"
+                    if self.has_format
+                    else None,
                 )
             with self._lock:
                 self._error = error
@@ -624,7 +629,7 @@ async def run_choices(
     stream: bool,
     deadline: float,
     ticket: Any,
-    plan: ForcedTool | None,
+    plan: ForcedTool | AutoTool | None,
 ) -> Response | StreamResponse:
     payloads = _choice_payloads(payload, n, seed)
     if not stream:

@@ -17,8 +17,17 @@ branch per tool (several). The engine's answer is then turned into OpenAI's
 the call's ``id``, ``type`` and ``function.name`` and ``arguments: ""``, then argument
 fragments as the engine makes them (one tool; with several the name is known only at
 the end, so the call is sent whole at the end), then ``finish_reason: "tool_calls"``.
-``tool_choice`` ``"auto"`` (or absent) and ``"none"`` go to the engine unchanged: a
-template with native tool calls uses them, others answer in text.
+``tool_choice`` ``"none"`` goes to the engine unchanged. ``"auto"`` (or absent) goes
+unchanged too when the model's chat template has native tool calls (the engine reports
+it: ``LlamaCppModel.native_tools``); the engine renders the tools and parses the calls.
+Otherwise the request is rewritten into the generic format (docs/models.md, "Tools with
+tool_choice auto"): a system message describes the tools and asks for either a plain
+text answer or one JSON object ``{"tool_calls": [{"name": ..., "arguments": {...}}]}``,
+and a grammar allows exactly those two: the call object is the same per-tool schema the
+forced path uses (compiled by the engine's own converter), the text is anything that
+does not start with ``{``. An answer that starts with ``{`` is a call and becomes OpenAI's
+``tool_calls`` (streamed: held until the object is complete, then sent whole, one delta
+per call); any other answer is an ordinary message, streamed as it comes.
 
 ``n`` > 1 (``engine_relay.run_choices``): the engine decodes one sequence per request,
 so each choice is its own engine request (with ``seed + j`` when a seed is given). A whole answer runs them concurrently
@@ -35,9 +44,18 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..errors import RequestError
+from ..errors import RequestError, ZeroserveError
 from .openai import schemas as s
 from .response import JSON, Response, StreamResponse
+
+
+class ToolEngine(Protocol):
+    """What the tool plans need of the serving model (``LlamaCppModel``)."""
+
+    @property
+    def native_tools(self) -> bool: ...
+
+    def schema_grammar(self, schema: bytes) -> str: ...
 
 
 class EngineCall(Protocol):
@@ -78,9 +96,10 @@ def check_response_format(raw: msgspec.Raw | msgspec.UnsetType) -> s.ResponseFor
     return fmt
 
 
-def plan_tools(body: s.EngineChatRequest) -> ForcedTool | None:
+def plan_tools(body: s.EngineChatRequest, engine: ToolEngine) -> ForcedTool | AutoTool | None:
     """Check ``response_format``, ``tools`` and ``tool_choice``; a plan when the answer
-    must be a forced tool call, else None (the body goes to the engine as it came)."""
+    must be a forced tool call or may be one in the generic format, else None (the body
+    goes to the engine as it came)."""
     fmt = check_response_format(body.response_format)
     choice: Any = None
     if s.given(body.tool_choice):
@@ -107,8 +126,17 @@ def plan_tools(body: s.EngineChatRequest) -> ForcedTool | None:
             )
     elif choice == "required":
         chosen = tools
-    else:
-        return None  # "auto", "none" or absent: the engine and its template decide
+    elif choice == "none" or engine.native_tools:
+        return None  # the engine and its template decide
+    else:  # "auto" or absent, on a template without tools: the generic format
+        if fmt is not None:
+            raise RequestError(
+                "response_format cannot be combined with tools on this model",
+                param="response_format",
+            )
+        if (body.n or 1) > 1:
+            raise RequestError("n > 1 is not supported with tools on this model", param="n")
+        return AutoTool(body, tools, engine)
     if fmt is not None:
         raise RequestError(
             "response_format cannot be combined with a forced tool_choice", param="response_format"
@@ -128,8 +156,12 @@ def _decode_param(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw, param: s
         ) from None
 
 
-def _tool_text(tools: list[s.Tool]) -> str:
-    lines = ["You call a function to answer. The functions:"]
+def _tool_text(
+    tools: list[s.Tool],
+    instructions: str = "Answer with the function's arguments as JSON.",
+    intro: str = "You call a function to answer.",
+) -> str:
+    lines = [intro + " The functions:"]
     for t in tools:
         f = t.function
         params = (
@@ -138,11 +170,97 @@ def _tool_text(tools: list[s.Tool]) -> str:
             else "{}"
         )
         lines.append(f"- {f.name}: {f.description or ''} Parameters (JSON Schema): {params}")
-    lines.append("Answer with the function's arguments as JSON.")
+    lines.append(instructions)
     return "\n".join(lines)
 
 
-class ForcedTool:
+def _parameters(tool: s.Tool) -> Any:
+    p = tool.function.parameters
+    return msgspec.json.decode(bytes(p)) if p is not None and s.given(p) else {"type": "object"}
+
+
+def call_schema(tools: list[s.Tool]) -> Any:
+    """The JSON Schema of one call ``{"name", "arguments"}`` of any of ``tools``: one
+    branch per tool, its name a constant and its arguments the function's parameters."""
+    return {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.function.name}, "arguments": _parameters(t)},
+                "required": ["name", "arguments"],
+            }
+            for t in tools
+        ]
+    }
+
+
+_FORWARDED = (
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "stop",
+)
+
+
+def engine_body(body: s.EngineChatRequest, system: str, constraint: dict[str, Any]) -> bytes:
+    """The request for the engine: ``system`` first, the conversation in plain messages
+    (no tools: the template knows none), the sampling fields, and ``constraint`` (a
+    ``response_format`` or a ``grammar``)."""
+    messages: list[Any] = [{"role": "system", "content": system}]
+    messages += [msgspec.structs.asdict(m) for m in body.messages]
+    for m in messages:
+        for key in [k for k, v in m.items() if v is None]:
+            del m[key]
+        calls = m.get("tool_calls")
+        if calls:
+            m["tool_calls"] = [msgspec.structs.asdict(c) for c in calls]
+            for c in m["tool_calls"]:
+                c["function"] = msgspec.structs.asdict(c["function"])
+        content = m.get("content")
+        if isinstance(content, list):
+            m["content"] = "\n".join(p.text or "" for p in content)
+    out: dict[str, Any] = {"model": body.model, "messages": messages, "stream": bool(body.stream)}
+    out.update(constraint)
+    for key in _FORWARDED:
+        value = getattr(body, key)
+        if value is not None:
+            out[key] = value
+    if body.stream_options is not None:
+        out["stream_options"] = {"include_usage": body.stream_options.include_usage}
+    return _encode(out)
+
+
+class _ToolAnswer:
+    """What both tool plans share: the answer's identity and its chunks' shape."""
+
+    include_usage: bool
+    ident: str
+    created: int
+
+    def _chunk(self, model: str, delta: s.ToolDelta, reason: str | None, usage: Any) -> bytes:
+        return _encode(
+            s.ToolChunk(
+                self.ident,
+                "chat.completion.chunk",
+                self.created,
+                model,
+                [s.ToolChunkChoice(0, delta, None, reason)],
+                usage,
+            )
+        )
+
+    def _usage_chunk(self, model: str, usage: s.Usage) -> bytes:
+        return _encode(
+            s.ToolChunk(self.ident, "chat.completion.chunk", self.created, model, [], usage)
+        )
+
+
+class ForcedTool(_ToolAnswer):
     """A request whose answer must be a call of one of ``tools`` (grammar-constrained)."""
 
     def __init__(self, body: s.EngineChatRequest, tools: list[s.Tool]) -> None:
@@ -157,61 +275,12 @@ class ForcedTool:
                 else msgspec.Raw(_NO_PARAMETERS)
             )
         else:
-            branches = []
-            for t in tools:
-                p = t.function.parameters
-                params: Any = (
-                    msgspec.json.decode(bytes(p))
-                    if p is not None and s.given(p)
-                    else {"type": "object"}
-                )
-                branches.append(
-                    {
-                        "type": "object",
-                        "properties": {"name": {"const": t.function.name}, "arguments": params},
-                        "required": ["name", "arguments"],
-                    }
-                )
-            schema = msgspec.Raw(_encode({"anyOf": branches}))
-        messages: list[Any] = [{"role": "system", "content": _tool_text(tools)}]
-        messages += [msgspec.structs.asdict(m) for m in body.messages]
-        for m in messages:
-            for key in [k for k, v in m.items() if v is None]:
-                del m[key]
-            calls = m.get("tool_calls")
-            if calls:
-                m["tool_calls"] = [msgspec.structs.asdict(c) for c in calls]
-                for c in m["tool_calls"]:
-                    c["function"] = msgspec.structs.asdict(c["function"])
-            content = m.get("content")
-            if isinstance(content, list):
-                m["content"] = "\n".join(p.text or "" for p in content)
-        out: dict[str, Any] = {
-            "model": body.model,
-            "messages": messages,
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "tool_call", "strict": True, "schema": schema},
-            },
-            "stream": bool(body.stream),
+            schema = msgspec.Raw(_encode(call_schema(tools)))
+        fmt = {
+            "type": "json_schema",
+            "json_schema": {"name": "tool_call", "strict": True, "schema": schema},
         }
-        for key in (
-            "max_tokens",
-            "max_completion_tokens",
-            "temperature",
-            "top_p",
-            "seed",
-            "presence_penalty",
-            "frequency_penalty",
-            "logit_bias",
-            "stop",
-        ):
-            value = getattr(body, key)
-            if value is not None:
-                out[key] = value
-        if body.stream_options is not None:
-            out["stream_options"] = {"include_usage": body.stream_options.include_usage}
-        self.body = _encode(out)
+        self.body = engine_body(body, _tool_text(tools), {"response_format": fmt})
         self.ident = "chatcmpl-" + os.urandom(12).hex()
         self.call_id = "call_" + os.urandom(12).hex()
         self.created = int(time.time())
@@ -262,18 +331,6 @@ class ForcedTool:
             GeneratedPieces(self._stream(run, first, model), run.close), framing="sse"
         )
 
-    def _chunk(self, model: str, delta: s.ToolDelta, reason: str | None, usage: Any) -> bytes:
-        return _encode(
-            s.ToolChunk(
-                self.ident,
-                "chat.completion.chunk",
-                self.created,
-                model,
-                [s.ToolChunkChoice(0, delta, None, reason)],
-                usage,
-            )
-        )
-
     async def _stream(
         self, run: EngineCall, first: bytes, model: str
     ) -> AsyncGenerator[bytes, None]:
@@ -313,9 +370,176 @@ class ForcedTool:
             model, s.ToolDelta(), "tool_calls" if reason != "length" else "length", usage_default
         )
         if self.include_usage and usage is not None:
-            yield _encode(
-                s.ToolChunk(self.ident, "chat.completion.chunk", self.created, model, [], usage)
+            yield self._usage_chunk(model, usage)
+        yield b"[DONE]"
+
+
+# The text branch of the generic format: any answer that does not start with "{" (or
+# with white space, so the first character decides text or call).
+TEXT_ANSWER_PATTERN = r"/[^{\s][\s\S]*/"
+_GENERIC_INSTRUCTIONS = (
+    "To call functions, answer with only this JSON object and nothing else: "
+    '{"tool_calls": [{"name": "<function name>", "arguments": {<its arguments>}}]}. '
+    "Otherwise answer the user in plain text."
+)
+
+
+def generic_grammar(engine: ToolEngine, tools: list[s.Tool]) -> str:
+    """The generic format's grammar: a plain text answer, or a call object whose
+    ``tool_calls`` items match :func:`call_schema` (compiled by the engine's converter)."""
+    schema = {
+        "type": "object",
+        "properties": {"tool_calls": {"type": "array", "minItems": 1, "items": call_schema(tools)}},
+        "required": ["tool_calls"],
+    }
+    try:
+        grammar = engine.schema_grammar(_encode(schema))
+    except (ValueError, RuntimeError) as exc:
+        raise RequestError(f"the engine refused the tools' schemas: {exc}", param="tools") from None
+    head, sep, rest = grammar.partition("\nstart:")
+    if not head.startswith("%llguidance") or not sep:
+        raise ZeroserveError("this engine build cannot express the generic tool-call grammar")
+    return f"{head}\nstart: tool_call | text_answer\ntool_call:{rest}\ntext_answer: {TEXT_ANSWER_PATTERN}\n"
+
+
+def _history_as_text(body: s.EngineChatRequest) -> s.EngineChatRequest:
+    """Earlier assistant calls written as the generic format's call objects (a template
+    without tools would drop them)."""
+    messages = []
+    for m in body.messages:
+        if m.tool_calls:
+            calls = [
+                {"name": c.function.name, "arguments": _arguments(c.function.arguments)}
+                for c in m.tool_calls
+            ]
+            m = msgspec.structs.replace(
+                m, content=_encode({"tool_calls": calls}).decode(), tool_calls=None
             )
+        messages.append(m)
+    return msgspec.structs.replace(body, messages=messages)
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return text
+
+
+class AutoTool(_ToolAnswer):
+    """``tool_choice: "auto"`` on a template without tools: the generic format."""
+
+    def __init__(self, body: s.EngineChatRequest, tools: list[s.Tool], engine: ToolEngine) -> None:
+        self.tools = tools
+        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        system = _tool_text(tools, _GENERIC_INSTRUCTIONS, "You can call functions.")
+        grammar = generic_grammar(engine, tools)
+        self.body = engine_body(_history_as_text(body), system, {"grammar": grammar})
+        self.ident = "chatcmpl-" + os.urandom(12).hex()
+        self.call_prefix = "call_" + os.urandom(8).hex()
+        self.created = int(time.time())
+
+    def calls(self, content: str) -> list[s.ToolCallOut] | None:
+        """The answer's calls, or None when it is text (or a call cut short by
+        ``max_tokens``, which is returned as the text it is)."""
+        if not content.lstrip().startswith("{"):
+            return None
+        try:
+            obj = msgspec.json.decode(content)
+            return [
+                s.ToolCallOut(
+                    f"{self.call_prefix}_{i}",
+                    "function",
+                    s.ToolCallFunction(
+                        name=str(c["name"]), arguments=_encode(c["arguments"]).decode()
+                    ),
+                )
+                for i, c in enumerate(obj["tool_calls"])
+            ]
+        except (msgspec.DecodeError, KeyError, TypeError):
+            return None
+
+    async def respond(
+        self, run: EngineCall, first: bytes, *, chat: bool, stream: bool
+    ) -> Response | StreamResponse:
+        model = run.model
+        if not stream:
+            run.complete = True
+            run.close()
+            answer = s.engine_chunk_decoder.decode(first)
+            choice = answer.choices[0] if answer.choices else None
+            content = (choice.message.content if choice and choice.message else None) or ""
+            reason = (choice.finish_reason if choice else None) or "stop"
+            calls = self.calls(content)
+            if calls is not None:
+                msg = s.ToolMessage("assistant", None, calls)
+                reason = "tool_calls"
+            else:
+                msg = s.ToolMessage("assistant", content, None)
+            out = s.ToolCompletion(
+                self.ident,
+                "chat.completion",
+                self.created,
+                model,
+                [s.ToolChoiceOut(0, msg, None, reason)],
+                answer.usage or s.Usage(0, 0, 0),
+            )
+            return Response(200, [_encode(out)], content_type=JSON)
+        return StreamResponse(
+            GeneratedPieces(self._stream(run, first, model), run.close), framing="sse"
+        )
+
+    async def _stream(
+        self, run: EngineCall, first: bytes, model: str
+    ) -> AsyncGenerator[bytes, None]:
+        usage_default: Any = None if self.include_usage else msgspec.UNSET
+        yield self._chunk(model, s.ToolDelta(role="assistant", content=None), None, usage_default)
+        held: list[str] = []  # text before the first non-space character, or a call
+        is_call: bool | None = None
+        reason = "stop"
+        usage: s.Usage | None = None
+        chunk: bytes | None = first
+        while chunk is not None:
+            data = s.engine_chunk_decoder.decode(run.check(chunk))
+            if data.usage is not None:
+                usage = data.usage
+            for c in data.choices:
+                text = c.delta.content if c.delta is not None else None
+                if text and is_call is None:  # still deciding: hold the text
+                    held.append(text)
+                    lead = "".join(held).lstrip()
+                    if lead:
+                        is_call = lead.startswith("{")
+                        if not is_call:
+                            text, held = "".join(held), []
+                            yield self._chunk(model, s.ToolDelta(content=text), None, usage_default)
+                elif text and is_call:
+                    held.append(text)
+                elif text:
+                    yield self._chunk(model, s.ToolDelta(content=text), None, usage_default)
+                if c.finish_reason is not None:
+                    reason = c.finish_reason
+            chunk = await run.next_chunk()
+        if held:
+            content = "".join(held)
+            calls = self.calls(content)
+            if calls is not None:
+                deltas = [
+                    s.ToolCallDelta(
+                        i,
+                        c.id,
+                        "function",
+                        {"name": c.function.name, "arguments": c.function.arguments},
+                    )
+                    for i, c in enumerate(calls)
+                ]
+                yield self._chunk(model, s.ToolDelta(tool_calls=deltas), None, usage_default)
+                reason = "tool_calls"
+            else:
+                yield self._chunk(model, s.ToolDelta(content=content), None, usage_default)
+        yield self._chunk(model, s.ToolDelta(), reason, usage_default)
+        if self.include_usage and usage is not None:
+            yield self._usage_chunk(model, usage)
         yield b"[DONE]"
 
 

@@ -26,9 +26,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.util
+import json
 import os
 import secrets
 import signal
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,6 +59,9 @@ DEFAULT_TIMEOUT_S = 300.0
 # Bytes hashed per read when checking the digest (1 MiB: a few hundred reads for a
 # 100 MB file, no large buffer held).
 HASH_CHUNK_BYTES = 1 << 20
+# Seconds to read the engine's ``/props`` (its chat template's capabilities) from the
+# locked side port once after the load (loopback, no model work: milliseconds).
+PROPS_TIMEOUT_S = 5.0
 # The first four bytes of every GGUF file.
 GGUF_MAGIC = b"GGUF"
 # Bytes large enough for the C ``struct sigaction`` of any libc we run on (glibc x86-64
@@ -165,6 +170,9 @@ class LlamaCppModel(Model):
         self.alias = str(options.get("alias") or self.default_alias)
         self.server: Any = None  # the xllamacpp.Server once loaded
         self._side_key = ""
+        # Whether the GGUF's chat template renders tools and the engine parses the model's
+        # tool calls (llama.cpp's ``chat_template_caps``); read once after the load.
+        self.native_tools = False
 
     @property
     def context_length(self) -> int:  # type: ignore[override]
@@ -202,6 +210,23 @@ class LlamaCppModel(Model):
                 raise GGUFError(
                     f"GGUF file {self.path}: the engine failed to load it: {exc}"
                 ) from None
+        self.native_tools = self._template_supports_tools()
+
+    def _template_supports_tools(self) -> bool:
+        """The engine's verdict on its chat template (``GET /props`` on the side port)."""
+        req = urllib.request.Request(
+            self.side_address + "/props", headers={"Authorization": f"Bearer {self._side_key}"}
+        )
+        with urllib.request.urlopen(req, timeout=PROPS_TIMEOUT_S) as answer:
+            caps = json.load(answer).get("chat_template_caps") or {}
+        return bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
+
+    def schema_grammar(self, schema: bytes) -> str:
+        """The engine's own grammar for a JSON Schema (llama.cpp's converter; with this
+        build an llguidance grammar, ``%llguidance {}`` then ``start: %json {...}``)."""
+        import xllamacpp
+
+        return str(xllamacpp.json_schema_to_grammar(schema.decode()))
 
     @property
     def side_address(self) -> str:

@@ -485,9 +485,11 @@ class ToolCallDelta(Struct, omit_defaults=True):
 
 
 class ToolMessage(Struct):
+    """An answer that may be a call (``tool_calls``) or text (``content``)."""
+
     role: str
-    content: None
-    tool_calls: list[ToolCallOut]
+    content: str | None
+    tool_calls: list[ToolCallOut] | None
     refusal: None = None
 
 
