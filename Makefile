@@ -47,6 +47,7 @@ serve: install
 
 lint: install-test
 	$(VENV)/bin/ruff check src tests tools benchmarks
+	$(VENV)/bin/ruff format --check src tests tools benchmarks
 
 typecheck: install-test
 	$(VENV)/bin/mypy

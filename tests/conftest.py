@@ -46,7 +46,9 @@ class ServerProcess:
 
 
 def start_server(
-    *args: str, env: dict[str, str] | None = None, loop: str = "auto",
+    *args: str,
+    env: dict[str, str] | None = None,
+    loop: str = "auto",
     timeout: float = START_TIMEOUT_S,
 ) -> ServerProcess:
     """Start ``zeroserve serve`` on a free port and wait (bounded) until it listens."""
@@ -54,10 +56,22 @@ def start_server(
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
     full_env["PYTHONUNBUFFERED"] = "1"
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "zeroserve", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--loop", loop, *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, cwd=ROOT)
+    cmd = [
+        sys.executable,
+        "-m",
+        "zeroserve",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--loop",
+        loop,
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=ROOT
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     lines: list[str] = []
@@ -69,7 +83,9 @@ def start_server(
         m = _READY.search(line)
         if m:
             _drain_in_background(proc)
-            return ServerProcess(proc, m.group(3), int(m.group(4)), m.group(1).split(", "), m.group(2))
+            return ServerProcess(
+                proc, m.group(3), int(m.group(4)), m.group(1).split(", "), m.group(2)
+            )
     proc.kill()
     proc.wait()
     proc.stdout.close()

@@ -20,9 +20,14 @@ from zeroserve.runtime import RuntimeOptions
 
 def test_layers_override_in_order(tmp_path: Path) -> None:
     toml = tmp_path / "z.toml"
-    toml.write_text('port = 9001\nhost = "127.0.0.2"\n[limits]\nmax_body_bytes = 10\n[timeouts]\nhead = 3.5\n')
-    cfg = load_config(str(toml), env={"ZEROSERVE_PORT": "9002", "ZEROSERVE_TIMEOUTS__HEAD": "4"},
-                      overrides={"port": 9003, "host": None})
+    toml.write_text(
+        'port = 9001\nhost = "127.0.0.2"\n[limits]\nmax_body_bytes = 10\n[timeouts]\nhead = 3.5\n'
+    )
+    cfg = load_config(
+        str(toml),
+        env={"ZEROSERVE_PORT": "9002", "ZEROSERVE_TIMEOUTS__HEAD": "4"},
+        overrides={"port": 9003, "host": None},
+    )
     assert cfg.port == 9003  # flag beats env beats file
     assert cfg.host == "127.0.0.2"  # file beats default; a flag left unset changes nothing
     assert cfg.limits.max_body_bytes == 10
@@ -47,8 +52,13 @@ def test_errors_name_the_key(env: dict[str, str], key: str) -> None:
 
 def test_unknown_environment_variables_are_named_in_a_warning_not_refused() -> None:
     # The environment is shared with other programs (ZEROSERVE_BIN of a launcher script).
-    env = {"ZEROSERVE_BIN": "x", "ZEROSERVE_LIMITS__NOPE": "1", "ZEROSERVE_PORT__X": "2",
-           "ZEROSERVE_PORT": "9004", "ZEROSERVE_INTERNAL_CHILD": "1"}
+    env = {
+        "ZEROSERVE_BIN": "x",
+        "ZEROSERVE_LIMITS__NOPE": "1",
+        "ZEROSERVE_PORT__X": "2",
+        "ZEROSERVE_PORT": "9004",
+        "ZEROSERVE_INTERNAL_CHILD": "1",
+    }
     with pytest.warns(ConfigWarning) as caught:
         cfg = load_config(env=env)
     assert len(caught) == 1
@@ -61,8 +71,14 @@ def test_unknown_environment_variables_are_named_in_a_warning_not_refused() -> N
 
 def test_unknown_environment_variable_does_not_stop_the_cli() -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src"), "ZEROSERVE_BIN": "x"}
-    proc = subprocess.run([sys.executable, "-m", "zeroserve", "models", "--model", "echo"],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zeroserve", "models", "--model", "echo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "zeroserve: warning:" in proc.stderr and "ZEROSERVE_BIN" in proc.stderr
     assert proc.stdout.split()[0] == "echo"
@@ -95,8 +111,9 @@ def test_runtime_options_reach_the_served_engine(tmp_path: Path) -> None:
         assert _queue_depth(server.url, "echo") == 5
     finally:
         assert server.stop() == 0
-    server = start_server("--model", "echo", "--queue-depth", "4",
-                          env={"ZEROSERVE_RUNTIME__QUEUE_DEPTH": "6"})
+    server = start_server(
+        "--model", "echo", "--queue-depth", "4", env={"ZEROSERVE_RUNTIME__QUEUE_DEPTH": "6"}
+    )
     try:
         assert _queue_depth(server.url, "echo") == 4  # the flag beats the environment
     finally:
@@ -113,7 +130,11 @@ def test_bad_toml_is_reported(tmp_path: Path) -> None:
 def test_model_specs() -> None:
     assert parse_spec("echo").target.endswith(":EchoModel")
     spec = parse_spec("mine=tests.server.models:Reverse?executor=process&workers=2&size=3")
-    assert (spec.name, spec.runtime, spec.options) == ("mine", {"executor": "process", "workers": 2}, {"size": 3})
+    assert (spec.name, spec.runtime, spec.options) == (
+        "mine",
+        {"executor": "process", "workers": 2},
+        {"size": 3},
+    )
     onnx = parse_spec("clf=onnx:/tmp/m.onnx")
     assert onnx.options["location"] == "/tmp/m.onnx"
     with pytest.raises(SpecError):
@@ -126,37 +147,88 @@ def test_model_specs() -> None:
 
 
 def test_help_lists_the_options() -> None:
-    out = subprocess.run([sys.executable, "-m", "zeroserve", "serve", "--help"], capture_output=True,
-                         text=True, check=True, cwd=ROOT).stdout
-    for flag in ("--host", "--port", "--model", "--workers", "--config", "--loop", "--max-body-bytes"):
+    out = subprocess.run(
+        [sys.executable, "-m", "zeroserve", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    for flag in (
+        "--host",
+        "--port",
+        "--model",
+        "--workers",
+        "--config",
+        "--loop",
+        "--max-body-bytes",
+    ):
         assert flag in out
     assert {"serve", "models", "bench"} <= set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
 
 
 def test_models_command_lists_capabilities() -> None:
-    out = subprocess.run([sys.executable, "-m", "zeroserve", "models", "--model", "echo"],
-                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "zeroserve", "models", "--model", "echo"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
     assert out.split()[0] == "echo" and "generate" in out and "infer" in out
 
 
 def test_unknown_model_class_fails_fast_with_a_message() -> None:
-    proc = subprocess.run([sys.executable, "-m", "zeroserve", "serve", "--port", "0", "--model", "x=no_such_module:Model"],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zeroserve",
+            "serve",
+            "--port",
+            "0",
+            "--model",
+            "x=no_such_module:Model",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2 and "no_such_module" in proc.stderr
 
 
 def test_failing_load_fails_fast_with_a_message() -> None:
-    proc = subprocess.run([sys.executable, "-m", "zeroserve", "serve", "--port", "0", "--model",
-                           "bad=tests.server.models:FailsToLoad"], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zeroserve",
+            "serve",
+            "--port",
+            "0",
+            "--model",
+            "bad=tests.server.models:FailsToLoad",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode != 0
     assert "weights missing" in proc.stderr + proc.stdout
 
 
 def test_user_model_from_a_file_on_each_executor(tmp_path: Path) -> None:
-    server = start_server("--model", "rev=tests.server.models:Reverse",
-                          "--model", "revt=tests.server.models:Reverse?executor=thread",
-                          "--model", "revp=tests.server.models:Reverse?executor=process")
+    server = start_server(
+        "--model",
+        "rev=tests.server.models:Reverse",
+        "--model",
+        "revt=tests.server.models:Reverse?executor=thread",
+        "--model",
+        "revp=tests.server.models:Reverse?executor=process",
+    )
     try:
         for name in ("rev", "revt", "revp"):
             r = httpx.post(f"{server.url}/v1/raw/{name}", content=b"abcdef")
@@ -173,9 +245,23 @@ def test_workers_share_the_port() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "zeroserve", "serve", "--port", str(port),
-                             "--workers", "2", "--model", "echo"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "zeroserve",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--model",
+            "echo",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     try:
         assert proc.stdout is not None
         pids: set[str] = set()
@@ -204,7 +290,10 @@ def test_workers_share_the_port() -> None:
         assert len(pids) == 2, "two workers should serve:\n" + "".join(lines)
         with httpx.Client() as client:
             for _ in range(10):
-                assert client.post(f"http://127.0.0.1:{port}/v1/raw/echo", content=b"hi").content == b"hi"
+                assert (
+                    client.post(f"http://127.0.0.1:{port}/v1/raw/echo", content=b"hi").content
+                    == b"hi"
+                )
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0

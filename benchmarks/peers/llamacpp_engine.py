@@ -11,7 +11,6 @@
 Run: ``python -m benchmarks.peers.llamacpp_engine --mode native --port P``.
 """
 
-
 import argparse
 import asyncio
 import json

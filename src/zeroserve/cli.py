@@ -40,73 +40,123 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(serve)
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port to listen on (default 8000; 0 = any free port)")
-    serve.add_argument("--workers", type=int, help="HTTP worker processes sharing the port (default 1)")
-    serve.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], help="event loop (default auto: uvloop if installed)")
-    serve.add_argument("--max-body-bytes", type=int, help="largest request body accepted (413 beyond)")
-    serve.add_argument("--arena-bytes", type=int, help="payload bytes in flight before 503")
-    serve.add_argument("--queue-depth", type=int, help="admitted requests per model before 429 (default 64)")
     serve.add_argument(
-        "--ray-address", help="Ray cluster for executor=ray models (default: RAY_ADDRESS, else "
+        "--port", type=int, help="port to listen on (default 8000; 0 = any free port)"
+    )
+    serve.add_argument(
+        "--workers", type=int, help="HTTP worker processes sharing the port (default 1)"
+    )
+    serve.add_argument(
+        "--loop",
+        choices=["auto", "uvloop", "asyncio"],
+        help="event loop (default auto: uvloop if installed)",
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=int, help="largest request body accepted (413 beyond)"
+    )
+    serve.add_argument("--arena-bytes", type=int, help="payload bytes in flight before 503")
+    serve.add_argument(
+        "--queue-depth", type=int, help="admitted requests per model before 429 (default 64)"
+    )
+    serve.add_argument(
+        "--ray-address",
+        help="Ray cluster for executor=ray models (default: RAY_ADDRESS, else "
         "a local Ray started and stopped by zeroserve)",
     )
     serve.add_argument(
-        "--request-timeout", type=float, metavar="SECONDS",
+        "--request-timeout",
+        type=float,
+        metavar="SECONDS",
         help="longest a request may live, queueing and execution (default 300; 504 beyond); "
         "a model's deadline_s option and a request's own timeout can only shorten it",
     )
     serve.add_argument("--log-level", help="debug, info, warning, error")
     edge = serve.add_argument_group("edge", "API keys, CORS, access log (off by default)")
     edge.add_argument(
-        "--api-key", action="append", dest="api_keys", metavar="KEY",
+        "--api-key",
+        action="append",
+        dest="api_keys",
+        metavar="KEY",
         help="accept this API key (repeatable; also ZEROSERVE_API_KEY). Command lines are "
         "visible to other users: prefer --api-keys-file or the environment",
     )
     edge.add_argument(
-        "--api-keys-file", metavar="FILE",
+        "--api-keys-file",
+        metavar="FILE",
         help="TOML file of [keys.NAME] tables: key, and optional max_concurrent, "
         "requests_per_minute, tokens_per_minute",
     )
-    edge.add_argument("--auth-metrics", action="store_true", default=None,
-                      help="require an API key for /metrics too")
     edge.add_argument(
-        "--cors-origins", action="append", metavar="ORIGINS",
+        "--auth-metrics",
+        action="store_true",
+        default=None,
+        help="require an API key for /metrics too",
+    )
+    edge.add_argument(
+        "--cors-origins",
+        action="append",
+        metavar="ORIGINS",
         help="browser origins allowed to call the API, comma-separated or repeated, or '*'",
     )
-    edge.add_argument("--cors-allow-credentials", action="store_true", default=None,
-                      help="allow credentialed CORS requests (listed origins only)")
-    edge.add_argument("--access-log", metavar="PATH",
-                      help="write one JSON line per request to PATH ('-': stderr)")
     edge.add_argument(
-        "--otel", action="store_true", default=None, dest="tracing",
+        "--cors-allow-credentials",
+        action="store_true",
+        default=None,
+        help="allow credentialed CORS requests (listed origins only)",
+    )
+    edge.add_argument(
+        "--access-log", metavar="PATH", help="write one JSON line per request to PATH ('-': stderr)"
+    )
+    edge.add_argument(
+        "--otel",
+        action="store_true",
+        default=None,
+        dest="tracing",
         help="OpenTelemetry spans exported over OTLP (OTEL_EXPORTER_OTLP_* variables; needs "
         "the [otel] extra)",
     )
     tls = serve.add_argument_group("TLS")
-    tls.add_argument("--ssl-certfile", metavar="PEM", help="serve HTTPS with this certificate chain")
+    tls.add_argument(
+        "--ssl-certfile", metavar="PEM", help="serve HTTPS with this certificate chain"
+    )
     tls.add_argument("--ssl-keyfile", metavar="PEM", help="the certificate's private key")
-    tls.add_argument("--ssl-ca-certs", metavar="PEM",
-                     help="require client certificates signed by these CAs (mTLS)")
+    tls.add_argument(
+        "--ssl-ca-certs",
+        metavar="PEM",
+        help="require client certificates signed by these CAs (mTLS)",
+    )
     serve.add_argument(
-        "--drain-ready-delay", type=float, metavar="SECONDS",
+        "--drain-ready-delay",
+        type=float,
+        metavar="SECONDS",
         help="after SIGTERM, answer /ready 503 for this long before refusing connections",
     )
     serve.add_argument(
-        "--no-ui", dest="ui", action="store_false", default=None,
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        default=None,
         help="do not serve the playground and dashboard page at / (config key ui, env ZEROSERVE_UI)",
     )
 
-    models = sub.add_parser("models", help="list the models a configuration serves, with capabilities")
+    models = sub.add_parser(
+        "models", help="list the models a configuration serves, with capabilities"
+    )
     _common(models)
 
-    bench = sub.add_parser("bench", help="load a running server: req/s, TTFT, inter-token latency, percentiles")
+    bench = sub.add_parser(
+        "bench", help="load a running server: req/s, TTFT, inter-token latency, percentiles"
+    )
     add_loadgen_arguments(bench)
     return p
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", action="append", dest="models", metavar="SPEC",
+        "--model",
+        action="append",
+        dest="models",
+        metavar="SPEC",
         help="model to serve, repeatable: NAME=module:Class, a built-in (echo, tinyllm, minilm), "
         "NAME=onnx:/path/model.onnx, NAME=remote:URL[,URL...]; options after '?', e.g. "
         "'mine=my_model:MyModel?executor=process&workers=2'",
@@ -134,8 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides: dict[str, Any] = {"models": args.models}
     if args.command == "serve":
         overrides.update(
-            host=args.host, port=args.port, workers=args.workers, loop=args.loop,
-            arena_bytes=args.arena_bytes, log_level=args.log_level, ui=args.ui,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            loop=args.loop,
+            arena_bytes=args.arena_bytes,
+            log_level=args.log_level,
+            ui=args.ui,
         )
         if args.max_body_bytes is not None:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
@@ -152,9 +207,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides["timeouts"] = {"drain_ready_delay": args.drain_ready_delay}
         cors = [o for v in args.cors_origins or () for o in v.split(",") if o]
         overrides["edge"] = _given(
-            api_keys=args.api_keys, api_keys_file=args.api_keys_file,
-            auth_metrics=args.auth_metrics, cors_origins=cors or None,
-            cors_allow_credentials=args.cors_allow_credentials, access_log=args.access_log,
+            api_keys=args.api_keys,
+            api_keys_file=args.api_keys_file,
+            auth_metrics=args.auth_metrics,
+            cors_origins=cors or None,
+            cors_allow_credentials=args.cors_allow_credentials,
+            access_log=args.access_log,
             tracing=args.tracing,
         )
         overrides["tls"] = _given(
@@ -175,9 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .server.run import serve
 
         return serve(
-            cfg.server_options(), specs, arena_bytes=cfg.arena_bytes, loop=cfg.loop,
-            workers=cfg.workers, runtime=cfg.runtime_options(), edge=cfg.edge.options(),
-            ui=cfg.ui, api_limits=cfg.app_limits(),
+            cfg.server_options(),
+            specs,
+            arena_bytes=cfg.arena_bytes,
+            loop=cfg.loop,
+            workers=cfg.workers,
+            runtime=cfg.runtime_options(),
+            edge=cfg.edge.options(),
+            ui=cfg.ui,
+            api_limits=cfg.app_limits(),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)

@@ -232,9 +232,9 @@ class WouldBlock(Exception):
     """Raised by ``*_nowait`` operations that would have had to wait."""
 
 
-
 class ConfigWarning(UserWarning):
     """A ``ZEROSERVE_*`` environment variable names no configuration key (ignored)."""
+
 
 def error_class(name: str) -> type[ZeroserveError] | None:
     """The ``ZeroserveError`` subclass called ``name`` (how a worker's error crosses the

@@ -64,8 +64,24 @@ def payload_bytes(direction: str) -> int:
 # Bucket bounds (seconds) of time to first token and inter-token time: from tens of
 # microseconds (echo on the loop) to tens of seconds (a long prompt on a CPU model).
 TOKEN_BUCKETS_S = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
 )
 
 
@@ -158,7 +174,8 @@ def _fields(snapshot: Any) -> dict[str, Any]:
 class _Collector:
     def collect(self) -> Iterator[Metric]:
         c = CounterMetricFamily(
-            "zeroserve_copied_bytes", "Payload bytes copied inside the server, by site.",
+            "zeroserve_copied_bytes",
+            "Payload bytes copied inside the server, by site.",
             labels=["site"],
         )
         for site, n in sorted(_copied.items()):
@@ -171,7 +188,8 @@ class _Collector:
             p.add_metric([d], _payload.get(d, 0))
         yield p
         r = CounterMetricFamily(
-            "zeroserve_http_requests", "HTTP responses, by route and status.",
+            "zeroserve_http_requests",
+            "HTTP responses, by route and status.",
             labels=["route", "status"],
         )
         for (route, status), n in sorted(_requests.items()):

@@ -71,7 +71,9 @@ def feed(data: bytes, *, step: int | None = None, limits: HttpLimits | None = No
     return out
 
 
-def pump(conn: HttpConnection, data: bytes, *, step: int | None = None) -> list[RequestHead | BodyComplete]:
+def pump(
+    conn: HttpConnection, data: bytes, *, step: int | None = None
+) -> list[RequestHead | BodyComplete]:
     """Feed ``data`` to ``conn`` in reads of at most ``step`` bytes, without answering;
     return the events in order. The caller drives the response side."""
     events: list[RequestHead | BodyComplete] = []

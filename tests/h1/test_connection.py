@@ -17,40 +17,91 @@ H = b"Host: example\r\n"
 
 VALID: list[tuple[str, bytes, list[tuple[str, str, bytes]]]] = [
     ("get", b"GET /health HTTP/1.1\r\n" + H + b"\r\n", [("GET", "/health", b"")]),
-    ("post-cl", b"POST /v1/raw/echo HTTP/1.1\r\n" + H + b"Content-Length: 5\r\n\r\nhello",
-     [("POST", "/v1/raw/echo", b"hello")]),
-    ("post-cl-zero", b"POST /x HTTP/1.1\r\n" + H + b"Content-Length: 0\r\n\r\n", [("POST", "/x", b"")]),
-    *[(name, b"POST /c HTTP/1.1\r\n" + H + b"Transfer-Encoding: Chunked\r\n\r\n" + body, [("POST", "/c", decoded)])
-      for name, body, decoded in VALID_CHUNKED],
-    ("pipelined", b"GET /a HTTP/1.1\r\n" + H + b"\r\n"
-     b"POST /b HTTP/1.1\r\n" + H + b"Content-Length: 3\r\n\r\nabc"
-     b"POST /c HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
-     b"GET /d HTTP/1.1\r\n" + H + b"\r\n",
-     [("GET", "/a", b""), ("POST", "/b", b"abc"), ("POST", "/c", b"hi"), ("GET", "/d", b"")]),
+    (
+        "post-cl",
+        b"POST /v1/raw/echo HTTP/1.1\r\n" + H + b"Content-Length: 5\r\n\r\nhello",
+        [("POST", "/v1/raw/echo", b"hello")],
+    ),
+    (
+        "post-cl-zero",
+        b"POST /x HTTP/1.1\r\n" + H + b"Content-Length: 0\r\n\r\n",
+        [("POST", "/x", b"")],
+    ),
+    *[
+        (
+            name,
+            b"POST /c HTTP/1.1\r\n" + H + b"Transfer-Encoding: Chunked\r\n\r\n" + body,
+            [("POST", "/c", decoded)],
+        )
+        for name, body, decoded in VALID_CHUNKED
+    ],
+    (
+        "pipelined",
+        b"GET /a HTTP/1.1\r\n" + H + b"\r\n"
+        b"POST /b HTTP/1.1\r\n" + H + b"Content-Length: 3\r\n\r\nabc"
+        b"POST /c HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+        b"GET /d HTTP/1.1\r\n" + H + b"\r\n",
+        [("GET", "/a", b""), ("POST", "/b", b"abc"), ("POST", "/c", b"hi"), ("GET", "/d", b"")],
+    ),
     ("leading-crlf", b"\r\nGET / HTTP/1.1\r\n" + H + b"\r\n", [("GET", "/", b"")]),
     ("http10", b"GET /old HTTP/1.0\r\n\r\n", [("GET", "/old", b"")]),
-    ("absolute-form", b"GET http://example/p/q?x=1 HTTP/1.1\r\n" + H + b"\r\n", [("GET", "/p/q", b"")]),
-    ("percent-path", b"GET /v2/models/my%20model HTTP/1.1\r\n" + H + b"\r\n",
-     [("GET", "/v2/models/my model", b"")]),
+    (
+        "absolute-form",
+        b"GET http://example/p/q?x=1 HTTP/1.1\r\n" + H + b"\r\n",
+        [("GET", "/p/q", b"")],
+    ),
+    (
+        "percent-path",
+        b"GET /v2/models/my%20model HTTP/1.1\r\n" + H + b"\r\n",
+        [("GET", "/v2/models/my model", b"")],
+    ),
     ("host-port-ipv6", b"GET / HTTP/1.1\r\nHost: [::1]:8000\r\n\r\n", [("GET", "/", b"")]),
     ("empty-host", b"GET / HTTP/1.1\r\nHost:\r\n\r\n", [("GET", "/", b"")]),
 ]
 
 INVALID: list[tuple[str, bytes, int]] = [
-    ("cl-and-te", b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
-    ("te-and-cl", b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n", 400),
-    ("dup-cl-same", b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 5\r\nContent-Length: 5\r\n\r\nhello", 400),
-    ("dup-cl-diff", b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 5\r\nContent-Length: 6\r\n\r\n", 400),
+    (
+        "cl-and-te",
+        b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        400,
+    ),
+    (
+        "te-and-cl",
+        b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+        400,
+    ),
+    (
+        "dup-cl-same",
+        b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+        400,
+    ),
+    (
+        "dup-cl-diff",
+        b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        400,
+    ),
     ("cl-plus", b"POST / HTTP/1.1\r\n" + H + b"Content-Length: +5\r\n\r\n", 400),
     ("cl-neg", b"POST / HTTP/1.1\r\n" + H + b"Content-Length: -5\r\n\r\n", 400),
     ("cl-alpha", b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 5a\r\n\r\n", 400),
     ("cl-list", b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 5, 5\r\n\r\n", 400),
     ("te-gzip", b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: gzip\r\n\r\n", 400),
-    ("te-chunked-gzip", b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked, gzip\r\n\r\n", 400),
-    ("te-double-chunked", b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+    (
+        "te-chunked-gzip",
+        b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked, gzip\r\n\r\n",
+        400,
+    ),
+    (
+        "te-double-chunked",
+        b"POST / HTTP/1.1\r\n"
+        + H
+        + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+        400,
+    ),
     ("te-http10", b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
-    *[(name, b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n" + body, status)
-      for name, body, status in INVALID_CHUNKED],
+    *[
+        (name, b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n" + body, status)
+        for name, body, status in INVALID_CHUNKED
+    ],
     ("no-host", b"GET / HTTP/1.1\r\n\r\n", 400),
     ("dup-host", b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
     ("bad-host-space", b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400),
@@ -68,11 +119,19 @@ INVALID: list[tuple[str, bytes, int]] = [
     ("space-in-target", b"GET /a b HTTP/1.1\r\n" + H + b"\r\n", 400),
     ("ctl-in-target", b"GET /a\x01 HTTP/1.1\r\n" + H + b"\r\n", 400),
     ("bad-percent-utf8", b"GET /%ff HTTP/1.1\r\n" + H + b"\r\n", 400),
-    ("expect-unknown", b"POST / HTTP/1.1\r\n" + H + b"Expect: 200-ok\r\nContent-Length: 1\r\n\r\nx", 417),
+    (
+        "expect-unknown",
+        b"POST / HTTP/1.1\r\n" + H + b"Expect: 200-ok\r\nContent-Length: 1\r\n\r\nx",
+        417,
+    ),
     ("body-too-large", b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 1025\r\n\r\n", 413),
     ("head-too-large", b"GET / HTTP/1.1\r\n" + H + b"X: " + b"a" * 3000 + b"\r\n\r\n", 431),
     ("head-too-large-unterminated", b"GET / HTTP/1.1\r\n" + H + b"X: " + b"a" * 3000, 431),
-    ("too-many-headers", b"GET / HTTP/1.1\r\n" + H + b"".join(b"X%d: y\r\n" % i for i in range(30)) + b"\r\n", 431),
+    (
+        "too-many-headers",
+        b"GET / HTTP/1.1\r\n" + H + b"".join(b"X%d: y\r\n" % i for i in range(30)) + b"\r\n",
+        431,
+    ),
     ("uri-too-long", b"GET /" + b"a" * 1500 + b" HTTP/1.1\r\n" + H + b"\r\n", 414),
     ("uri-too-long-unterminated", b"GET /" + b"a" * 1500, 414),
 ]
@@ -87,14 +146,18 @@ def _ids(cases: list[tuple[str, object, object]]) -> list[str]:
 
 @pytest.mark.parametrize("step", STEPS, ids=["whole", "bytewise", "step7"])
 @pytest.mark.parametrize(("name", "data", "expected"), VALID, ids=_ids(VALID))
-def test_valid(name: str, data: bytes, expected: list[tuple[str, str, bytes]], step: int | None) -> None:
+def test_valid(
+    name: str, data: bytes, expected: list[tuple[str, str, bytes]], step: int | None
+) -> None:
     out = feed(data, step=step, limits=SMALL)
     got = [(r.head.method, r.head.path, r.body) for r in out.requests]
     assert got == expected
 
 
 @pytest.mark.parametrize(("name", "data", "expected"), VALID, ids=_ids(VALID))
-def test_valid_with_trailing_bytes(name: str, data: bytes, expected: list[tuple[str, str, bytes]]) -> None:
+def test_valid_with_trailing_bytes(
+    name: str, data: bytes, expected: list[tuple[str, str, bytes]]
+) -> None:
     # A partial next request after the complete ones: parsed requests are unchanged and the
     # partial bytes stay buffered.
     trailing = b"GET /next HTTP/1.1\r\nHost: a\r\n"
@@ -121,8 +184,10 @@ def test_invalid_with_trailing_bytes(name: str, data: bytes, status: int) -> Non
 
 
 def test_head_fields() -> None:
-    data = (b"POST /v1/raw/echo?stream=1&x=%20 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n"
-            b"Expect: 100-continue\r\nConnection: close\r\nX-Mixed-Case: Value\r\n\r\nok")
+    data = (
+        b"POST /v1/raw/echo?stream=1&x=%20 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n"
+        b"Expect: 100-continue\r\nConnection: close\r\nX-Mixed-Case: Value\r\n\r\nok"
+    )
     (req,) = feed(data).requests
     head = req.head
     assert head.query == "stream=1&x=%20"
@@ -147,7 +212,9 @@ def test_keep_alive(data: bytes, keep_alive: bool) -> None:
 
 
 def test_close_stops_parsing_pipelined_requests() -> None:
-    data = b"GET /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n"
+    data = (
+        b"GET /a HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n"
+    )
     out = feed(data)
     assert [r.head.path for r in out.requests] == ["/a"]
 
@@ -192,19 +259,30 @@ def test_any_bytes_parse_or_raise_protocol_error(data: bytes, step: int | None) 
         assert 400 <= exc.status < 600
 
 
-request_lines = st.sampled_from([b"GET / HTTP/1.1\r\n", b"POST /x HTTP/1.1\r\n", b"GET / HTTP/1.0\r\n"])
+request_lines = st.sampled_from(
+    [b"GET / HTTP/1.1\r\n", b"POST /x HTTP/1.1\r\n", b"GET / HTTP/1.0\r\n"]
+)
 header_lines = st.lists(
-    st.sampled_from([
-        b"Host: a\r\n", b"Content-Length: 3\r\n", b"Transfer-Encoding: chunked\r\n",
-        b"Connection: close\r\n", b"Expect: 100-continue\r\n", b"X: \xff\r\n", b"Content-Length: x\r\n",
-    ]),
+    st.sampled_from(
+        [
+            b"Host: a\r\n",
+            b"Content-Length: 3\r\n",
+            b"Transfer-Encoding: chunked\r\n",
+            b"Connection: close\r\n",
+            b"Expect: 100-continue\r\n",
+            b"X: \xff\r\n",
+            b"Content-Length: x\r\n",
+        ]
+    ),
     max_size=5,
 )
 
 
 @settings(max_examples=300, deadline=None)
 @given(request_lines, header_lines, st.binary(max_size=40))
-def test_structured_requests_parse_or_raise_protocol_error(line: bytes, headers: list[bytes], tail: bytes) -> None:
+def test_structured_requests_parse_or_raise_protocol_error(
+    line: bytes, headers: list[bytes], tail: bytes
+) -> None:
     try:
         feed(line + b"".join(headers) + b"\r\n" + tail, limits=SMALL)
     except ProtocolError as exc:

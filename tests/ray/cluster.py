@@ -122,8 +122,10 @@ def ray_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ra
     if not _only_loopback():
         # Two Ray nodes register the host's routable address, not 127.0.0.1: the suite
         # runs only where that address is loopback (`make test` does this).
-        pytest.skip("the Ray suite runs in a loopback-only network namespace: "
-                    "tools/loopback-netns pytest tests/ray")
+        pytest.skip(
+            "the Ray suite runs in a loopback-only network namespace: "
+            "tools/loopback-netns pytest tests/ray"
+        )
     with pytest.MonkeyPatch.context() as mp:
         # Ray's token authentication, with a token of this cluster's own: every process
         # of the test (nodes, servers, this driver) reads it from the environment.

@@ -195,7 +195,9 @@ class Fake:
         await writer.drain()
 
 
-def response(status: int, body: bytes, content_type: bytes = b"application/json", extra: bytes = b"") -> bytes:
+def response(
+    status: int, body: bytes, content_type: bytes = b"application/json", extra: bytes = b""
+) -> bytes:
     return (
         b"HTTP/1.1 %d X\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n"
         % (status, content_type, len(body), extra)

@@ -38,9 +38,10 @@ async def post(client: httpx.AsyncClient, url: str, body: bytes, **kw: Any) -> h
 
 def test_raw_bodies_and_streams_equal_the_upstreams_own(run: Any) -> None:
     async def main() -> None:
-        async with echo_upstream() as up, gateway(
-            f"g=remote:{up.url}/v1?upstream_model=echo"
-        ) as gw:
+        async with (
+            echo_upstream() as up,
+            gateway(f"g=remote:{up.url}/v1?upstream_model=echo") as gw,
+        ):
             direct = f"{up.url}/v1/raw/echo"
             relayed = f"{gw.url}/v1/raw/g"
             async with httpx.AsyncClient(timeout=20) as c:
@@ -51,7 +52,10 @@ def test_raw_bodies_and_streams_equal_the_upstreams_own(run: Any) -> None:
                     assert (b.status_code, b.content) == (a.status_code, a.content) == (200, body)
                     assert b.headers["content-type"] == a.headers["content-type"]
                 words = b" ".join(b"w%d" % i for i in range(300))
-                for params, headers in (("?max_tokens=5000", SSE), ("?stream=1&max_tokens=5000", {})):
+                for params, headers in (
+                    ("?max_tokens=5000", SSE),
+                    ("?stream=1&max_tokens=5000", {}),
+                ):
                     a = await post(c, direct + params, words, headers=headers)
                     b = await post(c, relayed + params, words, headers=headers)
                     assert b.status_code == a.status_code == 200
@@ -81,7 +85,10 @@ def test_upstream_status_headers_and_4xx_bodies_pass_through(run: Any) -> None:
         async with Fake(teapot) as fake, gateway(f"g=remote:{fake.url}") as gw:
             async with httpx.AsyncClient() as c:
                 r = await post(
-                    c, f"{gw.url}/v1/raw/g?a=1", b"x", headers={"x-client": "1", "authorization": "c"}
+                    c,
+                    f"{gw.url}/v1/raw/g?a=1",
+                    b"x",
+                    headers={"x-client": "1", "authorization": "c"},
                 )
             assert r.status_code == 418
             assert r.json()["error"]["message"] == "short and stout"
@@ -103,12 +110,16 @@ def test_upstream_status_headers_and_4xx_bodies_pass_through(run: Any) -> None:
 
 def test_client_key_and_request_id_are_forwarded_when_asked(run: Any) -> None:
     async def main() -> None:
-        async with Fake(answer_ok) as fake, gateway(
-            f"g=remote:{fake.url}?forward_client_key=true"
-        ) as gw:
+        async with (
+            Fake(answer_ok) as fake,
+            gateway(f"g=remote:{fake.url}?forward_client_key=true") as gw,
+        ):
             async with httpx.AsyncClient() as c:
-                headers = {"authorization": "Bearer client-key", "x-api-key": "k2",
-                           "x-request-id": "trace-me-1"}
+                headers = {
+                    "authorization": "Bearer client-key",
+                    "x-api-key": "k2",
+                    "x-request-id": "trace-me-1",
+                }
                 r = await post(c, f"{gw.url}/v1/raw/g", b"x", headers=headers)
             assert r.status_code == 200 and r.headers["x-request-id"] == "trace-me-1"
             sent = fake.requests[0]
@@ -123,9 +134,12 @@ def test_model_rewrite_and_api_key_header(run: Any, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("ZS_TEST_UPSTREAM_KEY", "sk-secret")
 
     async def main() -> None:
-        async with Fake(answer_ok) as fake, gateway(
-            f"g=remote:{fake.url}?upstream_model=real-name&api_key_env=ZS_TEST_UPSTREAM_KEY"
-        ) as gw:
+        async with (
+            Fake(answer_ok) as fake,
+            gateway(
+                f"g=remote:{fake.url}?upstream_model=real-name&api_key_env=ZS_TEST_UPSTREAM_KEY"
+            ) as gw,
+        ):
             prompt = "p " * 10000
             body = msgspec.json.encode(
                 {"model": "g", "messages": [{"role": "user", "content": prompt}], "n": 1}
@@ -152,9 +166,12 @@ def test_model_rewrite_and_api_key_header(run: Any, monkeypatch: pytest.MonkeyPa
 def test_refused_upstream_fails_over_and_is_ejected(run: Any) -> None:
     async def main() -> None:
         dead = f"http://127.0.0.1:{closed_port()}/v1"
-        async with echo_upstream() as up, gateway(
-            f"g=remote:{dead},{up.url}/v1?upstream_model=echo&max_fails=2&eject_s=30"
-        ) as gw:
+        async with (
+            echo_upstream() as up,
+            gateway(
+                f"g=remote:{dead},{up.url}/v1?upstream_model=echo&max_fails=2&eject_s=30"
+            ) as gw,
+        ):
             relay = gw.relay()
             async with httpx.AsyncClient() as c:
                 for i in range(8):
@@ -172,11 +189,13 @@ def test_refused_upstream_fails_over_and_is_ejected(run: Any) -> None:
 
 def test_5xx_before_any_byte_is_retried_elsewhere_once(run: Any) -> None:
     async def main() -> None:
-        async with Fake(answer_status(500)) as f1, Fake(answer_status(503)) as f2, Fake(
-            answer_ok
-        ) as ok, gateway(f"g=remote:{f1.url},{f2.url}") as two, gateway(
-            f"g=remote:{f1.url},{ok.url}?max_fails=100"
-        ) as healthy:
+        async with (
+            Fake(answer_status(500)) as f1,
+            Fake(answer_status(503)) as f2,
+            Fake(answer_ok) as ok,
+            gateway(f"g=remote:{f1.url},{f2.url}") as two,
+            gateway(f"g=remote:{f1.url},{ok.url}?max_fails=100") as healthy,
+        ):
             async with httpx.AsyncClient() as c:
                 # Both fail: one retry only, then the last upstream's 5xx is passed through.
                 r = await post(c, f"{two.url}/v1/raw/g", b"x")
@@ -245,7 +264,8 @@ def test_a_pooled_connection_closed_while_idle_is_replaced_transparently(run: An
 async def raw_request(port: int, path: str, body: bytes, headers: bytes = b"") -> tuple[Any, Any]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
-        b"POST %s HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n%s\r\n" % (path.encode(), len(body), headers)
+        b"POST %s HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n%s\r\n"
+        % (path.encode(), len(body), headers)
         + body
     )
     return reader, writer
@@ -284,18 +304,22 @@ def test_client_disconnect_before_the_upstream_answers(run: Any) -> None:
 
 def test_deadline_before_the_first_byte_is_a_504_in_openai_format(run: Any) -> None:
     async def main() -> None:
-        async with Fake(never_answer) as fake, gateway(
-            f"g=remote:{fake.url}?timeout=0.2"
-        ) as gw, httpx.AsyncClient() as c:
+        async with (
+            Fake(never_answer) as fake,
+            gateway(f"g=remote:{fake.url}?timeout=0.2") as gw,
+            httpx.AsyncClient() as c,
+        ):
             r = await post(c, f"{gw.url}/v1/raw/g", b"x")
             assert r.status_code == 504
             err = r.json()["error"]
             assert err["code"] == "deadline_exceeded" and err["type"] == "timeout_error"
             await fake.peer_closed.wait()
             assert_no_leaks(gw.relay())
-        async with Fake(never_answer) as fake, gateway(
-            f"g=remote:{fake.url}?first_byte_timeout=0.2"
-        ) as gw, httpx.AsyncClient() as c:
+        async with (
+            Fake(never_answer) as fake,
+            gateway(f"g=remote:{fake.url}?first_byte_timeout=0.2") as gw,
+            httpx.AsyncClient() as c,
+        ):
             r = await post(c, f"{gw.url}/v1/raw/g", b"x")
             assert r.status_code == 504
             await fake.peer_closed.wait()
@@ -305,9 +329,11 @@ def test_deadline_before_the_first_byte_is_a_504_in_openai_format(run: Any) -> N
 
 def test_deadline_covers_the_whole_stream(run: Any) -> None:
     async def main() -> None:
-        async with Fake(stall_after_first_chunk) as fake, gateway(
-            f"g=remote:{fake.url}?timeout=0.3"
-        ) as gw, httpx.AsyncClient() as c:
+        async with (
+            Fake(stall_after_first_chunk) as fake,
+            gateway(f"g=remote:{fake.url}?timeout=0.3") as gw,
+            httpx.AsyncClient() as c,
+        ):
             got = b""
             with pytest.raises(httpx.RemoteProtocolError):  # cut short: no last chunk
                 async with c.stream("POST", f"{gw.url}/v1/raw/g", content=b"x") as r:
@@ -357,7 +383,10 @@ def test_slow_client_fast_upstream_memory_stays_bounded(run: Any) -> None:
 
     async def main() -> None:
         queue = 128 * 1024
-        async with Fake(firehose) as fake, gateway(f"g=remote:{fake.url}?queue_bytes={queue}") as gw:
+        async with (
+            Fake(firehose) as fake,
+            gateway(f"g=remote:{fake.url}?queue_bytes={queue}") as gw,
+        ):
             relay = gw.relay()
             reader, writer = await raw_request(gw.port, "/v1/raw/g", b"x")
             await reader.readuntil(b"\r\n\r\n")
@@ -398,9 +427,10 @@ async def _until(cond: Any) -> None:
 
 def test_connection_limit_queues_requests_and_reuses_connections(run: Any) -> None:
     async def main() -> None:
-        async with echo_upstream() as up, gateway(
-            f"g=remote:{up.url}/v1?upstream_model=echo&connections=2"
-        ) as gw:
+        async with (
+            echo_upstream() as up,
+            gateway(f"g=remote:{up.url}/v1?upstream_model=echo&connections=2") as gw,
+        ):
             relay = gw.relay()
             async with httpx.AsyncClient(limits=httpx.Limits(max_connections=50)) as c:
                 bodies = [b"request %d " % i * 50 for i in range(40)]
@@ -415,9 +445,11 @@ def test_connection_limit_queues_requests_and_reuses_connections(run: Any) -> No
 
 def test_least_outstanding_requests_spreads_concurrent_load(run: Any) -> None:
     async def main() -> None:
-        async with Fake(never_answer) as slow, echo_upstream() as up, gateway(
-            f"g=remote:{slow.url},{up.url}/v1?upstream_model=echo"
-        ) as gw:
+        async with (
+            Fake(never_answer) as slow,
+            echo_upstream() as up,
+            gateway(f"g=remote:{slow.url},{up.url}/v1?upstream_model=echo") as gw,
+        ):
             async with httpx.AsyncClient(timeout=10) as c:
                 # One request sticks on the slow upstream; every later one goes to the
                 # upstream with fewer requests outstanding, the echo.

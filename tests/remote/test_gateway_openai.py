@@ -30,9 +30,10 @@ def _text(chunks: list[Any]) -> str:
 @needs_dispatch
 def test_openai_sdk_through_the_gateway_matches_the_upstream(run: Any) -> None:
     async def main() -> None:
-        async with echo_upstream() as up, gateway(
-            f"g=remote:{up.url}/v1?upstream_model=echo"
-        ) as gw:
+        async with (
+            echo_upstream() as up,
+            gateway(f"g=remote:{up.url}/v1?upstream_model=echo") as gw,
+        ):
             direct = openai.AsyncOpenAI(base_url=f"{up.url}/v1", api_key="x", max_retries=0)
             relayed = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="x", max_retries=0)
             models = await relayed.models.list()
@@ -44,8 +45,18 @@ def test_openai_sdk_through_the_gateway_matches_the_upstream(run: Any) -> None:
             assert b.usage == a.usage and b.model == "echo"  # the upstream's answer, as is
 
             kw: Any = {"max_tokens": 40, "stream": True, "stream_options": {"include_usage": True}}
-            sa = [c async for c in await direct.chat.completions.create(model="echo", messages=MESSAGES, **kw)]
-            sb = [c async for c in await relayed.chat.completions.create(model="g", messages=MESSAGES, **kw)]
+            sa = [
+                c
+                async for c in await direct.chat.completions.create(
+                    model="echo", messages=MESSAGES, **kw
+                )
+            ]
+            sb = [
+                c
+                async for c in await relayed.chat.completions.create(
+                    model="g", messages=MESSAGES, **kw
+                )
+            ]
             assert _text(sb) == _text(sa) and len(sb) == len(sa) > 10
             assert sb[-1].usage == sa[-1].usage
 
@@ -72,8 +83,13 @@ def test_openai_sdk_through_the_gateway_matches_the_upstream(run: Any) -> None:
 @needs_dispatch
 def test_sse_bytes_through_the_gateway_equal_the_upstreams(run: Any) -> None:
     async def main() -> None:
-        async with echo_upstream() as up, gateway(f"g=remote:{up.url}/v1?upstream_model=echo") as gw:
-            body = b'{"model":"%s","prompt":"a b c d e f g","max_tokens":300,"stream":true,"seed":1}'
+        async with (
+            echo_upstream() as up,
+            gateway(f"g=remote:{up.url}/v1?upstream_model=echo") as gw,
+        ):
+            body = (
+                b'{"model":"%s","prompt":"a b c d e f g","max_tokens":300,"stream":true,"seed":1}'
+            )
             async with httpx.AsyncClient() as c:
                 a = await c.post(f"{up.url}/v1/completions", content=body % b"echo")
                 b = await c.post(f"{gw.url}/v1/completions", content=body % b"g")
@@ -102,7 +118,11 @@ def test_cli_gateway_process_relays_raw_and_lists_the_model() -> None:
             with httpx.Client() as c:
                 r = c.post(f"{gw.url}/v1/raw/g", content=b"through a real process")
                 assert (r.status_code, r.content) == (200, b"through a real process")
-                r = c.post(f"{gw.url}/v1/raw/g?max_tokens=4", content=b"a b", headers={"accept": "text/event-stream"})
+                r = c.post(
+                    f"{gw.url}/v1/raw/g?max_tokens=4",
+                    content=b"a b",
+                    headers={"accept": "text/event-stream"},
+                )
                 assert r.content == b"data: a\n\ndata: b\n\ndata: a\n\ndata: b\n\n"
                 metrics = c.get(f"{gw.url}/metrics").text
                 assert 'zeroserve_upstream_requests_total{name="g ' in metrics

@@ -17,8 +17,14 @@ from zeroserve.app.relay._rewrite import model_spans, rewrite_model
     ("body", "expected"),
     [
         (b'{"model":"a","x":1}', {"model": "B", "x": 1}),
-        (b' { "x" : [1, {"model": "no"}, "]"] , "model" : "a" } ', {"x": [1, {"model": "no"}, "]"], "model": "B"}),
-        (b'{"messages":[{"content":"\\"model\\": \\"x\\""}],"model":"a"}', {"messages": [{"content": '"model": "x"'}], "model": "B"}),
+        (
+            b' { "x" : [1, {"model": "no"}, "]"] , "model" : "a" } ',
+            {"x": [1, {"model": "no"}, "]"], "model": "B"},
+        ),
+        (
+            b'{"messages":[{"content":"\\"model\\": \\"x\\""}],"model":"a"}',
+            {"messages": [{"content": '"model": "x"'}], "model": "B"},
+        ),
         (b'{"mod\\u0065l":"a"}', {"model": "B"}),
         (b'{"model":"a","model":"c"}', {"model": "B"}),
     ],
@@ -30,7 +36,8 @@ def test_rewrite_model_only(body: bytes, expected: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize(
-    "body", [b"", b"[]", b'{"x":1}', b'{"model":1}', b'{"model":"a"', b"{bad}", b'{"a":tru'],
+    "body",
+    [b"", b"[]", b'{"x":1}', b'{"model":1}', b'{"model":"a"', b"{bad}", b'{"a":tru'],
 )
 def test_no_rewrite_when_there_is_nothing_to_rewrite(body: bytes) -> None:
     assert rewrite_model(memoryview(body), "B") is None
@@ -46,8 +53,14 @@ def test_rewrite_keeps_the_rest_as_views_of_the_body() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -75,7 +88,9 @@ def test_remote_spec_options_are_checked_at_load() -> None:
     from zeroserve.models.loader import parse_spec
     from zeroserve.models.remote import RemoteModel
 
-    spec = parse_spec("g=remote:http://a:1/v1/,https://b/v1?upstream_model=m&connections=4&timeout=2.5")
+    spec = parse_spec(
+        "g=remote:http://a:1/v1/,https://b/v1?upstream_model=m&connections=4&timeout=2.5"
+    )
     m = RemoteModel(**spec.options)
     assert [u.url for u in m.config.upstreams] == ["http://a:1/v1", "https://b/v1"]
     assert [(u.port, u.base_path, u.authority) for u in m.config.upstreams] == [

@@ -90,8 +90,13 @@ def test_stream_reports_the_generators_finish_reason(run: Any, executor: str, ar
     async def main() -> None:
         async with engine(executor, {"f": {"factory": Finisher}}, arena=arena) as eng:
             h = eng.model("f")
-            for max_tokens, pieces, reason in ((None, ["a", "b", "c"], "stop"), (2, ["a", "b"], "length")):
-                stream = h.generate(h.admit(), GenerateRequest(prompt="a b c", max_tokens=max_tokens))
+            for max_tokens, pieces, reason in (
+                (None, ["a", "b", "c"], "stop"),
+                (2, ["a", "b"], "length"),
+            ):
+                stream = h.generate(
+                    h.admit(), GenerateRequest(prompt="a b c", max_tokens=max_tokens)
+                )
                 assert [p async for p in stream] == pieces
                 assert stream.finish_reason == reason
 

@@ -23,7 +23,9 @@ def _own_children(model: str) -> list[multiprocessing.process.BaseProcess]:
     """This test's worker processes still alive (workers are named zeroserve-MODEL-i;
     other suites' session-wide servers may run in the same interpreter)."""
     return [
-        p for p in multiprocessing.active_children() if (p.name or "").startswith(f"zeroserve-{model}-")
+        p
+        for p in multiprocessing.active_children()
+        if (p.name or "").startswith(f"zeroserve-{model}-")
     ]
 
 

@@ -43,7 +43,9 @@ class RawClient:
             if isinstance(event, h11.InformationalResponse):
                 continue
             if isinstance(event, h11.Response):
-                resp = RawResponse(event.status_code, {k.decode(): v.decode() for k, v in event.headers})
+                resp = RawResponse(
+                    event.status_code, {k.decode(): v.decode() for k, v in event.headers}
+                )
             elif isinstance(event, h11.Data):
                 assert resp is not None
                 resp.chunks.append(bytes(event.data))

@@ -69,8 +69,10 @@ def test_body_received_after_100_continue_is_never_copied(echo_server: ServerPro
     c = RawClient(echo_server.host, echo_server.port)
     try:
         for _ in range(4):
-            c.send(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n"
-                   b"Expect: 100-continue\r\n\r\n" % len(body))
+            c.send(
+                b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n"
+                b"Expect: 100-continue\r\n\r\n" % len(body)
+            )
             assert c.sock.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
             c._note_request(b"POST /v1/raw/echo HTTP/1.1")
             c.send(body)
@@ -87,7 +89,10 @@ def test_keep_alive_reuses_one_connection(echo_server: ServerProcess) -> None:
     try:
         for i in range(5):
             body = b"x" * i
-            r = c.request(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            r = c.request(
+                b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
             assert r.status == 200 and r.body == body
     finally:
         c.close()
@@ -153,8 +158,12 @@ def test_chunked_upload_is_echoed(echo_server: ServerProcess) -> None:
 
 def test_sse_stream_one_event_per_token(echo_server: ServerProcess) -> None:
     tokens = [f"t{i}" for i in range(256)]
-    with httpx.stream("POST", echo_server.url + "/v1/raw/echo", content=" ".join(tokens),
-                      headers={"Accept": "text/event-stream"}) as r:
+    with httpx.stream(
+        "POST",
+        echo_server.url + "/v1/raw/echo",
+        content=" ".join(tokens),
+        headers={"Accept": "text/event-stream"},
+    ) as r:
         assert r.headers["content-type"] == "text/event-stream"
         assert r.headers["transfer-encoding"] == "chunked"
         raw = r.read()
@@ -171,20 +180,50 @@ def test_octet_stream_pieces_with_max_tokens(echo_server: ServerProcess) -> None
 @pytest.mark.parametrize(
     ("request_bytes", "status"),
     [
-        (b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
-        (b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", 400),
+        (
+            b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            400,
+        ),
+        (
+            b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            400,
+        ),
         (b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
         (b"POST /v1/raw/echo HTTP/1.1\r\nContent-Length: 1\r\n\r\nx", 400),
-        (b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nxyz\r\n", 400),
+        (
+            b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nxyz\r\n",
+            400,
+        ),
         (b"GET /health HTTP/1.1\r\nHost: t\r\nBad Header: x\r\n\r\n", 400),
         (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: t\r\n\r\n", 414),
         (b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"b" * 17000 + b"\r\n\r\n", 431),
-        (b"GET /health HTTP/1.1\r\nHost: t\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n", 431),
-        (b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nExpect: something\r\nContent-Length: 1\r\n\r\n", 417),
+        (
+            b"GET /health HTTP/1.1\r\nHost: t\r\n"
+            + b"".join(b"X-%d: y\r\n" % i for i in range(101))
+            + b"\r\n",
+            431,
+        ),
+        (
+            b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nExpect: something\r\nContent-Length: 1\r\n\r\n",
+            417,
+        ),
     ],
-    ids=["cl+te", "dup-cl", "te-gzip", "no-host", "bad-chunk", "bad-header", "uri", "head", "count", "expect"],
+    ids=[
+        "cl+te",
+        "dup-cl",
+        "te-gzip",
+        "no-host",
+        "bad-chunk",
+        "bad-header",
+        "uri",
+        "head",
+        "count",
+        "expect",
+    ],
 )
-def test_protocol_errors_get_status_and_json(echo_server: ServerProcess, request_bytes: bytes, status: int) -> None:
+def test_protocol_errors_get_status_and_json(
+    echo_server: ServerProcess, request_bytes: bytes, status: int
+) -> None:
     c = RawClient(echo_server.host, echo_server.port)
     try:
         c.send(request_bytes)
@@ -202,7 +241,9 @@ def test_oversized_body_is_refused_before_it_is_sent(loop_name: str) -> None:
         c = RawClient(server.host, server.port)
         try:
             # Expect: 100-continue: the server must answer 413 at once, never 100.
-            c.send(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
+            c.send(
+                b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
+            )
             raw = c.wait_closed()
         finally:
             c.close()
@@ -216,7 +257,9 @@ def test_oversized_body_is_refused_before_it_is_sent(loop_name: str) -> None:
 def test_expect_continue_gets_100_then_response(echo_server: ServerProcess) -> None:
     c = RawClient(echo_server.host, echo_server.port)
     try:
-        c.send(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        c.send(
+            b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
+        )
         first = c.sock.recv(1024)
         assert first == b"HTTP/1.1 100 Continue\r\n\r\n"
         c.send(b"data")
@@ -243,7 +286,9 @@ def h11_eom():  # type: ignore[no-untyped-def]
 def test_unknown_model_404_before_body(echo_server: ServerProcess) -> None:
     c = RawClient(echo_server.host, echo_server.port)
     try:
-        c.send(b"POST /v1/raw/missing HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
+        c.send(
+            b"POST /v1/raw/missing HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n"
+        )
         raw = c.wait_closed()
     finally:
         c.close()
@@ -262,7 +307,9 @@ def arena_leases(server: ServerProcess) -> float:
 
 def test_disconnect_mid_body_then_server_still_serves(echo_server: ServerProcess) -> None:
     c = RawClient(echo_server.host, echo_server.port)
-    c.send(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n" + b"a" * 5000)
+    c.send(
+        b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n" + b"a" * 5000
+    )
     c.close()
     wait_for(lambda: arena_leases(echo_server) == 0)
     assert httpx.post(echo_server.url + "/v1/raw/echo", content=b"ok").content == b"ok"
@@ -271,7 +318,9 @@ def test_disconnect_mid_body_then_server_still_serves(echo_server: ServerProcess
 def test_disconnect_mid_response_then_server_still_serves(echo_server: ServerProcess) -> None:
     c = RawClient(echo_server.host, echo_server.port)
     # An endless-looking stream: 10 million tokens; read a little and hang up.
-    c.send(b"POST /v1/raw/echo?stream=1&max_tokens=10000000 HTTP/1.1\r\nHost: t\r\nContent-Length: 7\r\n\r\na b c d")
+    c.send(
+        b"POST /v1/raw/echo?stream=1&max_tokens=10000000 HTTP/1.1\r\nHost: t\r\nContent-Length: 7\r\n\r\na b c d"
+    )
     assert c.sock.recv(4096)
     c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     c.close()
@@ -358,7 +407,10 @@ def test_graceful_shutdown_finishes_in_flight(loop_name: str) -> None:
         body = os.urandom(16 << 20)
         busy.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
         busy._note_request(b"POST /v1/raw/echo HTTP/1.1\r\n")
-        busy.send(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        busy.send(
+            b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
         head = busy.sock.recv(100)  # the response has started; most of it is still queued
         assert head.startswith(b"HTTP/1.1 200")
         busy.conn.receive_data(head)
@@ -380,7 +432,9 @@ def test_ready_line_names_models(echo_server: ServerProcess) -> None:
 
 def test_refused_requests_give_back_their_admission_ticket(loop_name: str) -> None:
     # queue_depth=2: if a refused request kept its ticket, the third would get 429.
-    server = start_server("--model", "emb=tests.server.models:EmbedOnly?queue_depth=2", loop=loop_name)
+    server = start_server(
+        "--model", "emb=tests.server.models:EmbedOnly?queue_depth=2", loop=loop_name
+    )
     try:
         with httpx.Client() as client:
             for _ in range(6):
@@ -394,14 +448,20 @@ def test_refused_requests_give_back_their_admission_ticket(loop_name: str) -> No
 def test_requests_abandoned_at_once_leak_nothing(loop_name: str) -> None:
     # The client sends a whole request and resets the connection at once: the handler's
     # task may be cancelled before its first step. Its lease and ticket must come back.
-    server = start_server("--model", "rev=tests.server.models:Reverse?executor=thread&queue_depth=4",
-                          loop=loop_name)
+    server = start_server(
+        "--model", "rev=tests.server.models:Reverse?executor=thread&queue_depth=4", loop=loop_name
+    )
     try:
         body = os.urandom(200_000)
         for _ in range(40):
             c = RawClient(server.host, server.port)
-            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            c.send(b"POST /v1/raw/rev HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            c.sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+            c.send(
+                b"POST /v1/raw/rev HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body)
+                + body
+            )
             c.close()
         wait_for(lambda: arena_leases(server) == 0)
         # queue_depth=4: leaked tickets would turn these into 429s.
@@ -415,7 +475,9 @@ def test_requests_abandoned_at_once_leak_nothing(loop_name: str) -> None:
 def test_sse_pieces_with_line_breaks_become_several_data_lines(loop_name: str) -> None:
     server = start_server("--model", "lines=tests.server.models:Lines", loop=loop_name)
     try:
-        r = httpx.post(server.url + "/v1/raw/lines", content=b"", headers={"Accept": "text/event-stream"})
+        r = httpx.post(
+            server.url + "/v1/raw/lines", content=b"", headers={"Accept": "text/event-stream"}
+        )
         events = r.content.split(b"\n\n")[:-1]
         expected = []
         for i in range(20):
@@ -431,7 +493,10 @@ def test_early_answer_keeps_the_connection_for_small_bodies(echo_server: ServerP
     c = RawClient(echo_server.host, echo_server.port)
     try:
         body = b"z" * 5000
-        r = c.request(b"POST /v1/raw/missing HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        r = c.request(
+            b"POST /v1/raw/missing HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
         assert r.status == 404 and "connection" not in r.headers
         r = c.request(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nok")
         assert r.status == 200 and r.body == b"ok"

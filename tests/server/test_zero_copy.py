@@ -50,8 +50,10 @@ async def scenario() -> tuple[RecordingApp, Arena, list[bytes], list[bytes], int
     copied_before = metrics.copied_bytes()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     for body in bodies:
-        writer.write(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body))
+        writer.write(
+            b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
         assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
         writer.write(body)
         head = await reader.readuntil(b"\r\n\r\n")

@@ -40,8 +40,15 @@ MAX_HEAD_BYTES = 64 * 1024
 # RFC 9110 §7.6.1 hop-by-hop fields, plus what the relay sets itself on each side.
 HOP_BY_HOP = frozenset(
     (
-        b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-        b"proxy-connection", b"proxy-authenticate", b"proxy-authorization",
+        b"connection",
+        b"keep-alive",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
     )
 )
 # Response fields the server computes for the client (framing and date).

@@ -205,14 +205,23 @@ class HttpConnection:
         """The ``100 Continue`` interim response to send before reading the body, if the
         request asked for one (once per request)."""
         head = self.head
-        if head is None or not head.expect_continue or self._continue_sent or self.state is not State.AWAIT_BODY:
+        if (
+            head is None
+            or not head.expect_continue
+            or self._continue_sent
+            or self.state is not State.AWAIT_BODY
+        ):
             return None
         self._continue_sent = True
         return CONTINUE
 
     def start_response(
-        self, status: int, headers: Iterable[tuple[bytes, bytes]], *,
-        content_length: int | None, draining: bool,
+        self,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]],
+        *,
+        content_length: int | None,
+        draining: bool,
     ) -> bytes:
         """The head of the response to the current request. ``content_length`` None is a
         streamed body: chunked on HTTP/1.1, delimited by closing on HTTP/1.0. Sets
@@ -230,13 +239,18 @@ class HttpConnection:
         if self.state is State.AWAIT_BODY:  # an early answer: can the body be skipped?
             cl = head.content_length
             reusable = reusable and (
-                not head.chunked and cl is not None and cl <= DISCARD_MAX_BYTES
-                and not head.expect_continue and status != 413
+                not head.chunked
+                and cl is not None
+                and cl <= DISCARD_MAX_BYTES
+                and not head.expect_continue
+                and status != 413
             )
         self._reusable = reusable
         self.chunked_out = chunked
         self.body_allowed = head.method != "HEAD"
-        return encode_head(status, headers, content_length=content_length, chunked=chunked, keep_alive=reusable)
+        return encode_head(
+            status, headers, content_length=content_length, chunked=chunked, keep_alive=reusable
+        )
 
     def end_response(self, *, draining: bool) -> RequestHead | None:
         """The response to the current request has been handed to the transport. Decides
@@ -246,7 +260,9 @@ class HttpConnection:
         buffered (or ``None``). Raises ``ProtocolError`` for a bad pipelined head."""
         keep = self._reusable and not draining and not self.eof and self.state is not State.CLOSED
         head = self.head
-        unread = (head.content_length or 0) if head is not None and self.state is State.AWAIT_BODY else 0
+        unread = (
+            (head.content_length or 0) if head is not None and self.state is State.AWAIT_BODY else 0
+        )
         self.head = None
         self._body = None
         self._sink = None
@@ -264,7 +280,9 @@ class HttpConnection:
                 return None
         return self._next_request()
 
-    def reject(self, status: int, headers: Iterable[tuple[bytes, bytes]], content_length: int) -> bytes:
+    def reject(
+        self, status: int, headers: Iterable[tuple[bytes, bytes]], content_length: int
+    ) -> bytes:
         """The head of the answer to a protocol error. The connection closes after it:
         the framing of what follows can no longer be trusted (RFC 9112 §6.3)."""
         self.state = State.CLOSED
@@ -295,7 +313,9 @@ class HttpConnection:
     def _parse_head(self) -> RequestHead | None:
         buf, limits = self._buf, self.limits
         # RFC 9112 §2.2: ignore empty lines received before a request line.
-        while self._end - self._start >= 2 and buf[self._start] == 13 and buf[self._start + 1] == 10:
+        while (
+            self._end - self._start >= 2 and buf[self._start] == 13 and buf[self._start + 1] == 10
+        ):
             self._start += 2
         if self._scan < self._start:
             self._scan = self._start
@@ -309,7 +329,10 @@ class HttpConnection:
                 raise ProtocolError("bare LF in request head")
             if buf.find(b"\n\n", self._start, self._end) >= 0:
                 raise ProtocolError("bare LF in request head")
-            if buf.find(b"\r\n", self._start, self._end) < 0 and pending > limits.max_uri_bytes + 32:
+            if (
+                buf.find(b"\r\n", self._start, self._end) < 0
+                and pending > limits.max_uri_bytes + 32
+            ):
                 raise ProtocolError("request URI too long", status=414)
             if pending >= limits.max_head_bytes:
                 raise ProtocolError("request head too large", status=431)

@@ -103,7 +103,9 @@ def encode_head(
 def refusal(status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bytes:
     """A whole response that closes its connection, rendered once (no Date): the answer
     to a connection refused before any request is read (too many connections)."""
-    return encode_head(status, headers, content_length=len(body), keep_alive=False, date=False) + body
+    return (
+        encode_head(status, headers, content_length=len(body), keep_alive=False, date=False) + body
+    )
 
 
 def chunk(pieces: Sequence[Buffer], out: list[Buffer]) -> None:

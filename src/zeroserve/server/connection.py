@@ -55,6 +55,7 @@ class Server(Protocol):
     tls: bool
     loop: asyncio.AbstractEventLoop
 
+
 log = logging.getLogger("zeroserve.server")
 
 _BUSY_BODY = (
@@ -312,7 +313,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
         conn = self.conn
         ctx = self._ctx
         headers = resp.headers if ctx is None else ctx.response_headers(resp.headers)
-        head = conn.start_response(resp.status, headers, content_length=size, draining=self.server.draining)
+        head = conn.start_response(
+            resp.status, headers, content_length=size, draining=self.server.draining
+        )
         if not conn.body_allowed or not size:
             transport.write(head)
             size = 0
@@ -335,7 +338,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
         conn = self.conn
         ctx = self._ctx
         headers = resp.headers if ctx is None else ctx.response_headers(resp.headers)
-        head = conn.start_response(resp.status, headers, content_length=size, draining=self.server.draining)
+        head = conn.start_response(
+            resp.status, headers, content_length=size, draining=self.server.draining
+        )
         if not conn.body_allowed or not size:
             transport.write(head)
             size = 0
@@ -379,12 +384,16 @@ class HttpProtocol(asyncio.BufferedProtocol):
                 self.deadline = self.loop.time() + self.server.options.body_timeout
             else:
                 self.deadline = self.loop.time() + (
-                    self.server.options.keepalive_timeout if conn.idle else self.server.options.head_timeout
+                    self.server.options.keepalive_timeout
+                    if conn.idle
+                    else self.server.options.head_timeout
                 )
         return nxt
 
     # -- errors -----------------------------------------------------------------------------
-    def _early_error(self, head: RequestHead, exc: ZeroserveError) -> RequestHead | BodyComplete | None:
+    def _early_error(
+        self, head: RequestHead, exc: ZeroserveError
+    ) -> RequestHead | BodyComplete | None:
         """Answer before the body is read (404, 413, 429, ...). Whether the connection
         survives (a small body is read and dropped) is the connection's decision."""
         fmt = self.server.app.error_format(head.path)
@@ -468,6 +477,10 @@ class HttpProtocol(asyncio.BufferedProtocol):
 
     def close_if_idle(self) -> None:
         """Close between requests (for drain). Queued response bytes are still sent."""
-        if self.conn.idle and self.request is None and self.task is None and self.transport is not None:
+        if (
+            self.conn.idle
+            and self.request is None
+            and self.task is None
+            and self.transport is not None
+        ):
             self.transport.close()
-

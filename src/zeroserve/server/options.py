@@ -75,5 +75,7 @@ class ServerOptions:
     @property
     def tick(self) -> float:
         """How often timeouts are checked: fine enough for the smallest timeout."""
-        smallest = min(self.head_timeout, self.body_timeout, self.keepalive_timeout, self.write_timeout)
+        smallest = min(
+            self.head_timeout, self.body_timeout, self.keepalive_timeout, self.write_timeout
+        )
         return max(0.02, min(1.0, smallest / 4))

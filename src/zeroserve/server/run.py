@@ -64,8 +64,11 @@ async def serve_async(
         if edge is not None and edge.tracing:
             configure_otlp()
         app = App(
-            engine, Edge(edge), metrics_view=peers.scrape if peers is not None else None,
-            ui=ui, limits=api_limits,
+            engine,
+            Edge(edge),
+            metrics_view=peers.scrape if peers is not None else None,
+            ui=ui,
+            limits=api_limits,
         )
         server = Server(app, arena, options)
         await server.start()
@@ -107,16 +110,28 @@ def run_loop(loop: str, coro: Any) -> None:
 
 
 def serve(
-    options: ServerOptions, specs: list[ModelRef], *, arena_bytes: int, loop: str = "auto",
-    workers: int = 1, runtime: RuntimeOptions | None = None, edge: EdgeOptions | None = None,
-    ui: bool = True, api_limits: ApiLimits | None = None,
+    options: ServerOptions,
+    specs: list[ModelRef],
+    *,
+    arena_bytes: int,
+    loop: str = "auto",
+    workers: int = 1,
+    runtime: RuntimeOptions | None = None,
+    edge: EdgeOptions | None = None,
+    ui: bool = True,
+    api_limits: ApiLimits | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
     run_loop(
         loop,
         serve_async(
-            options, specs, arena_bytes=arena_bytes, runtime=runtime, edge=edge, ui=ui,
+            options,
+            specs,
+            arena_bytes=arena_bytes,
+            runtime=runtime,
+            edge=edge,
+            ui=ui,
             api_limits=api_limits,
         ),
     )

@@ -46,7 +46,9 @@ class Server:
     async def start(self, sock: socket.socket | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         if sock is None:
-            sock = bind_socket(self.options.host, self.options.port, reuse_port=self.options.reuse_port)
+            sock = bind_socket(
+                self.options.host, self.options.port, reuse_port=self.options.reuse_port
+            )
         tls = self.options.tls
         if tls is None:
             self._server = await self.loop.create_server(

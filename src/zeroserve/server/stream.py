@@ -104,7 +104,9 @@ class StreamWriter:
                 ctx.first_piece()
         return head
 
-    async def respond(self, req: Request, resp: StreamResponse, *, started: bool = False) -> Response | None:
+    async def respond(
+        self, req: Request, resp: StreamResponse, *, started: bool = False
+    ) -> Response | None:
         """Send one streaming response (its head and first pieces already sent if
         ``started``, see ``start``). Returns the error response to send instead if the
         stream failed before its first piece (nothing was sent yet), else None. Raises

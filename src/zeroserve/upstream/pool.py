@@ -90,7 +90,9 @@ class UpstreamConnection(asyncio.Protocol):
         try:
             views = self.reader.feed(data)
         except ProtocolError as exc:
-            ex.fail(UpstreamError(f"upstream {self.upstream.url.url} sent an invalid response: {exc}"))
+            ex.fail(
+                UpstreamError(f"upstream {self.upstream.url.url} sent an invalid response: {exc}")
+            )
             self.abort()
             return
         head = self.reader.head
@@ -261,7 +263,14 @@ class Upstream:
         conn = ex.conn
         conn.exchange = None
         head = conn.reader.head
-        if ok and head is not None and head.keep_alive and not conn.closed and conn.sent_all() and not self._closed:
+        if (
+            ok
+            and head is not None
+            and head.keep_alive
+            and not conn.closed
+            and conn.sent_all()
+            and not self._closed
+        ):
             conn.resume_reading()
             conn.idle_since = asyncio.get_running_loop().time()
             self.idle.append(conn)
@@ -306,7 +315,9 @@ class Upstream:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> UpstreamConnection:
+    async def _connect(
+        self, loop: asyncio.AbstractEventLoop, deadline: float
+    ) -> UpstreamConnection:
         self.open += 1
         limit = loop.time() + self.options.connect_timeout
         try:

@@ -77,7 +77,13 @@ class _Job:
     until the generation starts with it)."""
 
     __slots__ = (
-        "_ticket", "deadline", "index", "max_tokens", "on_tokens", "prompt_tokens", "request"
+        "_ticket",
+        "deadline",
+        "index",
+        "max_tokens",
+        "on_tokens",
+        "prompt_tokens",
+        "request",
     )
 
     def __init__(

@@ -301,6 +301,7 @@ def given(raw: msgspec.Raw | UnsetType | None) -> TypeIs[msgspec.Raw]:
     """Whether a raw field was sent with a value (not absent, not ``null``)."""
     return isinstance(raw, msgspec.Raw) and len(raw) > 0 and bytes(raw) != b"null"
 
+
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]

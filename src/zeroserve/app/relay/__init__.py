@@ -132,7 +132,13 @@ metrics.register_source(
     "upstream",
     _snapshot,
     counters=(
-        "requests", "errors", "ejections", "connects", "reused", "read_pauses", "batches",
+        "requests",
+        "errors",
+        "ejections",
+        "connects",
+        "reused",
+        "read_pauses",
+        "batches",
         "coalesced",
     ),
 )

@@ -58,7 +58,26 @@ WHOLE_BODY_MAX_BYTES = 1 << 20
 # A client's credential headers: meant for this server, not for the upstream.
 _CREDENTIALS = frozenset((b"authorization", b"api-key", b"x-api-key"))
 
-_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
 TTFB_SECONDS = Histogram(
     "zeroserve_upstream_ttfb_seconds",
     "Time from a relayed request written to its upstream to the upstream's response head.",
@@ -111,7 +130,9 @@ class Relay:
         self.upstream_model = options.upstream_model or name
         self._turn = itertools.count()
         self._ttfb = {u.url.url: TTFB_SECONDS.labels(name, u.url.url) for u in self.upstreams}
-        self._overhead = {u.url.url: OVERHEAD_SECONDS.labels(name, u.url.url) for u in self.upstreams}
+        self._overhead = {
+            u.url.url: OVERHEAD_SECONDS.labels(name, u.url.url) for u in self.upstreams
+        }
         self.requests = self.retries = self.unavailable = self.unreachable = 0
         self.timeouts = self.client_disconnects = 0
 
@@ -208,7 +229,13 @@ class Relay:
         raise self._unavailable()
 
     async def _respond(
-        self, req: Request, up: Upstream, ex: Exchange[UpstreamConnection], t0: float, written: float, t_head: float
+        self,
+        req: Request,
+        up: Upstream,
+        ex: Exchange[UpstreamConnection],
+        t0: float,
+        written: float,
+        t_head: float,
     ) -> Response | StreamResponse:
         rhead = ex.head.result()
         headers, content_type = response_headers(rhead)
@@ -294,7 +321,9 @@ class _Pieces:
 
     __slots__ = ("ex", "failed", "relay", "ticket", "up")
 
-    def __init__(self, relay: Relay, up: Upstream, ex: Exchange[UpstreamConnection], ticket: Ticket | None) -> None:
+    def __init__(
+        self, relay: Relay, up: Upstream, ex: Exchange[UpstreamConnection], ticket: Ticket | None
+    ) -> None:
         self.relay = relay
         self.up = up
         self.ex = ex

@@ -30,6 +30,7 @@ def _is_loopback(address: str) -> bool:
     host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
     return host in ("localhost", "::1") or host.startswith("127.")
 
+
 _lock = threading.Lock()
 _users = 0
 _owned = False
