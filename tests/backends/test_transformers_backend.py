@@ -166,6 +166,8 @@ def served(folder: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # an unclosed pipe is a ResourceWarning: an error here
 
 
 def test_served_over_the_openai_api(served: str, model: TransformersModel) -> None:

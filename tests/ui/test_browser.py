@@ -14,6 +14,7 @@ import httpx
 import pytest
 from tests.conftest import ServerProcess, start_server
 
+from zeroserve.app.limits import MAX_OUTPUT_TOKENS
 from zeroserve.models.echo import EchoModel
 
 from .conftest import save_screenshot
@@ -146,7 +147,8 @@ def test_stop_cancels_on_the_server(browser: Any, ui_server: ServerProcess) -> N
     from selenium.webdriver.common.by import By
 
     open_page(browser, ui_server.url)
-    answer = chat(browser, "echo", "tick tock", 50_000_000)
+    # the longest answer a request may ask for (app/limits.py): far longer than the test
+    answer = chat(browser, "echo", "tick tock", MAX_OUTPUT_TOKENS)
     content = answer.find_element(By.CSS_SELECTOR, ".content")
     # tokens show while the answer is still streaming
     wait_for(
