@@ -151,6 +151,7 @@ _serve_lock = threading.Lock()
 def _start_serve() -> None:
     """Start Serve with its proxy disabled, or connect to the running one (blocking)."""
     import ray.exceptions as rex
+
     from ray import serve
 
     try:
