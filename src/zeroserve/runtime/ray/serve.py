@@ -296,6 +296,8 @@ class RayServeExecutor(RayExecutor):
     async def _infer_arrays(
         self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
     ) -> list[InferResult]:
+        if self.placement.same_node == "never":  # no replica attached: skip the probe
+            return await self._infer_far(w, arrays)
         leases: list[Lease] = []
         rid = next(self._ids)
         try:
