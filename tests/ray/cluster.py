@@ -145,8 +145,14 @@ def _cluster(temp: Path) -> Iterator[RayCluster]:
     common = ["--node-ip-address=127.0.0.1", f"--temp-dir={temp}", "--num-gpus=0"]
     nodes = [
         _start_node(
-            ["--head", f"--port={port}", "--num-cpus=2", '--resources={"node_a": 1}',
-             "--include-dashboard=false", *common],
+            [
+                "--head",
+                f"--port={port}",
+                "--num-cpus=2",
+                '--resources={"node_a": 1}',
+                "--include-dashboard=false",
+                *common,
+            ],
             env,
             temp / "head.log",
         )

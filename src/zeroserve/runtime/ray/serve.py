@@ -336,7 +336,9 @@ class RayServeExecutor(RayExecutor):
             results.append(InferResult(dict(item)))
         return results
 
-    async def embed(self, slot: Any, texts: list[str]) -> np.ndarray:
+    async def embed(
+        self, slot: Any, texts: list[str], *, deadline_at: float | None = None
+    ) -> np.ndarray:
         w: RayWorkerHandle = slot
         out = await self._call(w, w.actor.embed.remote(texts))
         if isinstance(out, bytes):
@@ -346,7 +348,9 @@ class RayServeExecutor(RayExecutor):
         vecs: np.ndarray = np.asarray(out)
         return vecs
 
-    def generate(self, req: GenerateRequest, channel: Channel) -> Producer:
+    def generate(
+        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+    ) -> Producer:
         channel.close(
             CapabilityError(f"model {self.spec.name!r} runs on executor=ray-serve: no streams")
         )
