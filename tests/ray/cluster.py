@@ -1,5 +1,5 @@
 """A real local Ray cluster for the ``executor="ray"`` tests (the fixture is in
-conftest): two Ray nodes on this one machine (a head, and a second node offering the custom resource ``node_b``), started
+conftest): two Ray nodes on this one machine (a head, and a second node offering the custom resource ``node_b``; the head offers ``node_a``), started
 once per module under the test's own temp dir and stopped by process group, so no other
 Ray on the machine is touched (``ray stop`` would stop every Ray of this user)."""
 
@@ -145,7 +145,14 @@ def _cluster(temp: Path) -> Iterator[RayCluster]:
     common = ["--node-ip-address=127.0.0.1", f"--temp-dir={temp}", "--num-gpus=0"]
     nodes = [
         _start_node(
-            ["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false", *common],
+            [
+                "--head",
+                f"--port={port}",
+                "--num-cpus=2",
+                '--resources={"node_a": 1}',
+                "--include-dashboard=false",
+                *common,
+            ],
             env,
             temp / "head.log",
         )

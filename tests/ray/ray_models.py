@@ -65,3 +65,16 @@ class Ticker(Model):
                 time.sleep(0.001)
         finally:
             self.closed.write_text(str(i))
+
+
+class Slow(Model):
+    """``infer`` echoes its inputs after ``delay_ms`` of (sleeping) work: a request that
+    stays in flight long enough for Serve's autoscaler to count it."""
+
+    def __init__(self, delay_ms: int = 200) -> None:
+        super().__init__()
+        self.delay_s = min(delay_ms / 1000, WAIT_LIMIT_S)
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        time.sleep(self.delay_s)
+        return [dict(item) for item in batch]

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 import numpy as np
 
-ExecutorKind = Literal["inline", "thread", "process", "ray"]
+ExecutorKind = Literal["inline", "thread", "process", "ray", "ray-serve"]
 Inputs = Mapping[str, Any]
 Outputs = Mapping[str, Any]
 Piece = str | bytes | memoryview

@@ -47,7 +47,12 @@ RUNTIME_KEYS = frozenset(
     {"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth", "deadline_s"}
 )
 # Options that place ``executor=ray`` workers; they reach the runtime as ``placement``.
-PLACEMENT_KEYS = frozenset({"num_cpus", "num_gpus", "resources", "max_restarts", "same_node"})
+# ``executor=ray-serve`` adds its deployment's autoscaling (``runtime.ray.serve``).
+PLACEMENT_KEYS = frozenset(
+    {"num_cpus", "num_gpus", "resources", "max_restarts", "same_node"}
+    | {"min_replicas", "max_replicas", "target_ongoing_requests", "max_ongoing_requests"}
+    | {"upscale_delay_s", "downscale_delay_s", "look_back_period_s", "metrics_interval_s"}
+)
 
 
 @dataclass

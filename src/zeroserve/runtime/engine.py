@@ -163,9 +163,11 @@ class Engine:
         executor = cfg.executor or meta.executor
         if executor not in EXECUTORS:
             raise ModelLoadError(name, f"unknown executor {executor!r}; expected {EXECUTORS}")
-        if cfg.placement and executor != "ray":
+        if cfg.placement and executor not in ("ray", "ray-serve"):
             raise ModelLoadError(
-                name, f"Ray placement options ({', '.join(cfg.placement)}) need executor=ray"
+                name,
+                f"Ray placement options ({', '.join(cfg.placement)}) need executor=ray "
+                "or executor=ray-serve",
             )
         spec = ResolvedModel(
             name=name,
@@ -204,6 +206,10 @@ class Engine:
             from .ray import RayExecutor  # Ray is an optional extra: imported only when used
 
             return RayExecutor(spec, self.arena, opts)
+        if spec.executor == "ray-serve":
+            from .ray.serve import RayServeExecutor  # needs the [ray] extra's Serve
+
+            return RayServeExecutor(spec, self.arena, opts)
         return ProcessExecutor(spec, self.arena, opts)
 
     # -- queries -------------------------------------------------------------------------

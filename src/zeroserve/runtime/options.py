@@ -33,7 +33,7 @@ MAX_RESTART_BACKOFF_S = 5.0
 # the patient side.
 DEFAULT_HANG_GRACE_S = 5.0
 
-EXECUTORS: tuple[ExecutorKind, ...] = ("inline", "thread", "process", "ray")
+EXECUTORS: tuple[ExecutorKind, ...] = ("inline", "thread", "process", "ray", "ray-serve")
 
 
 @dataclass(frozen=True, slots=True)

@@ -419,13 +419,18 @@ class RayExecutor(Executor):
                 results.append(exc)
         if not arrays:
             return results
-        if w.attached:
-            outs = await self._infer_attached(w, arrays)
-        else:
-            outs = await self._infer_detached(w, arrays)
+        outs = await self._infer_arrays(w, arrays)
         for i, out in zip(index, outs, strict=True):
             results[i] = out
         return results
+
+    async def _infer_arrays(
+        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
+    ) -> list[InferResult]:
+        """Run the valid part of a batch on ``slot`` (the Serve executor overrides it)."""
+        if w.attached:
+            return await self._infer_attached(w, arrays)
+        return await self._infer_detached(w, arrays)
 
     async def _infer_attached(
         self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]

@@ -1,0 +1,166 @@
+"""``executor="ray-serve"`` on the real local two-node Ray cluster (see conftest): Serve
+runs without its HTTP proxy, answers are byte-identical to the inline executor's with
+zero copy on the ingress's node and one counted copy each way from the other node, and
+an autoscaling deployment goes up to ``max_replicas`` under a bounded burst and back
+down once it ends, with no request lost."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from tests.conftest import ServerProcess, start_server
+from tests.ray.cluster import RayCluster
+from tests.ray.test_ray_executor import _copies, _raw, _v2_binary
+
+pytest.importorskip("ray.serve")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SERVER_START_TIMEOUT_S = 240.0
+CLIENT_TIMEOUT_S = 60.0
+# Upscaling needs Serve to see the burst (metrics every 0.5 s over a 1 s window) and a
+# replica to start on two busy cores; downscaling waits downscale_delay_s after that.
+SCALE_WAIT_S = 120.0
+# The burst: this many clients, each sending at most BURST_MAX requests, until the
+# deployment reached max_replicas.
+BURST_CLIENTS = 6
+BURST_MAX = 600
+NEAR = 'executor=ray-serve&num_cpus=0&resources={"node_a":0.1}'
+FAR = 'executor=ray-serve&same_node=never&num_cpus=0&resources={"node_b":0.1}'
+ELASTIC = (
+    "min_replicas=1&max_replicas=2&target_ongoing_requests=1&upscale_delay_s=0.5"
+    "&downscale_delay_s=2&look_back_period_s=1&metrics_interval_s=0.5"
+)
+
+
+@pytest.fixture(scope="module")
+def inline_server() -> Iterator[ServerProcess]:
+    server = start_server(
+        "--model",
+        "echo",
+        "--model",
+        "dbl=tests.ray.ray_models:Doubler",
+        timeout=SERVER_START_TIMEOUT_S,
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def serve_server(ray_cluster: RayCluster) -> Iterator[ServerProcess]:
+    server = start_server(
+        "--model",
+        f"echo?{NEAR}",
+        "--model",
+        f"dbl=tests.ray.ray_models:Doubler?{NEAR}",
+        "--model",
+        f"far=zeroserve.models.echo:EchoModel?{FAR}",
+        "--model",
+        f"fardbl=tests.ray.ray_models:Doubler?{FAR}",
+        "--model",
+        f"slow=tests.ray.ray_models:Slow?{NEAR}&delay_ms=200&{ELASTIC}",
+        env=ray_cluster.env(),
+        timeout=SERVER_START_TIMEOUT_S,
+    )
+    yield server
+    assert server.stop() == 0
+
+
+_STATUS = """
+import json
+from ray import serve
+s = serve.status()
+apps = {
+    name: {d: dict(st.replica_states) for d, st in app.deployments.items()}
+    for name, app in s.applications.items()
+}
+print(json.dumps({"proxies": {k: str(v) for k, v in s.proxies.items()}, "apps": apps}))
+"""
+
+
+def _status(cluster: RayCluster) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
+    out: dict[str, dict[str, dict[str, dict[str, int]]]] = json.loads(
+        cluster.driver(_STATUS).strip().splitlines()[-1]
+    )
+    return out
+
+
+def _running(cluster: RayCluster, server: ServerProcess, model: str) -> int:
+    app = _status(cluster)["apps"][f"zeroserve-{server.proc.pid}-{model}"]
+    return int(app[model].get("RUNNING", 0))
+
+
+def test_same_bytes_as_inline_no_proxy_and_the_copy_rule(
+    ray_cluster: RayCluster, inline_server: ServerProcess, serve_server: ServerProcess
+) -> None:
+    rng = np.random.default_rng(11)
+    body = rng.integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    x = rng.standard_normal((256, 1024), dtype=np.float32)  # 1 MiB
+    before = _copies(serve_server)
+    got = _raw(serve_server.url, "echo", body)
+    assert got.status_code == 200 and got.content == _raw(inline_server.url, "echo", body).content
+    assert _copies(serve_server) == before  # the near replica read the arena in place
+    got = _raw(serve_server.url, "far", body)
+    assert got.status_code == 200 and got.content == body
+    for model in ("dbl", "fardbl"):
+        assert _v2_binary(serve_server.url, model, x) == _v2_binary(inline_server.url, "dbl", x)
+    after = _copies(serve_server)
+    # dbl's output is new memory on the replica: it comes back once through Serve.
+    # far and fardbl: one copy in and one out each.
+    assert after["ray_input"] == before["ray_input"]
+    assert after["ray_put"] - before["ray_put"] == len(body) + x.nbytes
+    assert after["ray_get"] - before["ray_get"] == len(body) + 2 * x.nbytes
+    # A stream is refused in the API's own error format, not cut.
+    r = _raw(serve_server.url, "echo", b"abc", stream="1")
+    assert r.status_code == 400 and "ray-serve" in r.json()["error"]["message"]
+    # Serve's own HTTP proxy never started, and the applications have no route.
+    status = _status(ray_cluster)
+    assert status["proxies"] == {}
+    assert f"zeroserve-{serve_server.proc.pid}-echo" in status["apps"]
+
+
+def test_burst_scales_up_to_max_then_down_with_no_request_lost(
+    ray_cluster: RayCluster, serve_server: ServerProcess
+) -> None:
+    assert _running(ray_cluster, serve_server, "slow") == 1
+    stop = threading.Event()
+    sent = [0] * BURST_CLIENTS
+    bad: list[str] = []
+
+    def client(i: int) -> None:
+        body = f"request from client {i}".encode()
+        with httpx.Client(timeout=CLIENT_TIMEOUT_S) as http:
+            while not stop.is_set() and sent[i] < BURST_MAX:
+                sent[i] += 1
+                r = http.post(f"{serve_server.url}/v1/raw/slow", content=body)
+                if r.status_code != 200 or r.content != body:
+                    bad.append(f"{r.status_code} {r.content[:200]!r}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(BURST_CLIENTS)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + SCALE_WAIT_S
+        peak = 1
+        while time.monotonic() < deadline and peak < 2 and any(t.is_alive() for t in threads):
+            peak = max(peak, _running(ray_cluster, serve_server, "slow"))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(CLIENT_TIMEOUT_S)
+    assert peak == 2, "the deployment did not scale up to max_replicas under the burst"
+    assert not bad, bad[:5]  # every request of the burst answered, with its own bytes
+    assert sum(sent) > 0
+    deadline = time.monotonic() + SCALE_WAIT_S
+    now = 2
+    while time.monotonic() < deadline and now > 1:
+        now = _running(ray_cluster, serve_server, "slow")
+    assert now == 1, "the deployment did not scale back down to min_replicas"
+    r = _raw(serve_server.url, "slow", b"after")
+    assert r.status_code == 200 and r.content == b"after"
