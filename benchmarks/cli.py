@@ -10,6 +10,7 @@ stops the running measurement's servers and writes what completed.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import shutil
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 from . import machine
 from .context import SuiteContext
 from .report import Section, merge
-from .servers import ECHO
+from .servers import BASELINE_SRC_ENV, ECHO
 from .suites import SUITES
 
 PREAMBLE = "# Benchmarks\n"
@@ -113,13 +114,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     given = sys.argv[1:] if argv is None else argv
     pins = machine.Pinning.detect()
+    # An A/B against another checkout is part of how to reproduce the run.
+    base_src = os.environ.get(BASELINE_SRC_ENV)
+    env_prefix = f"{BASELINE_SRC_ENV}={shlex.quote(base_src)} " if base_src else ""
     ctx = SuiteContext(
         quick=args.quick,
         results_dir=args.results_dir,
         pins=pins,
-        command="make bench"
-        if not given
-        else "python -m benchmarks " + " ".join(shlex.quote(a) for a in given),
+        command=env_prefix
+        + (
+            "make bench"
+            if not given
+            else "python -m benchmarks " + " ".join(shlex.quote(a) for a in given)
+        ),
         # Taken before the harness pins itself to one CPU.
         machine=tuple(machine.facts()),
         rounds=args.rounds,
