@@ -213,3 +213,25 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def statistics(self) -> WorkerStatistics: ...
+
+
+class StreamCredit:
+    """A worker's side of one stream's credit window (docs/architecture.md, "Streaming
+    channels"): the producer takes one credit per piece sent and waits at zero; the
+    server adds credits as its channel drains. Process workers and Ray actors share it."""
+
+    __slots__ = ("event", "n")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.event = asyncio.Event()
+
+    def add(self, n: int) -> None:
+        self.n += n
+        self.event.set()
+
+    async def take(self) -> None:
+        while self.n <= 0:
+            self.event.clear()
+            await self.event.wait()
+        self.n -= 1

@@ -42,6 +42,7 @@ import numpy as np
 from ... import errors
 from ...models.base import GenerateRequest, Model
 from .._common import (
+    StreamCredit,
     ThreadStepper,
     check_outputs,
     make_model,
@@ -115,24 +116,6 @@ async def _serve(
     await worker.run(reader)
 
 
-class _Credit:
-    __slots__ = ("event", "n")
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.event = asyncio.Event()
-
-    def add(self, n: int) -> None:
-        self.n += n
-        self.event.set()
-
-    async def take(self) -> None:
-        while self.n <= 0:
-            self.event.clear()
-            await self.event.wait()
-        self.n -= 1
-
-
 class WorkerLoop:
     """The worker side: serves one model's requests from the server's frames."""
 
@@ -145,7 +128,7 @@ class WorkerLoop:
         self.name = name
         self.pool = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="zeroserve-worker")
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.credits: dict[int, _Credit] = {}
+        self.credits: dict[int, StreamCredit] = {}
         self.allocs: dict[int, asyncio.Future[p.Allocated]] = {}
 
     def send(self, msg: Any) -> None:
@@ -165,7 +148,7 @@ class WorkerLoop:
                 if c is not None:
                     c.add(msg.n)
             elif isinstance(msg, p.Generate):
-                self.credits[msg.id] = _Credit(msg.window)
+                self.credits[msg.id] = StreamCredit(msg.window)
                 self._spawn(msg.id, self._generate(msg))
             elif isinstance(msg, p.Abort):
                 t = self.tasks.get(msg.id)

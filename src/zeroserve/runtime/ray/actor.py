@@ -43,7 +43,14 @@ import msgspec
 import numpy as np
 
 from ...models.base import GenerateRequest, Model
-from .._common import ThreadStepper, check_outputs, make_model, maybe_await, model_failure
+from .._common import (
+    StreamCredit,
+    ThreadStepper,
+    check_outputs,
+    make_model,
+    maybe_await,
+    model_failure,
+)
 from ..arena import read_token
 from ..tensors import (
     BYTES,
@@ -114,24 +121,6 @@ def _fail(name: str, exc: BaseException) -> Fail:
     return Fail(type(err).__name__, err.message, err.status)
 
 
-class _Credit:
-    __slots__ = ("event", "n")
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.event = asyncio.Event()
-
-    def add(self, n: int) -> None:
-        self.n += n
-        self.event.set()
-
-    async def take(self) -> None:
-        while self.n <= 0:
-            self.event.clear()
-            await self.event.wait()
-        self.n -= 1
-
-
 class RayWorker:
     """One model in one Ray actor (decorated with ``ray.remote`` by the executor)."""
 
@@ -153,7 +142,7 @@ class RayWorker:
         if asyncio.iscoroutine(loaded):  # an async load(): __init__ is not on a loop
             asyncio.run(loaded)
         self.pending: dict[int, tuple[list[dict[str, TensorDesc]], list[Any]]] = {}
-        self.credits: dict[int, _Credit] = {}
+        self.credits: dict[int, StreamCredit] = {}
         self.aborted: set[int] = set()
 
     async def hello(self) -> tuple[int, bool]:
@@ -251,7 +240,7 @@ class RayWorker:
         c.add(1 << 30)  # wake a generator waiting for credit, so it sees the abort
 
     async def _pump(
-        self, rid: int, stepper: ThreadStepper, credit: _Credit, queue: asyncio.Queue[Any]
+        self, rid: int, stepper: ThreadStepper, credit: StreamCredit, queue: asyncio.Queue[Any]
     ) -> None:
         """Step a sync generator under the stream's credit into ``queue``, which the
         stream drains: whatever has been produced since the last Ray item goes out as
@@ -278,7 +267,7 @@ class RayWorker:
     async def generate(
         self, rid: int, req: bytes, raw: TensorDesc | None, raw_bytes: bytes | None, window: int
     ) -> Any:
-        credit = self.credits[rid] = _Credit(window)
+        credit = self.credits[rid] = StreamCredit(window)
         try:
             request = msgspec.msgpack.decode(req, type=GenerateRequest)
             if raw is not None and self.view is not None:
