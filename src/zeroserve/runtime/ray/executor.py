@@ -512,7 +512,7 @@ class RayExecutor(Executor):
             reply = a.REPLY.decode(out)
             raise _rebuild(reply) if isinstance(reply, a.Fail) else WorkerError("bad reply")
         metrics.count_copy("ray_get", out.nbytes)
-        vecs: np.ndarray = out
+        vecs: np.ndarray = np.asarray(out)
         return vecs
 
     def generate(

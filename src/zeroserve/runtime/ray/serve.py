@@ -275,8 +275,10 @@ class RayServeExecutor(RayExecutor):
         self._notify()
 
     # -- work ------------------------------------------------------------------------------
-    async def _call(self, w: RayWorkerHandle, response: Any) -> Any:
-        """Await one handle call; cancelling the caller cancels the replica's request."""
+    async def _await(self, w: RayWorkerHandle, response: Any) -> Any:
+        """Await one handle call; cancelling the caller cancels the replica's request.
+        It overrides the actor call, so the base's object-store path (``_infer_detached``)
+        and ``embed`` serve deployments too."""
         w.outstanding += 1
         try:
             return await response
@@ -297,14 +299,16 @@ class RayServeExecutor(RayExecutor):
         self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
     ) -> list[InferResult]:
         if self.placement.same_node == "never":  # no replica attached: skip the probe
-            return await self._infer_far(w, arrays)
+            return await self._infer_detached(w, arrays)
         leases: list[Lease] = []
         rid = next(self._ids)
         try:
             descs = [{k: self._describe(v, leases) for k, v in item.items()} for item in arrays]
-            out = await self._call(w, w.actor.infer_once.remote(rid, msgspec.msgpack.encode(descs)))
+            out = await self._await(
+                w, w.actor.infer_once.remote(rid, msgspec.msgpack.encode(descs))
+            )
             if out is None:  # a replica on another node: through the object store
-                return await self._infer_far(w, arrays)
+                return await self._infer_detached(w, arrays)
             raw, extra = out
             reply = a.REPLY.decode(raw)
             if isinstance(reply, a.Fail):
@@ -318,35 +322,6 @@ class RayServeExecutor(RayExecutor):
         finally:
             for lease in leases:
                 lease.release()
-
-    async def _infer_far(
-        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
-    ) -> list[InferResult]:
-        import ray
-
-        metrics.count_copy("ray_put", sum(v.nbytes for item in arrays for v in item.values()))
-        ref = await asyncio.get_running_loop().run_in_executor(None, ray.put, arrays)
-        out = await self._call(w, w.actor.infer_arrays.remote(ref))
-        if isinstance(out, bytes):
-            reply = a.REPLY.decode(out)
-            raise _rebuild(reply) if isinstance(reply, a.Fail) else WorkerError("bad reply")
-        results: list[InferResult] = []
-        for item in out:
-            metrics.count_copy("ray_get", sum(np.asarray(v).nbytes for v in item.values()))
-            results.append(InferResult(dict(item)))
-        return results
-
-    async def embed(
-        self, slot: Any, texts: list[str], *, deadline_at: float | None = None
-    ) -> np.ndarray:
-        w: RayWorkerHandle = slot
-        out = await self._call(w, w.actor.embed.remote(texts))
-        if isinstance(out, bytes):
-            reply = a.REPLY.decode(out)
-            raise _rebuild(reply) if isinstance(reply, a.Fail) else WorkerError("bad reply")
-        metrics.count_copy("ray_get", out.nbytes)
-        vecs: np.ndarray = np.asarray(out)
-        return vecs
 
     def generate(
         self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
