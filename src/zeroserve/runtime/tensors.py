@@ -133,3 +133,26 @@ def from_desc(view: memoryview, desc: TensorDesc) -> np.ndarray:
     if desc.dtype == BYTES:
         return read_bytes_tensor(region, desc.shape[0] if desc.shape else 0)
     return np.frombuffer(region, dtype=np.dtype(desc.dtype)).reshape(desc.shape)
+
+
+def write_pending(
+    view: memoryview,
+    pending: Sequence[tuple[dict[str, TensorDesc], str, np.ndarray, int]],
+    offsets: Sequence[int],
+) -> int:
+    """Write each pending output ``(descs, key, array, nbytes)`` into the arena at its
+    offset (the one counted copy of an output not already in the arena) and describe it
+    in ``descs[key]``; return the bytes written. Process workers and Ray actors share it."""
+    copied = 0
+    for (d, key, arr, n), off in zip(pending, offsets, strict=True):
+        dst = view[off : off + n]
+        if arr.dtype == object:
+            write_bytes_tensor(list(arr), dst)
+            d[key] = TensorDesc(off, n, BYTES, (len(arr),))
+        else:
+            if n:
+                flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                np.frombuffer(dst, dtype=np.uint8)[:] = flat
+            d[key] = TensorDesc(off, n, arr.dtype.str, arr.shape)
+        copied += n
+    return copied

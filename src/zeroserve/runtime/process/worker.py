@@ -52,14 +52,13 @@ from .._common import (
 )
 from ..arena import attach
 from ..tensors import (
-    BYTES,
     TensorDesc,
     arena_offset,
     as_array,
     buffer_address,
     bytes_tensor_size,
     from_desc,
-    write_bytes_tensor,
+    write_pending,
 )
 from . import wire as p
 
@@ -228,17 +227,7 @@ class WorkerLoop:
         copied = 0
         if pending:
             offsets = await self._alloc(msg.id, [n for *_, n in pending])
-            for (d, key, arr, n), off in zip(pending, offsets, strict=True):
-                dst = self.view[off : off + n]
-                if arr.dtype == object:
-                    write_bytes_tensor(list(arr), dst)
-                    d[key] = TensorDesc(off, n, BYTES, (len(arr),))
-                else:
-                    if n:
-                        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-                        np.frombuffer(dst, dtype=np.uint8)[:] = flat
-                    d[key] = TensorDesc(off, n, arr.dtype.str, arr.shape)
-                copied += n
+            copied = write_pending(self.view, pending, offsets)
         self.send(p.InferDone(msg.id, described, copied))
 
     async def _embed(self, msg: p.Embed) -> None:

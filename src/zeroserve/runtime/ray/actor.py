@@ -53,14 +53,13 @@ from .._common import (
 )
 from ..arena import read_token
 from ..tensors import (
-    BYTES,
     TensorDesc,
     arena_offset,
     as_array,
     buffer_address,
     bytes_tensor_size,
     from_desc,
-    write_bytes_tensor,
+    write_pending,
 )
 
 # Threads for sync model calls in one actor (as ``process.worker.WORKER_THREADS``).
@@ -195,18 +194,7 @@ class RayWorker:
         if held is None or not offsets or self.view is None:
             return _encode(Fail("WorkerError", "no outputs held for this request", 500))
         described, pending = held
-        copied = 0
-        for (d, key, arr, n), off in zip(pending, offsets, strict=True):
-            dst = self.view[off : off + n]
-            if arr.dtype == object:
-                write_bytes_tensor(list(arr), dst)
-                d[key] = TensorDesc(off, n, BYTES, (len(arr),))
-            else:
-                if n:
-                    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-                    np.frombuffer(dst, dtype=np.uint8)[:] = flat
-                d[key] = TensorDesc(off, n, arr.dtype.str, arr.shape)
-            copied += n
+        copied = write_pending(self.view, pending, offsets)
         return _encode(Done(described, copied))
 
     # -- infer, detached (object store) ---------------------------------------------------
