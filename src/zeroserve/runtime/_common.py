@@ -235,3 +235,28 @@ class StreamCredit:
             self.event.clear()
             await self.event.wait()
         self.n -= 1
+
+
+class Waiters:
+    """Tasks waiting for a worker slot: ``wait()`` until the next ``wake_all()``, when
+    each re-checks capacity. Shared by the process and Ray executors."""
+
+    __slots__ = ("_futs",)
+
+    def __init__(self) -> None:
+        self._futs: list[asyncio.Future[None]] = []
+
+    def wake_all(self) -> None:
+        futs, self._futs = self._futs, []
+        for fut in futs:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait(self) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._futs.append(fut)
+        try:
+            await fut
+        finally:
+            if fut in self._futs:
+                self._futs.remove(fut)

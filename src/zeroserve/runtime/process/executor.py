@@ -57,6 +57,7 @@ from .._common import (
     Executor,
     InferResult,
     Producer,
+    Waiters,
     WorkerStatistics,
 )
 from ..arena import Arena, Lease
@@ -267,7 +268,7 @@ class ProcessExecutor(Executor):
         self.ctx = multiprocessing.get_context("spawn")
         self.workers: list[WorkerProcess | None] = [None] * spec.workers
         self._ids = itertools.count(1)
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters = Waiters()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._started = False
@@ -587,19 +588,10 @@ class ProcessExecutor(Executor):
 
     # -- slots -----------------------------------------------------------------------------
     def _notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._waiters.wake_all()
 
     async def _wait(self) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        finally:
-            if fut in self._waiters:
-                self._waiters.remove(fut)
+        await self._waiters.wait()
 
     async def acquire(self) -> WorkerProcess:
         while True:

@@ -41,7 +41,7 @@ import numpy as np
 from ... import errors, metrics
 from ...errors import ModelLoadError, WorkerError, WouldBlock
 from ...models.base import GenerateRequest
-from .._common import Executor, InferResult, Producer, WorkerStatistics
+from .._common import Executor, InferResult, Producer, Waiters, WorkerStatistics
 from ..arena import Arena, Lease
 from ..channel import Channel
 from ..inproc import validate_inputs
@@ -210,7 +210,7 @@ class RayExecutor(Executor):
             raise ModelLoadError(spec.name, str(exc)) from exc
         self.workers: list[RayWorkerHandle] = []
         self._ids = itertools.count(1)
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters = Waiters()
         self._tasks: set[asyncio.Task[None]] = set()
         self._connected = False
         self._closing = False
@@ -320,19 +320,10 @@ class RayExecutor(Executor):
 
     # -- slots -----------------------------------------------------------------------------
     def _notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        self._waiters.wake_all()
 
     async def _wait(self) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        finally:
-            if fut in self._waiters:
-                self._waiters.remove(fut)
+        await self._waiters.wait()
 
     async def _pick(self, *, stream: bool) -> RayWorkerHandle:
         while True:
