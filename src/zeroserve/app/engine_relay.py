@@ -53,7 +53,7 @@ from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, rel
 from .limits import ApiLimits, check_count
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
-from .relay._rewrite import model_spans, rewrite_model
+from .relay._rewrite import model_spans, value_spans
 from .request import Request
 from .response import JSON, Response, StreamResponse
 
@@ -74,6 +74,19 @@ _INDEX0 = b'"index":0'
 _EMPTY_CHOICES = b'"choices":[]'
 _ERROR_PREFIX = b'{"error"'
 _TIMINGS = b'"timings"'
+# Roles that make a conversation's system message (the model's default is not added).
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def splice(body: memoryview, edits: list[tuple[int, int, bytes]]) -> bytes:
+    """``body`` with each ``(start, end, new)`` span replaced by ``new`` (spans apart)."""
+    out: list[bytes | memoryview] = []
+    pos = 0
+    for start, end, new in sorted(edits, key=lambda e: e[0]):
+        out += (body[pos:start], new)
+        pos = end
+    out.append(body[pos:])
+    return b"".join(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +147,12 @@ class EngineRelay:
         extra = len(bytes(body.tools)) if s.given(body.tools) else 0
         bound = sum(len(t.encode()) for t in texts) + extra
         bound += TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(texts)
-        payload = plan.body if plan is not None else self._payload(req.body)
+        system = None
+        if plan is None and not any(m.role in _SYSTEM_ROLES for m in body.messages):
+            system = self.model.system_prompt  # the model's default (None: the template's)
+        if system is not None:
+            bound += len(system.encode()) + TEMPLATE_TOKENS_PER_MESSAGE
+        payload = plan.body if plan is not None else self._payload(req.body, system)
         n = body.n or 1
         return self._run(
             req,
@@ -187,10 +205,17 @@ class EngineRelay:
             has_format=False,
         )
 
-    def _payload(self, body: memoryview) -> bytes:
-        """The body as the engine takes it: bytes, with ``model`` set to the alias."""
-        parts = rewrite_model(body, self.model.alias)
-        data = b"".join(parts) if parts is not None else bytes(body)
+    def _payload(self, body: memoryview, system: str | None = None) -> bytes:
+        """The body as the engine takes it: bytes, with ``model`` set to the alias and,
+        given ``system``, a system message put first in ``messages`` (spliced in: the
+        rest of the body is not re-encoded)."""
+        edits = [(a, b, _encode(self.model.alias)) for a, b in model_spans(body) or ()]
+        if system is not None:
+            spans = value_spans(body, "messages")
+            if spans:  # the schema decoded it: a non-empty array (the last one counts)
+                at = spans[-1][0] + 1
+                edits.append((at, at, _encode({"role": "system", "content": system}) + b","))
+        data = splice(body, edits)
         metrics.count_copy("engine_body", len(data))
         return data
 
