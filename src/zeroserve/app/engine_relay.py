@@ -49,6 +49,7 @@ from .. import metrics
 from ..errors import DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
+from .engine_responses import ResponsesAnswer, decode_request, translate
 from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
 from .limits import ApiLimits, check_count
 from .openai import schemas as s
@@ -87,6 +88,10 @@ def splice(body: memoryview, edits: list[tuple[int, int, bytes]]) -> bytes:
         pos = end
     out.append(body[pos:])
     return b"".join(out)
+
+
+# How an answer is made from the engine's chunks, when not relayed as they are.
+Plan = ForcedTool | AutoTool | ResponsesAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +173,11 @@ class EngineRelay:
             messages=body.messages,
             prompt=None,
             plan=plan,
-            has_format=s.given(body.response_format),
+            error_param="tools"
+            if plan is not None
+            else "response_format"
+            if s.given(body.response_format)
+            else None,
         )
 
     def completions(
@@ -202,7 +211,36 @@ class EngineRelay:
             messages=None,
             prompt=body.prompt,
             plan=None,
-            has_format=False,
+            error_param=None,
+        )
+
+    def responses(
+        self, req: Request, ticket: Any, deadline: float, limits: ApiLimits
+    ) -> Coroutine[Any, Any, Response | StreamResponse]:
+        """A Responses API request (``app/engine_responses.py``): translated to a chat
+        completion, answered in the Responses shapes."""
+        body = decode_request(req.body)
+        if not isinstance(body.input, str):
+            check_count(len(body.input), limits.messages, "input", "input items")
+        t = translate(body, self.model.alias, self.model.system_prompt)
+        metrics.count_copy("engine_body", len(t.body))
+        bound = t.bound + TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(t.messages)
+        return self._run(
+            req,
+            ticket,
+            deadline,
+            t.body,
+            chat=True,
+            stream=bool(body.stream),
+            n=1,
+            seed=None,
+            max_tokens=body.max_output_tokens,
+            bound=bound,
+            messages=t.messages,
+            prompt=None,
+            plan=ResponsesAnswer(body),
+            error_param=t.error_param,
+            names=("max_output_tokens", "input"),
         )
 
     def _payload(self, body: memoryview, system: str | None = None) -> bytes:
@@ -234,17 +272,22 @@ class EngineRelay:
         bound: int,
         messages: Any,
         prompt: str | None,
-        plan: ForcedTool | AutoTool | None,
-        has_format: bool,
+        plan: Plan | None,
+        error_param: str | None,
+        names: tuple[str, str] | None = None,
     ) -> Response | StreamResponse:
+        """``names``: the request's own names of the output limit and the prompt, for a
+        ``context_length_exceeded`` (chat's and completions' by default)."""
         self.requests += 1
+        if names is None:
+            names = ("max_tokens", "messages" if messages is not None else "prompt")
         try:
-            await self._check_context(max_tokens, bound, messages, prompt, deadline)
+            await self._check_context(max_tokens, bound, messages, prompt, deadline, names)
             if n > 1:
                 return await run_choices(
                     self, payload, n, seed, chat, stream, deadline, ticket, plan
                 )
-            run = _Run(self, deadline, ticket, plan=plan, has_format=has_format)
+            run = _Run(self, deadline, ticket, plan=plan, error_param=error_param)
             edge = req.edge
             if edge is not None:  # an API key's token quota: debited when the run ends
                 edge.model = self.name
@@ -261,13 +304,14 @@ class EngineRelay:
         messages: Any,
         prompt: str | None,
         deadline: float,
+        names: tuple[str, str],
     ) -> None:
         ctx = self.model.context_length
         want = max_tokens or 0
         if want >= ctx:
             raise RequestError(
-                f"this model's maximum context length is {ctx} tokens; max_tokens asks for {want}",
-                param="max_tokens",
+                f"this model's maximum context length is {ctx} tokens; {names[0]} asks for {want}",
+                param=names[0],
                 code="context_length_exceeded",
             )
         if bound + want < ctx:
@@ -277,7 +321,7 @@ class EngineRelay:
             raise RequestError(
                 f"this model's maximum context length is {ctx} tokens; the request has "
                 f"{tokens} prompt tokens and asks for up to {want} more",
-                param="messages" if messages is not None else "prompt",
+                param=names[1],
                 code="context_length_exceeded",
             )
 
@@ -360,14 +404,14 @@ class _Run:
         deadline: float,
         ticket: Any,
         *,
-        plan: ForcedTool | AutoTool | None = None,
-        has_format: bool = False,
+        plan: Plan | None = None,
+        error_param: str | None = None,
     ) -> None:
         self.relay = relay
         self.deadline = deadline
         self.ticket = ticket
         self.plan = plan
-        self.has_format = has_format
+        self.error_param = error_param
         self.loop = asyncio.get_running_loop()
         self._lock = threading.Lock()
         self._pending: deque[bytes] = deque()
@@ -428,15 +472,10 @@ class _Run:
             error: BaseException = exc
             if isinstance(exc, ValueError):
                 # The engine refused the request before generating (a grammar it cannot
-                # build from the schema, a template error): the client's fault. With a tool
-                # plan the grammar comes from the tools' parameters.
+                # build from the schema, a template error): the client's fault, named by
+                # what the grammar came from (the schema, or the tools' parameters).
                 error = RequestError(
-                    f"the engine refused the request: {exc}",
-                    param="tools"
-                    if self.plan is not None
-                    else "response_format"
-                    if self.has_format
-                    else None,
+                    f"the engine refused the request: {exc}", param=self.error_param
                 )
             with self._lock:
                 self._error = error
@@ -654,7 +693,7 @@ async def run_choices(
     stream: bool,
     deadline: float,
     ticket: Any,
-    plan: ForcedTool | AutoTool | None,
+    plan: Plan | None,
 ) -> Response | StreamResponse:
     payloads = _choice_payloads(payload, n, seed)
     if not stream:

@@ -128,6 +128,13 @@ class EmbeddingRequest(Struct, kw_only=True):
     dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
 
 
+class ModelOnly(Struct, kw_only=True):
+    """Only the ``model`` of a request body (the rest is not decoded)."""
+
+    model: str
+
+
+model_only_decoder = msgspec.json.Decoder(ModelOnly)
 chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
 embedding_decoder = msgspec.json.Decoder(EmbeddingRequest)
