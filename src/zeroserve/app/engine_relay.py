@@ -35,6 +35,7 @@ engine's own tokenizer counts it, through the locked side port.
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import weakref
 from collections import deque
@@ -46,7 +47,7 @@ from typing import Any
 import msgspec
 
 from .. import metrics
-from ..errors import DeadlineExceeded, RequestError, ZeroserveError
+from ..errors import CapabilityError, DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
 from .engine_responses import ResponsesAnswer, decode_request, translate
@@ -242,6 +243,65 @@ class EngineRelay:
             error_param=t.error_param,
             names=("max_output_tokens", "input"),
         )
+
+    def embeddings(
+        self, req: Request, ticket: Any, deadline: float, limits: ApiLimits
+    ) -> Coroutine[Any, Any, Response]:
+        """``/v1/embeddings`` from the engine (a model started with ``embedding=true``):
+        the body goes to ``Server.handle_embeddings`` as bytes and its answer, already
+        OpenAI's shape, comes back as it is."""
+        body = s.decode(s.engine_embedding_decoder, req.body)
+        if not self.model.embedding:
+            raise CapabilityError(
+                f"model {self.name!r} was started without embeddings; "
+                "serve it with the option embedding=true",
+                param="model",
+            )
+        if isinstance(body.input, list):
+            check_count(len(body.input), limits.embedding_inputs, "input", "inputs")
+        return self._embed(req, self._payload(req.body), ticket, deadline, body.dimensions)
+
+    async def _embed(
+        self, req: Request, payload: bytes, ticket: Any, deadline: float, dimensions: int | None
+    ) -> Response:
+        self.requests += 1
+        loop = asyncio.get_running_loop()
+        try:
+            await self.acquire(deadline)
+            # The engine call cannot be stopped once it runs: the slot stays taken until
+            # its thread returns, even when the client has gone or the deadline passed.
+            fut = loop.run_in_executor(self.pool, self._embed_call, payload)
+            fut.add_done_callback(lambda _: self.release())
+            try:
+                async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                    answer = await asyncio.shield(fut)
+            except TimeoutError:
+                raise DeadlineExceeded("the request's deadline passed during embedding") from None
+        finally:
+            release_ticket(ticket)
+        if answer.startswith(_ERROR_PREFIX):
+            err = s.engine_error_decoder.decode(answer).error
+            status = err.code if 400 <= err.code < 600 else 500
+            raise ZeroserveError(err.message or "the engine failed", status=status, code=err.type)
+        if dimensions is not None:
+            vectors = s.engine_embeddings_decoder.decode(answer).data
+            native = _dimension(vectors[0].embedding) if vectors else dimensions
+            if native != dimensions:
+                raise RequestError(
+                    f"model {self.name!r} returns {native}-dimensional embeddings and cannot "
+                    "shorten them; omit 'dimensions' or pass its native size",
+                    param="dimensions",
+                )
+        if req.edge is not None:  # an API key's token quota
+            req.edge.model = self.name
+            req.edge.count_tokens(s.engine_usage_decoder.decode(answer).usage.prompt_tokens)
+        return Response(200, [answer], content_type=JSON)
+
+    def _embed_call(self, payload: bytes) -> bytes:
+        try:
+            return bytes(self.model.server.handle_embeddings(payload))
+        except ValueError as exc:  # the engine refused the input before computing
+            raise RequestError(f"the engine refused the input: {exc}", param="input") from None
 
     def _payload(self, body: memoryview, system: str | None = None) -> bytes:
         """The body as the engine takes it: bytes, with ``model`` set to the alias and,
@@ -657,6 +717,13 @@ class _Pieces:
     @property
     def finish_reason(self) -> str | None:
         return None  # the engine's chunks carry it; zeroserve does not re-read them
+
+
+def _dimension(vector: list[float] | str) -> int:
+    """Floats in one engine vector (a base64 one holds little-endian float32s)."""
+    if isinstance(vector, str):
+        return len(base64.b64decode(vector)) // 4
+    return len(vector)
 
 
 def _message_text(m: s.EngineMessage) -> str:

@@ -88,7 +88,12 @@ _OPTIONS = (
     "alias",
     "timeout",
     "system_prompt",
+    "embedding",
+    "pooling",
 )
+# ``pooling`` option -> llama.cpp's pooling type (``model``: the GGUF's own, which for a
+# chat model is "none" and cannot make one vector per input).
+POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST"}
 
 
 class GGUFError(ValueError):
@@ -157,7 +162,9 @@ class LlamaCppModel(Model):
     ``alias`` (the model name written into responses; the loader passes the served name),
     ``timeout`` (seconds a request may take in all, slot wait included),
     ``system_prompt`` (the system message put first in a chat that has none; empty: the
-    chat template's own behaviour).
+    chat template's own behaviour), ``embedding`` (also serve ``/v1/embeddings``; off by
+    default: the engine then computes embeddings on every decode), ``pooling`` (how
+    embeddings pool tokens: ``model``, ``mean``, ``cls``, ``last``).
     """
 
     executor = "inline"
@@ -169,6 +176,8 @@ class LlamaCppModel(Model):
     default_alias: ClassVar[str] = "llamacpp"
     # The system message of a chat that sends none (None: the template decides).
     default_system_prompt: ClassVar[str | None] = None
+    # How embeddings pool tokens unless the ``pooling`` option says.
+    default_pooling: ClassVar[str] = "model"
 
     def __init__(self, location: str = "", **options: Any) -> None:
         super().__init__(location=location, **options)
@@ -197,6 +206,15 @@ class LlamaCppModel(Model):
         if self.system_prompt is not None and len(self.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
             raise ValueError(
                 f"llamacpp option system_prompt is longer than {MAX_SYSTEM_PROMPT_CHARS} characters"
+            )
+        embedding = options.get("embedding", False)
+        if not isinstance(embedding, bool):
+            raise ValueError("llamacpp option embedding must be true or false")
+        self.embedding = embedding
+        self.pooling = str(options.get("pooling", self.default_pooling))
+        if self.pooling not in POOLING:
+            raise ValueError(
+                f"llamacpp option pooling must be one of {', '.join(POOLING)}, not {self.pooling!r}"
             )
         self.server: Any = None  # the xllamacpp.Server once loaded
         self._side_key = ""
@@ -233,6 +251,11 @@ class LlamaCppModel(Model):
         params.warmup = False
         params.verbosity = -1  # errors reach clients; the engine's log stays quiet
         params.model_alias = {self.alias}  # what the engine writes into "model"
+        if self.embedding:
+            params.embedding = True
+            params.pooling_type = getattr(
+                xllamacpp.llama_pooling_type, "LLAMA_POOLING_TYPE_" + POOLING[self.pooling]
+            )
         with keep_signal_handlers((signal.SIGINT, signal.SIGTERM)):
             try:
                 self.server = xllamacpp.Server(params)
@@ -274,6 +297,7 @@ class SmolLM2Model(LlamaCppModel):
     pinned_sha256: ClassVar[str | None] = SMOLLM2_SHA256
     default_alias: ClassVar[str] = "smollm2"
     default_system_prompt: ClassVar[str | None] = SMOLLM2_SYSTEM_PROMPT
+    default_pooling: ClassVar[str] = "mean"  # a chat model: its own pooling is "none"
 
     def __init__(self, **options: Any) -> None:
         if "location" in options:

@@ -322,7 +322,7 @@ class _OpenAI:
         return _json(s.Completion(ident, "text_completion", created, handle.name, texts, usage))
 
     def _engine_model(
-        self, req: Request, *, kind: Literal["chat", "completions", "responses"]
+        self, req: Request, *, kind: Literal["chat", "completions", "responses", "embeddings"]
     ) -> HandlerResult | None:
         """The answer of an engine-backed (``llamacpp``) model, or None for other models:
         the body goes to the engine undecoded (``app/engine_relay.py``)."""
@@ -337,6 +337,8 @@ class _OpenAI:
                 return relay.chat(req, ticket, deadline, self.limits)
             if kind == "responses":
                 return relay.responses(req, ticket, deadline, self.limits)
+            if kind == "embeddings":
+                return relay.embeddings(req, ticket, deadline, self.limits)
             return relay.completions(req, ticket, deadline, self.limits)
         except BaseException:
             release_ticket(ticket)
@@ -451,10 +453,13 @@ class _OpenAI:
         )
 
     # -- embeddings ---------------------------------------------------------------------
-    def embeddings(self, req: Request) -> Coroutine[Any, Any, Response | StreamResponse]:
+    def embeddings(self, req: Request) -> HandlerResult:
         relay = relay_for_request(self.engine, req)
         if relay is not None:
             return relay.forward(req, "/embeddings")
+        engine = self._engine_model(req, kind="embeddings")  # a llamacpp model: its engine
+        if engine is not None:
+            return engine
         body = s.decode(s.embedding_decoder, req.body)
         if isinstance(body.input, list):
             check_count(len(body.input), self.limits.embedding_inputs, "input", "inputs")
