@@ -260,3 +260,57 @@ def test_models_without_the_engine_are_refused(llm: ServerProcess) -> None:
     assert resp.status_code == 404
     # ... and the server still answers.
     assert httpx.get(llm.url + "/health").status_code == 200
+
+
+# parameter -> (a value that matters, whether smollm2's engine honours or harmlessly
+# accepts it); the SDK's own parameter list must match, so a new one fails until it is
+# classified here.
+RESPONSES: dict[str, tuple[Any, bool]] = {
+    "access_programs": ({}, False),
+    "background": (True, False),
+    "background_options": ({}, False),
+    "context_management": ([{"type": "compaction"}], False),
+    "conversation": ("conv_1", False),
+    "image": ({}, False),
+    "include": (["message.output_text.logprobs"], False),
+    "instructions": ("Be brief.", True),
+    "max_output_tokens": (1, True),
+    "max_tool_calls": (1, True),
+    "metadata": ({"k": "v"}, True),
+    "moderation": ({}, False),
+    "parallel_tool_calls": (False, True),
+    "previous_response_id": ("resp_1", False),
+    "prompt": ({"id": "pmpt_1"}, False),
+    "prompt_cache_key": ("k", True),
+    "prompt_cache_options": ({}, True),
+    "prompt_cache_retention": ("24h", True),
+    "reasoning": ({"effort": "low"}, False),
+    "safety_identifier": ("s", True),
+    "service_tier": ("auto", True),
+    "store": (True, False),
+    "stream_options": ({"include_obfuscation": False}, True),
+    "temperature": (0.5, True),
+    "text": ({"format": {"type": "json_object"}}, True),
+    "tool_choice": ("required", False),
+    "tools": ([{"type": "function", "name": "f", "parameters": {}}], False),
+    "top_logprobs": (2, False),
+    "top_p": (0.5, True),
+    "truncation": ("auto", False),
+    "user": ("u", True),
+}
+
+
+def test_every_sdk_responses_parameter_is_classified(llm: ServerProcess) -> None:
+    from openai.types.responses import response_create_params as params
+
+    sdk = set(params.ResponseCreateParamsBase.__annotations__) - {"model", "input"}
+    assert sdk == set(RESPONSES)
+    for name, (value, honoured) in RESPONSES.items():
+        body = {"model": "smollm2", "input": "Hi", "max_output_tokens": 1, name: value}
+        resp = httpx.post(llm.url + "/v1/responses", json=body, timeout=60)
+        if honoured:
+            assert resp.status_code == 200, (name, resp.text)
+        else:
+            assert resp.status_code == 400, (name, resp.text)
+            assert resp.json()["error"]["param"] == name
+    _wait_idle(llm.url, "smollm2")
