@@ -1,5 +1,5 @@
 """The OpenAI-compatible API: ``/v1/models``, ``/v1/chat/completions``,
-``/v1/completions`` and ``/v1/embeddings``.
+``/v1/completions``, ``/v1/embeddings`` and ``/v1/responses``.
 
 Requests are decoded once, from the body view, by the reused msgspec decoders in
 ``app/openai/schemas.py``; errors use OpenAI's ``{"error": {...}}`` body (the routes'
@@ -20,7 +20,9 @@ parts, token-array prompts; see ``app/openai/params.py``) and unknown fields get
 naming the parameter rather than being silently ignored. Parameters that only carry
 metadata (``user``, ``metadata``, ``store``, ...) are accepted and ignored.
 ``llamacpp`` models are served by their engine (``app/engine_relay.py``), which honours
-``tools``, ``response_format``, ``logprobs``, penalties and ``logit_bias``.
+``tools``, ``response_format``, ``logprobs``, penalties and ``logit_bias``, answers the
+Responses API (``app/engine_responses.py``; other models: relayed when remote, else a
+400) and, started with ``embedding=true``, embeddings.
 
 Token counts come from the model's ``count_tokens``; ``usage.prompt_tokens`` counts the
 templated chat prompt. See ``app/openai/generation.py`` for how ``finish_reason`` and
