@@ -15,13 +15,14 @@ import httpx
 import jsonschema
 import pytest
 from tests.conftest import ServerProcess, start_server
-from tests.models.test_llamacpp import _wait_idle
+from tests.models.test_llamacpp import _metric, _wait_idle
 
 import openai
 
 pytest.importorskip("xllamacpp")
 
 FRANCE = "What is the capital of France?"
+STORY = "Write a very long story about a dragon, with many details."
 CITY_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}},
@@ -44,7 +45,14 @@ TAIL = [
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[ServerProcess]:
-    server = start_server("--model", "smollm2?parallel=2&n_ctx=2048", "--model", "echo")
+    server = start_server(
+        "--model",
+        "smollm2?parallel=2&n_ctx=2048",
+        "--model",
+        "brief=smollm2?parallel=1&n_ctx=1024&timeout=1",
+        "--model",
+        "echo",
+    )
     yield server
     assert server.stop() == 0
 
@@ -314,3 +322,53 @@ def test_every_sdk_responses_parameter_is_classified(llm: ServerProcess) -> None
             assert resp.status_code == 400, (name, resp.text)
             assert resp.json()["error"]["param"] == name
     _wait_idle(llm.url, "smollm2")
+
+
+def test_disconnect_stops_the_generation(llm: ServerProcess) -> None:
+    """A streamed answer dropped after two deltas stops its slot (counted as aborted)
+    long before ``max_output_tokens``; the next request is served."""
+    before = _metric(llm.url, "zeroserve_engine_aborted", "smollm2")
+    tokens = _metric(llm.url, "zeroserve_generation_tokens_total", "smollm2")
+    body = {"model": "smollm2", "input": STORY, "max_output_tokens": 900, "stream": True}
+    with (
+        httpx.Client(timeout=60) as c,
+        c.stream("POST", llm.url + "/v1/responses", json=body) as resp,
+    ):
+        deltas = 0
+        for line in resp.iter_lines():
+            if line == "event: response.output_text.delta":
+                deltas += 1
+                if deltas == 2:
+                    break
+    _wait_idle(llm.url, "smollm2")
+    assert _metric(llm.url, "zeroserve_engine_aborted", "smollm2") >= before + 1
+    made = _metric(llm.url, "zeroserve_generation_tokens_total", "smollm2") - tokens
+    assert 0 < made < 900
+    again = httpx.post(
+        llm.url + "/v1/responses",
+        json={"model": "smollm2", "input": "Hi", "max_output_tokens": 2},
+        timeout=60,
+    )
+    assert again.status_code == 200
+
+
+def test_deadline_ends_the_stream_with_an_error_event(client: openai.OpenAI) -> None:
+    """``brief`` allows one second a request: once the events began, the deadline is an
+    ``error`` event that ends the stream (and the slot stops at its next token)."""
+    events = list(
+        client.responses.create(model="brief", input=STORY, max_output_tokens=900, stream=True)
+    )
+    assert events[0].type == "response.created"
+    assert events[-1].type == "error"
+    assert events[-1].code == "deadline_exceeded"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_deadline_of_a_whole_answer_frees_the_slot(client: openai.OpenAI) -> None:
+    """A whole answer past ``brief``'s one second is a 504, and its only slot stops at
+    once: the next request is served (it would wait for 900 tokens otherwise)."""
+    with pytest.raises(openai.APIStatusError) as info:
+        client.responses.create(model="brief", input=STORY, max_output_tokens=900)
+    assert info.value.status_code == 504
+    r = client.responses.create(model="brief", input="Hi", max_output_tokens=2)
+    assert r.status == "incomplete" and r.usage is not None and r.usage.output_tokens == 2

@@ -16,8 +16,9 @@ translated here, once, into a chat completion for ``handle_chat_completions``:
 * parameters that need state (``previous_response_id``, ``store: true``, ...) or that
   the engine cannot honour get a 400 naming them (``openai/responses.py``).
 
-The engine's answer comes back as chat chunks; each is decoded once, with msgspec, and
-turned into OpenAI's Responses shapes: a whole ``response`` object, or the stream's
+The engine's answer comes back as chat chunks (streamed from the engine even for a whole
+answer, so that a deadline or a client that leaves stops the slot at the next token);
+each is decoded once, with msgspec, and turned into OpenAI's Responses shapes: a whole ``response`` object, or the stream's
 events in OpenAI's exact order and format (``event: <type>`` and ``data: <json>``,
 ``sequence_number`` from 0): ``response.created``, ``response.in_progress``,
 ``response.output_item.added``, ``response.content_part.added``, one
@@ -97,9 +98,16 @@ def translate(req: r.ResponsesRequest, alias: str, system_prompt: str | None) ->
             messages.append({"role": _ROLES.get(item.role, item.role), "content": _text(item, i)})
     if system_prompt is not None and not any(m["role"] == "system" for m in messages):
         messages.insert(0, {"role": "system", "content": system_prompt})
-    out: dict[str, Any] = {"model": alias, "messages": messages, "stream": bool(req.stream)}
-    if req.stream:
-        out["stream_options"] = {"include_usage": True}  # usage for the final event
+    # Always streamed from the engine, whole answers too: each chunk's callback can stop
+    # the slot, so a client that leaves or a deadline that passes frees it at the next
+    # token (a whole engine answer has no callback until it is complete). The usage
+    # comes in the last chunk.
+    out: dict[str, Any] = {
+        "model": alias,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if req.max_output_tokens is not None:
         out["max_tokens"] = req.max_output_tokens
     if req.temperature is not None:
@@ -224,18 +232,28 @@ class ResponsesAnswer:
     ) -> Response | StreamResponse:
         model = run.model
         if not stream:
-            run.complete = True
-            run.close()
-            answer = s.engine_chunk_decoder.decode(first)
-            choice = answer.choices[0] if answer.choices else None
-            text = (choice.message.content if choice and choice.message else None) or ""
-            cut = choice is not None and choice.finish_reason == "length"
+            parts: list[str] = []
+            reason = "stop"
+            usage: s.Usage | None = None
+            chunk: bytes | None = first
+            try:
+                while chunk is not None:
+                    data = s.engine_chunk_decoder.decode(run.check(chunk))
+                    usage = data.usage or usage
+                    for c in data.choices:
+                        if c.delta is not None and c.delta.content:
+                            parts.append(c.delta.content)
+                        reason = c.finish_reason or reason
+                    chunk = await run.next_chunk()
+            finally:
+                run.close()  # a deadline, an engine error or the client gone: stop the slot
+            cut = reason == "length"
             status = "incomplete" if cut else "completed"
             out = self._snapshot(
                 model,
                 status,
-                [self._message(text, status)],
-                self._usage(answer.usage, run.timings),
+                [self._message("".join(parts), status)],
+                self._usage(usage, run.timings),
                 incomplete=cut,
             )
             return Response(200, [_encode(out)], content_type=JSON)
