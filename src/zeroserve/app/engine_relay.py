@@ -25,6 +25,15 @@ pending chunk goes out in one write when the client is ready (they coalesce into
 freed. Cancellation: a client disconnect, the deadline or ``aclose()`` set a flag that
 makes the engine callback return ``True``, which stops the slot at its next token.
 
+The same slots serve ``/v1/responses`` (translated to a chat completion by
+:mod:`.engine_responses`, its chunks turned into Responses events by the plan it gives
+``_Run``) and, for a model started with ``embedding=true``, ``/v1/embeddings``
+(``Server.handle_embeddings``: bytes in, OpenAI's answer as bytes out, relayed as it is;
+the call cannot be stopped, so its slot is held until the engine returns).
+
+A chat with no system message gets the model's default system prompt (``system_prompt``
+option), spliced into the body's ``messages`` at its byte offset (``value_spans``).
+
 Limits checked before a slot is taken: ``max_tokens`` beyond the slot's context, and a
 prompt too long for it (``context_length_exceeded``). The prompt check is exact only when
 it has to be: a prompt whose UTF-8 bytes (an upper bound of its tokens for byte-level
