@@ -10,17 +10,16 @@ import asyncio
 import json
 import math
 import sys
-import threading
 from pathlib import Path
 
-from ..context import SuiteContext
+from ..context import Settings, SuiteContext
 from ..procs import ServerFailed
 from ..report import Section, footer, num, times
 from ..servers import Server, importable, started, zeroserve
 from ..stats import median, percentile
 from ..streamclient import StreamStats, stream_load
 from ._api import GROUP, GROUP_TITLE
-from .w8 import _probe_health
+from ._health import HealthProbe
 
 CONCURRENCY = (1, 8, 32)
 # Engine slots and KV tokens (512 a slot): 8 slots is where 2 cores stop gaining.
@@ -33,6 +32,8 @@ MESSAGES = [
 ]
 # /health p99 target while the model is saturated (ms).
 HEALTH_TARGET_MS = 2.0
+# Seconds past the window within which the probe process must report.
+PROBE_SLACK_S = 10.0
 
 
 def _engine_peer(mode: str, name: str, title: str, threads: int) -> Server:
@@ -80,6 +81,24 @@ def llamacpp(ctx: SuiteContext) -> Section:
     res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]] = {}
     errors: dict[str, str] = {}
     skipped = {s.name: why for s in servers if (why := s.missing())}
+    probe = HealthProbe()
+    try:
+        _measure(ctx, settings, servers, body, probe, res, errors, skipped)
+    finally:
+        probe.close()
+    return _section(ctx, settings, servers, max_tokens, threads, res, errors, skipped)
+
+
+def _measure(
+    ctx: SuiteContext,
+    settings: Settings,
+    servers: list[Server],
+    body: bytes,
+    probe: HealthProbe,
+    res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]],
+    errors: dict[str, str],
+    skipped: dict[str, str],
+) -> None:
     for rnd in range(settings.rounds):
         for conc in CONCURRENCY:
             for srv in servers:
@@ -87,24 +106,22 @@ def llamacpp(ctx: SuiteContext) -> Section:
                     continue
                 try:
                     with started(srv, ctx.pins, ctx.results_dir) as server:
-                        asyncio.run(stream_load(server.port, "/v1/chat/completions", body, 1, 0.01))
-                        health: list[float] = []
-
-                        def probe(port: int = server.port, health: list[float] = health) -> None:
-                            health.extend(
-                                _probe_health(port, max(settings.duration_s - 0.5, 0.5))[0]
-                            )
-
-                        t = threading.Thread(target=probe, daemon=True)
+                        # Warm up at the measured concurrency: the engine's first batch of
+                        # k sequences pays a one-time cost (seconds for 8 on one thread:
+                        # 2-4 s TTFT, then 0.1-0.3 s), which a one-stream warm-up leaves
+                        # inside the window.
+                        asyncio.run(
+                            stream_load(server.port, "/v1/chat/completions", body, conc, 0.01)
+                        )
                         u0 = server.usage()
-                        t.start()
+                        probing = probe.start(server.port, max(settings.duration_s - 0.5, 0.5))
                         st = asyncio.run(
                             stream_load(
                                 server.port, "/v1/chat/completions", body, conc, settings.duration_s
                             )
                         )
                         cpu_s = server.usage().cpu_s - u0.cpu_s
-                        t.join(settings.duration_s + 10)
+                        health = probing.result(timeout=settings.duration_s + PROBE_SLACK_S)
                 except ServerFailed as exc:
                     errors[srv.name] = f"start failed: {exc}"
                     continue
@@ -116,6 +133,17 @@ def llamacpp(ctx: SuiteContext) -> Section:
                     flush=True,
                 )
 
+
+def _section(
+    ctx: SuiteContext,
+    settings: Settings,
+    servers: list[Server],
+    max_tokens: int,
+    threads: int,
+    res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]],
+    errors: dict[str, str],
+    skipped: dict[str, str],
+) -> Section:
     def tps(conc: int, name: str) -> list[float]:
         return [s.tokens / s.duration_s for s, _, _ in res.get((conc, name), [])]
 
@@ -130,7 +158,9 @@ def llamacpp(ctx: SuiteContext) -> Section:
         f"{threads} thread(s) on every server. llama.cpp server: the HTTP server "
         "`xllamacpp.Server` starts (the same engine build). FastAPI: `handle_chat_completions` "
         "in a thread, chunks through `call_soon_threadsafe` into a `StreamingResponse`. "
-        "`/health` is probed every 5 ms on one keep-alive connection during the load. "
+        "`/health` is probed every 5 ms on one keep-alive connection during the load, from a "
+        "process of its own (not a thread of the load client, whose loop would hold the GIL "
+        "against it). "
         "Tokens per CPU-second: tokens received over the server process's CPU time in the "
         "window (the fair comparison where other work shares the server's CPU).",
         *footer(ctx, settings),

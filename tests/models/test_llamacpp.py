@@ -34,6 +34,11 @@ GGUF = smollm2_path()
 # Seconds within which a poll of the server's state must see what it waits for.
 POLL_S = 30.0
 HELPFUL = {"role": "system", "content": "You are a helpful assistant."}
+# The ``one`` engine's own default system prompt (the ``system_prompt`` option, as the
+# spec's query writes it), and the same as a client's system message.
+SYSTEM_OPTION = "You+answer+in+one+short+sentence."
+SHORT = {"role": "system", "content": "You answer in one short sentence."}
+PYFILE = {"role": "user", "content": "How do I open a file in Python?"}
 FRANCE = {"role": "user", "content": "What is the capital of France?"}
 WEATHER = {"role": "user", "content": "What is the weather in Paris?"}
 CITY_SCHEMA = {
@@ -61,7 +66,7 @@ def llm() -> Iterator[ServerProcess]:
         "--model",
         "smollm2?parallel=2&n_ctx=2048",
         "--model",
-        f"one=llamacpp:{GGUF}?parallel=1&n_ctx=1024",
+        f"one=llamacpp:{GGUF}?parallel=1&n_ctx=1024&system_prompt={SYSTEM_OPTION}",
         "--model",
         f"brief=llamacpp:{GGUF}?parallel=1&n_ctx=1024&timeout=1",
     )
@@ -103,6 +108,56 @@ def test_greedy_answer_is_coherent(client: openai.OpenAI) -> None:
     assert "Paris" in (r.choices[0].message.content or "")
     assert r.model == "smollm2"
     assert r.usage is not None and r.usage.completion_tokens > 0
+
+
+def test_greedy_answer_without_a_system_message_is_coherent(client: openai.OpenAI) -> None:
+    """smollm2's default system prompt applies when the client sends none: the answer
+    is the one the same system message gives, and it is right."""
+    bare = client.chat.completions.create(
+        model="smollm2", messages=[FRANCE], max_tokens=12, temperature=0
+    )
+    told = client.chat.completions.create(
+        model="smollm2", messages=[HELPFUL, FRANCE], max_tokens=12, temperature=0
+    )
+    assert "Paris" in (bare.choices[0].message.content or "")
+    assert bare.choices[0].message.content == told.choices[0].message.content
+    assert bare.usage is not None and told.usage is not None
+    assert bare.usage.prompt_tokens == told.usage.prompt_tokens
+    code = client.chat.completions.create(
+        model="smollm2", messages=[PYFILE], max_tokens=24, temperature=0
+    )
+    assert "open(" in (code.choices[0].message.content or "")
+
+
+def test_a_client_system_message_replaces_the_default(client: openai.OpenAI) -> None:
+    """The default is only a default: a client's own system message is the only one the
+    engine sees (not the default and then the client's)."""
+    pirate = {"role": "system", "content": "You are a pirate."}
+    own = client.chat.completions.create(
+        model="smollm2", messages=[pirate, FRANCE], max_tokens=1, temperature=0
+    )
+    both = client.chat.completions.create(
+        model="smollm2", messages=[HELPFUL, pirate, FRANCE], max_tokens=1, temperature=0
+    )
+    assert own.usage is not None and both.usage is not None
+    assert own.usage.prompt_tokens < both.usage.prompt_tokens
+
+
+def test_system_prompt_option_sets_a_models_default(client: openai.OpenAI) -> None:
+    """``system_prompt=`` on a llamacpp spec: a chat without a system message is
+    rendered with it, exactly as if the client had sent it; a chat with one is not."""
+    bare = client.chat.completions.create(
+        model="one", messages=[FRANCE], max_tokens=1, temperature=0
+    )
+    told = client.chat.completions.create(
+        model="one", messages=[SHORT, FRANCE], max_tokens=1, temperature=0
+    )
+    other = client.chat.completions.create(
+        model="one", messages=[HELPFUL, FRANCE], max_tokens=1, temperature=0
+    )
+    assert bare.usage is not None and told.usage is not None and other.usage is not None
+    assert bare.usage.prompt_tokens == told.usage.prompt_tokens
+    assert other.usage.prompt_tokens != told.usage.prompt_tokens
 
 
 def test_stream_names_the_served_model_never_the_file(llm: ServerProcess) -> None:

@@ -23,6 +23,7 @@ def test_openapi_document_is_valid_and_complete(echo_server: ServerProcess) -> N
         ("/v1/chat/completions", "post"),
         ("/v1/completions", "post"),
         ("/v1/embeddings", "post"),
+        ("/v1/responses", "post"),
         ("/v1/raw/{model}", "post"),
         ("/v2/models/{model}/infer", "post"),
         ("/v2/models/{model}/versions/{version}/infer", "post"),
@@ -35,6 +36,17 @@ def test_openapi_document_is_valid_and_complete(echo_server: ServerProcess) -> N
     for field in ("messages", "tools", "tool_choice", "response_format", "logprobs", "n"):
         assert field in request["properties"]
     assert "text/event-stream" in chat["responses"]["200"]["content"]
+    responses = paths["/v1/responses"]["post"]
+    ref = responses["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    request = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    for field in ("input", "instructions", "max_output_tokens", "text", "previous_response_id"):
+        assert field in request["properties"]
+    answer = responses["responses"]["200"]["content"]
+    ref = answer["application/json"]["schema"]["$ref"]
+    assert "output" in doc["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+    events = answer["text/event-stream"]["x-event-data"]["anyOf"]
+    names = {e["$ref"].rsplit("/", 1)[1] for e in events}
+    assert {"TextDeltaEvent", "LifecycleEvent", "ErrorEvent"} <= names
     infer = paths["/v2/models/{model}/infer"]["post"]
     err = infer["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"]
     assert err.endswith("/KServeError")

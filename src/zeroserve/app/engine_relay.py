@@ -25,6 +25,15 @@ pending chunk goes out in one write when the client is ready (they coalesce into
 freed. Cancellation: a client disconnect, the deadline or ``aclose()`` set a flag that
 makes the engine callback return ``True``, which stops the slot at its next token.
 
+The same slots serve ``/v1/responses`` (translated to a chat completion by
+:mod:`.engine_responses`, its chunks turned into Responses events by the plan it gives
+``_Run``) and, for a model started with ``embedding=true``, ``/v1/embeddings``
+(``Server.handle_embeddings``: bytes in, OpenAI's answer as bytes out, relayed as it is;
+the call cannot be stopped, so its slot is held until the engine returns).
+
+A chat with no system message gets the model's default system prompt (``system_prompt``
+option), spliced into the body's ``messages`` at its byte offset (``value_spans``).
+
 Limits checked before a slot is taken: ``max_tokens`` beyond the slot's context, and a
 prompt too long for it (``context_length_exceeded``). The prompt check is exact only when
 it has to be: a prompt whose UTF-8 bytes (an upper bound of its tokens for byte-level
@@ -35,6 +44,7 @@ engine's own tokenizer counts it, through the locked side port.
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import weakref
 from collections import deque
@@ -46,14 +56,15 @@ from typing import Any
 import msgspec
 
 from .. import metrics
-from ..errors import DeadlineExceeded, RequestError, ZeroserveError
+from ..errors import CapabilityError, DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
+from .engine_responses import ResponsesAnswer, decode_request, translate
 from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
 from .limits import ApiLimits, check_count
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
-from .relay._rewrite import model_spans, rewrite_model
+from .relay._rewrite import model_spans, value_spans
 from .request import Request
 from .response import JSON, Response, StreamResponse
 
@@ -74,6 +85,23 @@ _INDEX0 = b'"index":0'
 _EMPTY_CHOICES = b'"choices":[]'
 _ERROR_PREFIX = b'{"error"'
 _TIMINGS = b'"timings"'
+# Roles that make a conversation's system message (the model's default is not added).
+_SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def splice(body: memoryview, edits: list[tuple[int, int, bytes]]) -> bytes:
+    """``body`` with each ``(start, end, new)`` span replaced by ``new`` (spans apart)."""
+    out: list[bytes | memoryview] = []
+    pos = 0
+    for start, end, new in sorted(edits, key=lambda e: e[0]):
+        out += (body[pos:start], new)
+        pos = end
+    out.append(body[pos:])
+    return b"".join(out)
+
+
+# How an answer is made from the engine's chunks, when not relayed as they are.
+Plan = ForcedTool | AutoTool | ResponsesAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +162,12 @@ class EngineRelay:
         extra = len(bytes(body.tools)) if s.given(body.tools) else 0
         bound = sum(len(t.encode()) for t in texts) + extra
         bound += TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(texts)
-        payload = plan.body if plan is not None else self._payload(req.body)
+        system = None
+        if plan is None and not any(m.role in _SYSTEM_ROLES for m in body.messages):
+            system = self.model.system_prompt  # the model's default (None: the template's)
+        if system is not None:
+            bound += len(system.encode()) + TEMPLATE_TOKENS_PER_MESSAGE
+        payload = plan.body if plan is not None else self._payload(req.body, system)
         n = body.n or 1
         return self._run(
             req,
@@ -150,7 +183,11 @@ class EngineRelay:
             messages=body.messages,
             prompt=None,
             plan=plan,
-            has_format=s.given(body.response_format),
+            error_param="tools"
+            if plan is not None
+            else "response_format"
+            if s.given(body.response_format)
+            else None,
         )
 
     def completions(
@@ -184,13 +221,108 @@ class EngineRelay:
             messages=None,
             prompt=body.prompt,
             plan=None,
-            has_format=False,
+            error_param=None,
         )
 
-    def _payload(self, body: memoryview) -> bytes:
-        """The body as the engine takes it: bytes, with ``model`` set to the alias."""
-        parts = rewrite_model(body, self.model.alias)
-        data = b"".join(parts) if parts is not None else bytes(body)
+    def responses(
+        self, req: Request, ticket: Any, deadline: float, limits: ApiLimits
+    ) -> Coroutine[Any, Any, Response | StreamResponse]:
+        """A Responses API request (``app/engine_responses.py``): translated to a chat
+        completion, answered in the Responses shapes."""
+        body = decode_request(req.body)
+        if not isinstance(body.input, str):
+            check_count(len(body.input), limits.messages, "input", "input items")
+        t = translate(body, self.model.alias, self.model.system_prompt)
+        metrics.count_copy("engine_body", len(t.body))
+        bound = t.bound + TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(t.messages)
+        return self._run(
+            req,
+            ticket,
+            deadline,
+            t.body,
+            chat=True,
+            stream=bool(body.stream),
+            n=1,
+            seed=None,
+            max_tokens=body.max_output_tokens,
+            bound=bound,
+            messages=t.messages,
+            prompt=None,
+            plan=ResponsesAnswer(body),
+            error_param=t.error_param,
+            names=("max_output_tokens", "input"),
+        )
+
+    def embeddings(
+        self, req: Request, ticket: Any, deadline: float, limits: ApiLimits
+    ) -> Coroutine[Any, Any, Response]:
+        """``/v1/embeddings`` from the engine (a model started with ``embedding=true``):
+        the body goes to ``Server.handle_embeddings`` as bytes and its answer, already
+        OpenAI's shape, comes back as it is."""
+        body = s.decode(s.engine_embedding_decoder, req.body)
+        if not self.model.embedding:
+            raise CapabilityError(
+                f"model {self.name!r} was started without embeddings; "
+                "serve it with the option embedding=true",
+                param="model",
+            )
+        if isinstance(body.input, list):
+            check_count(len(body.input), limits.embedding_inputs, "input", "inputs")
+        return self._embed(req, self._payload(req.body), ticket, deadline, body.dimensions)
+
+    async def _embed(
+        self, req: Request, payload: bytes, ticket: Any, deadline: float, dimensions: int | None
+    ) -> Response:
+        self.requests += 1
+        loop = asyncio.get_running_loop()
+        try:
+            await self.acquire(deadline)
+            # The engine call cannot be stopped once it runs: the slot stays taken until
+            # its thread returns, even when the client has gone or the deadline passed.
+            fut = loop.run_in_executor(self.pool, self._embed_call, payload)
+            fut.add_done_callback(lambda _: self.release())
+            try:
+                async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                    answer = await asyncio.shield(fut)
+            except TimeoutError:
+                raise DeadlineExceeded("the request's deadline passed during embedding") from None
+        finally:
+            release_ticket(ticket)
+        if answer.startswith(_ERROR_PREFIX):
+            err = s.engine_error_decoder.decode(answer).error
+            status = err.code if 400 <= err.code < 600 else 500
+            raise ZeroserveError(err.message or "the engine failed", status=status, code=err.type)
+        if dimensions is not None:
+            vectors = s.engine_embeddings_decoder.decode(answer).data
+            native = _dimension(vectors[0].embedding) if vectors else dimensions
+            if native != dimensions:
+                raise RequestError(
+                    f"model {self.name!r} returns {native}-dimensional embeddings and cannot "
+                    "shorten them; omit 'dimensions' or pass its native size",
+                    param="dimensions",
+                )
+        if req.edge is not None:  # an API key's token quota
+            req.edge.model = self.name
+            req.edge.count_tokens(s.engine_usage_decoder.decode(answer).usage.prompt_tokens)
+        return Response(200, [answer], content_type=JSON)
+
+    def _embed_call(self, payload: bytes) -> bytes:
+        try:
+            return bytes(self.model.server.handle_embeddings(payload))
+        except ValueError as exc:  # the engine refused the input before computing
+            raise RequestError(f"the engine refused the input: {exc}", param="input") from None
+
+    def _payload(self, body: memoryview, system: str | None = None) -> bytes:
+        """The body as the engine takes it: bytes, with ``model`` set to the alias and,
+        given ``system``, a system message put first in ``messages`` (spliced in: the
+        rest of the body is not re-encoded)."""
+        edits = [(a, b, _encode(self.model.alias)) for a, b in model_spans(body) or ()]
+        if system is not None:
+            spans = value_spans(body, "messages")
+            if spans:  # the schema decoded it: a non-empty array (the last one counts)
+                at = spans[-1][0] + 1
+                edits.append((at, at, _encode({"role": "system", "content": system}) + b","))
+        data = splice(body, edits)
         metrics.count_copy("engine_body", len(data))
         return data
 
@@ -209,17 +341,22 @@ class EngineRelay:
         bound: int,
         messages: Any,
         prompt: str | None,
-        plan: ForcedTool | AutoTool | None,
-        has_format: bool,
+        plan: Plan | None,
+        error_param: str | None,
+        names: tuple[str, str] | None = None,
     ) -> Response | StreamResponse:
+        """``names``: the request's own names of the output limit and the prompt, for a
+        ``context_length_exceeded`` (chat's and completions' by default)."""
         self.requests += 1
+        if names is None:
+            names = ("max_tokens", "messages" if messages is not None else "prompt")
         try:
-            await self._check_context(max_tokens, bound, messages, prompt, deadline)
+            await self._check_context(max_tokens, bound, messages, prompt, deadline, names)
             if n > 1:
                 return await run_choices(
                     self, payload, n, seed, chat, stream, deadline, ticket, plan
                 )
-            run = _Run(self, deadline, ticket, plan=plan, has_format=has_format)
+            run = _Run(self, deadline, ticket, plan=plan, error_param=error_param)
             edge = req.edge
             if edge is not None:  # an API key's token quota: debited when the run ends
                 edge.model = self.name
@@ -236,13 +373,14 @@ class EngineRelay:
         messages: Any,
         prompt: str | None,
         deadline: float,
+        names: tuple[str, str],
     ) -> None:
         ctx = self.model.context_length
         want = max_tokens or 0
         if want >= ctx:
             raise RequestError(
-                f"this model's maximum context length is {ctx} tokens; max_tokens asks for {want}",
-                param="max_tokens",
+                f"this model's maximum context length is {ctx} tokens; {names[0]} asks for {want}",
+                param=names[0],
                 code="context_length_exceeded",
             )
         if bound + want < ctx:
@@ -252,7 +390,7 @@ class EngineRelay:
             raise RequestError(
                 f"this model's maximum context length is {ctx} tokens; the request has "
                 f"{tokens} prompt tokens and asks for up to {want} more",
-                param="messages" if messages is not None else "prompt",
+                param=names[1],
                 code="context_length_exceeded",
             )
 
@@ -335,14 +473,14 @@ class _Run:
         deadline: float,
         ticket: Any,
         *,
-        plan: ForcedTool | AutoTool | None = None,
-        has_format: bool = False,
+        plan: Plan | None = None,
+        error_param: str | None = None,
     ) -> None:
         self.relay = relay
         self.deadline = deadline
         self.ticket = ticket
         self.plan = plan
-        self.has_format = has_format
+        self.error_param = error_param
         self.loop = asyncio.get_running_loop()
         self._lock = threading.Lock()
         self._pending: deque[bytes] = deque()
@@ -403,15 +541,10 @@ class _Run:
             error: BaseException = exc
             if isinstance(exc, ValueError):
                 # The engine refused the request before generating (a grammar it cannot
-                # build from the schema, a template error): the client's fault. With a tool
-                # plan the grammar comes from the tools' parameters.
+                # build from the schema, a template error): the client's fault, named by
+                # what the grammar came from (the schema, or the tools' parameters).
                 error = RequestError(
-                    f"the engine refused the request: {exc}",
-                    param="tools"
-                    if self.plan is not None
-                    else "response_format"
-                    if self.has_format
-                    else None,
+                    f"the engine refused the request: {exc}", param=self.error_param
                 )
             with self._lock:
                 self._error = error
@@ -595,6 +728,13 @@ class _Pieces:
         return None  # the engine's chunks carry it; zeroserve does not re-read them
 
 
+def _dimension(vector: list[float] | str) -> int:
+    """Floats in one engine vector (a base64 one holds little-endian float32s)."""
+    if isinstance(vector, str):
+        return len(base64.b64decode(vector)) // 4
+    return len(vector)
+
+
 def _message_text(m: s.EngineMessage) -> str:
     content = m.content
     if content is None:
@@ -629,7 +769,7 @@ async def run_choices(
     stream: bool,
     deadline: float,
     ticket: Any,
-    plan: ForcedTool | AutoTool | None,
+    plan: Plan | None,
 ) -> Response | StreamResponse:
     payloads = _choice_payloads(payload, n, seed)
     if not stream:

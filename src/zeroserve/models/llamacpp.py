@@ -68,7 +68,32 @@ GGUF_MAGIC = b"GGUF"
 # uses 152); it is only saved and restored, never interpreted.
 _SIGACTION_BYTES = 512
 
-_OPTIONS = ("location", "n_ctx", "parallel", "threads", "sha256", "alias", "timeout")
+# The built-in model's default system prompt. Without a system message SmolLM2's chat
+# template inserts its own ("You are a helpful AI assistant named SmolLM, trained by
+# Hugging Face"), under which the 135M model answers greedily off the point ("What is
+# the capital of France?" -> "L'Etoile, la Marseillaise, ..."); with this one it
+# answers "The capital of France is Paris." (docs/architecture.md, "The in-process
+# engine").
+SMOLLM2_SYSTEM_PROMPT = "You are a helpful assistant."
+# Longest ``system_prompt`` option, in characters: it is sent with every request that
+# has no system message, so it is meant to be a sentence or two, not a document.
+MAX_SYSTEM_PROMPT_CHARS = 4096
+
+_OPTIONS = (
+    "location",
+    "n_ctx",
+    "parallel",
+    "threads",
+    "sha256",
+    "alias",
+    "timeout",
+    "system_prompt",
+    "embedding",
+    "pooling",
+)
+# ``pooling`` option -> llama.cpp's pooling type (``model``: the GGUF's own, which for a
+# chat model is "none" and cannot make one vector per input).
+POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST"}
 
 
 class GGUFError(ValueError):
@@ -135,7 +160,11 @@ class LlamaCppModel(Model):
     Options: ``location`` (the GGUF path), ``n_ctx`` (KV tokens in all), ``parallel``
     (slots), ``threads`` (decode threads), ``sha256`` (the expected digest, optional),
     ``alias`` (the model name written into responses; the loader passes the served name),
-    ``timeout`` (seconds a request may take in all, slot wait included).
+    ``timeout`` (seconds a request may take in all, slot wait included),
+    ``system_prompt`` (the system message put first in a chat that has none; empty: the
+    chat template's own behaviour), ``embedding`` (also serve ``/v1/embeddings``; off by
+    default: the engine then computes embeddings on every decode), ``pooling`` (how
+    embeddings pool tokens: ``model``, ``mean``, ``cls``, ``last``).
     """
 
     executor = "inline"
@@ -145,6 +174,10 @@ class LlamaCppModel(Model):
     # Digest the file must have (None: not checked beyond the GGUF magic).
     pinned_sha256: ClassVar[str | None] = None
     default_alias: ClassVar[str] = "llamacpp"
+    # The system message of a chat that sends none (None: the template decides).
+    default_system_prompt: ClassVar[str | None] = None
+    # How embeddings pool tokens unless the ``pooling`` option says.
+    default_pooling: ClassVar[str] = "model"
 
     def __init__(self, location: str = "", **options: Any) -> None:
         super().__init__(location=location, **options)
@@ -168,6 +201,21 @@ class LlamaCppModel(Model):
         # The name responses carry in "model" (the loader sets it to the served name; the
         # GGUF's path must never reach a client).
         self.alias = str(options.get("alias") or self.default_alias)
+        system = options.get("system_prompt", self.default_system_prompt)
+        self.system_prompt: str | None = None if system in (None, "") else str(system)
+        if self.system_prompt is not None and len(self.system_prompt) > MAX_SYSTEM_PROMPT_CHARS:
+            raise ValueError(
+                f"llamacpp option system_prompt is longer than {MAX_SYSTEM_PROMPT_CHARS} characters"
+            )
+        embedding = options.get("embedding", False)
+        if not isinstance(embedding, bool):
+            raise ValueError("llamacpp option embedding must be true or false")
+        self.embedding = embedding
+        self.pooling = str(options.get("pooling", self.default_pooling))
+        if self.pooling not in POOLING:
+            raise ValueError(
+                f"llamacpp option pooling must be one of {', '.join(POOLING)}, not {self.pooling!r}"
+            )
         self.server: Any = None  # the xllamacpp.Server once loaded
         self._side_key = ""
         # Whether the GGUF's chat template renders tools and the engine parses the model's
@@ -203,6 +251,11 @@ class LlamaCppModel(Model):
         params.warmup = False
         params.verbosity = -1  # errors reach clients; the engine's log stays quiet
         params.model_alias = {self.alias}  # what the engine writes into "model"
+        if self.embedding:
+            params.embedding = True
+            params.pooling_type = getattr(
+                xllamacpp.llama_pooling_type, "LLAMA_POOLING_TYPE_" + POOLING[self.pooling]
+            )
         with keep_signal_handlers((signal.SIGINT, signal.SIGTERM)):
             try:
                 self.server = xllamacpp.Server(params)
@@ -243,6 +296,8 @@ class SmolLM2Model(LlamaCppModel):
     )
     pinned_sha256: ClassVar[str | None] = SMOLLM2_SHA256
     default_alias: ClassVar[str] = "smollm2"
+    default_system_prompt: ClassVar[str | None] = SMOLLM2_SYSTEM_PROMPT
+    default_pooling: ClassVar[str] = "mean"  # a chat model: its own pooling is "none"
 
     def __init__(self, **options: Any) -> None:
         if "location" in options:

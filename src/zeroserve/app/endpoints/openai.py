@@ -1,5 +1,5 @@
 """The OpenAI-compatible API: ``/v1/models``, ``/v1/chat/completions``,
-``/v1/completions`` and ``/v1/embeddings``.
+``/v1/completions``, ``/v1/embeddings`` and ``/v1/responses``.
 
 Requests are decoded once, from the body view, by the reused msgspec decoders in
 ``app/openai/schemas.py``; errors use OpenAI's ``{"error": {...}}`` body (the routes'
@@ -20,7 +20,9 @@ parts, token-array prompts; see ``app/openai/params.py``) and unknown fields get
 naming the parameter rather than being silently ignored. Parameters that only carry
 metadata (``user``, ``metadata``, ``store``, ...) are accepted and ignored.
 ``llamacpp`` models are served by their engine (``app/engine_relay.py``), which honours
-``tools``, ``response_format``, ``logprobs``, penalties and ``logit_bias``.
+``tools``, ``response_format``, ``logprobs``, penalties and ``logit_bias``, answers the
+Responses API (``app/engine_responses.py``; other models: relayed when remote, else a
+400) and, started with ``embedding=true``, embeddings.
 
 Token counts come from the model's ``count_tokens``; ``usage.prompt_tokens`` counts the
 templated chat prompt. See ``app/openai/generation.py`` for how ``finish_reason`` and
@@ -33,7 +35,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -62,6 +64,7 @@ def register(router: Router, engine: Engine, limits: ApiLimits | None = None) ->
     router.add("POST", "/v1/chat/completions", api.chat)
     router.add("POST", "/v1/completions", api.completions)
     router.add("POST", "/v1/embeddings", api.embeddings)
+    router.add("POST", "/v1/responses", api.responses)
 
 
 def _json(obj: Any) -> Response:
@@ -320,7 +323,9 @@ class _OpenAI:
         ]
         return _json(s.Completion(ident, "text_completion", created, handle.name, texts, usage))
 
-    def _engine_model(self, req: Request, *, chat: bool) -> HandlerResult | None:
+    def _engine_model(
+        self, req: Request, *, kind: Literal["chat", "completions", "responses", "embeddings"]
+    ) -> HandlerResult | None:
         """The answer of an engine-backed (``llamacpp``) model, or None for other models:
         the body goes to the engine undecoded (``app/engine_relay.py``)."""
         found = engine_for_request(self.engine, req)
@@ -330,8 +335,12 @@ class _OpenAI:
         ticket = handle.admit()  # Overloaded: 429 with Retry-After
         deadline = asyncio.get_running_loop().time() + relay.model.timeout
         try:
-            if chat:
+            if kind == "chat":
                 return relay.chat(req, ticket, deadline, self.limits)
+            if kind == "responses":
+                return relay.responses(req, ticket, deadline, self.limits)
+            if kind == "embeddings":
+                return relay.embeddings(req, ticket, deadline, self.limits)
             return relay.completions(req, ticket, deadline, self.limits)
         except BaseException:
             release_ticket(ticket)
@@ -342,7 +351,7 @@ class _OpenAI:
         relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
         if relay is not None:
             return relay.forward(req, "/chat/completions")
-        engine = self._engine_model(req, chat=True)  # a llamacpp model: its engine
+        engine = self._engine_model(req, kind="chat")  # a llamacpp model: its engine
         if engine is not None:
             return engine
         body = s.decode(s.chat_decoder, req.body)
@@ -366,7 +375,7 @@ class _OpenAI:
         relay = relay_for_request(self.engine, req)  # a remote model: relay, undecoded
         if relay is not None:
             return relay.forward(req, "/completions")
-        engine = self._engine_model(req, chat=False)
+        engine = self._engine_model(req, kind="completions")
         if engine is not None:
             return engine
         body = s.decode(s.completion_decoder, req.body)
@@ -426,11 +435,33 @@ class _OpenAI:
             include_usage=include_usage,
         )
 
+    # -- responses ----------------------------------------------------------------------
+    def responses(self, req: Request) -> HandlerResult:
+        """The Responses API (stateless): relayed to a remote model's upstream, served by
+        a ``llamacpp`` model's engine (``app/engine_responses.py``); any other model
+        gets a 400 (``unsupported_capability``) pointing to chat completions."""
+        relay = relay_for_request(self.engine, req)
+        if relay is not None:
+            return relay.forward(req, "/responses")
+        engine = self._engine_model(req, kind="responses")
+        if engine is not None:
+            return engine
+        body = s.decode(s.model_only_decoder, req.body)
+        handle = self._model(body.model, "model")
+        raise CapabilityError(
+            f"model {handle.name!r} does not serve the Responses API; "
+            "use /v1/chat/completions (or a llamacpp model)",
+            param="model",
+        )
+
     # -- embeddings ---------------------------------------------------------------------
-    def embeddings(self, req: Request) -> Coroutine[Any, Any, Response | StreamResponse]:
+    def embeddings(self, req: Request) -> HandlerResult:
         relay = relay_for_request(self.engine, req)
         if relay is not None:
             return relay.forward(req, "/embeddings")
+        engine = self._engine_model(req, kind="embeddings")  # a llamacpp model: its engine
+        if engine is not None:
+            return engine
         body = s.decode(s.embedding_decoder, req.body)
         if isinstance(body.input, list):
             check_count(len(body.input), self.limits.embedding_inputs, "input", "inputs")

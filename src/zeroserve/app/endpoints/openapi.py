@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from ..kserve import schemas as ks
+from ..openai import responses as rs
 from ..openai import schemas as s
 from ..request import Request
 from ..response import JSON, Response
@@ -46,8 +47,9 @@ class Status(msgspec.Struct):
     status: str
 
 
-# (method, pattern) -> (summary, request body type, response type, streams SSE)
-_DESCRIBED: dict[tuple[str, str], tuple[str, Any, Any, bool]] = {
+# (method, pattern) -> (summary, request body type, response type, streams SSE: True,
+# or the types of its events' data)
+_DESCRIBED: dict[tuple[str, str], tuple[str, Any, Any, Any]] = {
     ("GET", "/health"): ("Liveness", None, Status, False),
     ("GET", "/ready"): ("Readiness: every model loaded", None, Status, False),
     ("GET", "/metrics"): ("Prometheus metrics (text exposition)", None, None, False),
@@ -66,6 +68,13 @@ _DESCRIBED: dict[tuple[str, str], tuple[str, Any, Any, bool]] = {
         True,
     ),
     ("POST", "/v1/embeddings"): ("Embeddings (OpenAI)", s.EmbeddingRequest, s.EmbeddingList, False),
+    ("POST", "/v1/responses"): (
+        "Responses API (OpenAI, stateless); text/event-stream of Responses events when "
+        "stream is true",
+        rs.ResponsesRequest,
+        rs.ResponseObject,
+        rs.EVENT_TYPES,
+    ),
     ("POST", "/v1/raw/{model}"): ("Raw bytes in, raw bytes out", None, None, False),
     ("GET", "/v2"): ("Server metadata (KServe V2)", None, ks.ServerMetadata, False),
     ("GET", "/v2/"): ("Server metadata (KServe V2)", None, ks.ServerMetadata, False),
@@ -100,8 +109,9 @@ def _versioned(pattern: str) -> str:
 def build(router: Router) -> dict[str, Any]:
     """The OpenAPI document of every route in ``router``."""
     types: list[Any] = [OpenAIError, KServeError]
-    for _summary, req_t, resp_t, _ in _DESCRIBED.values():
-        for t in (req_t, *(resp_t if isinstance(resp_t, tuple) else (resp_t,))):
+    for _summary, req_t, resp_t, sse in _DESCRIBED.values():
+        events = () if isinstance(sse, bool) else sse
+        for t in (req_t, *(resp_t if isinstance(resp_t, tuple) else (resp_t,)), *events):
             if t is not None and t not in types:
                 types.append(t)
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
@@ -122,7 +132,10 @@ def build(router: Router) -> dict[str, Any]:
             .replace("{", "")
             .replace("}", ""),
             "responses": {
-                "200": _ok(by_type.get(resp_t), sse),
+                "200": _ok(
+                    by_type.get(resp_t),
+                    sse if isinstance(sse, bool) else {"anyOf": [by_type[e] for e in sse]},
+                ),
                 "4XX": {
                     "description": "Client error",
                     "content": {"application/json": {"schema": error}},
@@ -167,12 +180,17 @@ def _version() -> str:
         return "0+unknown"
 
 
-def _ok(schema: Any, sse: bool) -> dict[str, Any]:
+def _ok(schema: Any, sse: Any) -> dict[str, Any]:
+    """``sse``: True for an event stream, or the JSON Schema of each event's data."""
     content: dict[str, Any] = {}
     if schema is not None:
         content["application/json"] = {"schema": schema}
-    if sse:
+    if sse is True:
         content["text/event-stream"] = {"schema": {"type": "string"}}
+    elif sse:
+        # OpenAPI 3.1 cannot type an event stream's items; the events' schema is kept
+        # under an extension key (and in components).
+        content["text/event-stream"] = {"schema": {"type": "string"}, "x-event-data": sse}
     out: dict[str, Any] = {"description": "Success"}
     if content:
         out["content"] = content

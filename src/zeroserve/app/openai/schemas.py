@@ -128,6 +128,13 @@ class EmbeddingRequest(Struct, kw_only=True):
     dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
 
 
+class ModelOnly(Struct, kw_only=True):
+    """Only the ``model`` of a request body (the rest is not decoded)."""
+
+    model: str
+
+
+model_only_decoder = msgspec.json.Decoder(ModelOnly)
 chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 completion_decoder = msgspec.json.Decoder(CompletionRequest)
 embedding_decoder = msgspec.json.Decoder(EmbeddingRequest)
@@ -428,8 +435,17 @@ class EngineCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     prompt_cache_key: str | None = None
 
 
+class EngineEmbeddingRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str
+    input: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
+    user: str | None = None  # accepted, no effect
+
+
 engine_chat_decoder = msgspec.json.Decoder(EngineChatRequest)
 engine_completion_decoder = msgspec.json.Decoder(EngineCompletionRequest)
+engine_embedding_decoder = msgspec.json.Decoder(EngineEmbeddingRequest)
 
 
 # -- what zeroserve reads from an engine's chunks (each looked at once) ---------------------
@@ -468,7 +484,29 @@ class EngineChunk(Struct, kw_only=True):
     timings: EngineTimings | None = None
 
 
+class EngineEmbeddingUsage(Struct, kw_only=True, frozen=True):
+    prompt_tokens: int = 0
+
+
+class EngineVector(Struct, kw_only=True):
+    embedding: list[float] | str  # str: base64
+
+
+class EngineEmbeddings(Struct, kw_only=True):
+    """What zeroserve reads of an engine's embeddings answer: the token count, and the
+    vectors only when their size must be checked (``dimensions``)."""
+
+    usage: EngineEmbeddingUsage = EngineEmbeddingUsage()
+    data: list[EngineVector] = []
+
+
+class EngineUsageOnly(Struct, kw_only=True):
+    usage: EngineEmbeddingUsage = EngineEmbeddingUsage()
+
+
 engine_error_decoder = msgspec.json.Decoder(EngineErrorBody)
+engine_embeddings_decoder = msgspec.json.Decoder(EngineEmbeddings)
+engine_usage_decoder = msgspec.json.Decoder(EngineUsageOnly)
 engine_chunk_decoder = msgspec.json.Decoder(EngineChunk)
 
 

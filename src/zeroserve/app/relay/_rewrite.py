@@ -24,7 +24,6 @@ _WS = re.compile(rb"[ \t\r\n]*")
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _SCALAR = re.compile(rb"[^,}\]\s]+")  # number, true, false, null (checked upstream)
 _STRUCT = re.compile(rb'["\[\]{}]')
-_MODEL_KEY = b'"model"'
 _OPEN = frozenset(b"[{")
 _QUOTE = 0x22
 
@@ -32,6 +31,13 @@ _QUOTE = 0x22
 def model_spans(body: Buffer) -> list[tuple[int, int]] | None:
     """Spans of the top-level ``"model"`` string values, or None if ``body`` is not a
     JSON object the scanner can walk."""
+    return value_spans(body, "model", strings=True)
+
+
+def value_spans(body: Buffer, name: str, *, strings: bool = False) -> list[tuple[int, int]] | None:
+    """Spans of the values of the top-level key ``name`` (only string values with
+    ``strings``), or None if ``body`` is not a JSON object the scanner can walk."""
+    plain = msgspec.json.encode(name)
     n = len(body)
     i = _WS.match(body, 0).end()  # type: ignore[union-attr]
     if i >= n or body[i] != 0x7B:  # {
@@ -53,9 +59,9 @@ def model_spans(body: Buffer) -> list[tuple[int, int]] | None:
         i = _skip_value(body, i, n)
         if i < 0:
             return None
-        if (key == _MODEL_KEY or (b"\\" in key and _decode(key) == "model")) and body[
-            start
-        ] == _QUOTE:
+        if (key == plain or (b"\\" in key and _decode(key) == name)) and (
+            not strings or body[start] == _QUOTE
+        ):
             spans.append((start, i))
         i = _WS.match(body, i).end()  # type: ignore[union-attr]
         if i >= n:

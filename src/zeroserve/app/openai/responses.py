@@ -1,0 +1,334 @@
+"""The OpenAI Responses API's wire schemas (``POST /v1/responses``), stateless.
+
+Requests are decoded once by a strict schema: unknown fields get a 400 naming them, as
+for chat (``schemas.py``). Every field of the official SDK's ``responses.create`` is a
+field here, in one of three kinds (docs/architecture.md, "The Responses API"):
+
+* honoured: ``model``, ``input`` (a string, or messages with text parts),
+  ``instructions``, ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``,
+  ``text.format`` (``text``, ``json_object``, ``json_schema``);
+* refused unless neutral (:data:`STATEFUL` and :func:`refusals`): the server keeps no
+  state, so ``previous_response_id``, ``conversation``, ``prompt``, ``background`` and
+  ``store: true`` get a 400 naming them; tools, ``include``, ``reasoning``,
+  ``top_logprobs`` > 0, ``truncation: "auto"`` and the like would change the answer;
+* accepted because they never change the answer: ``metadata``, ``user``,
+  ``safety_identifier``, ``service_tier``, ``prompt_cache_key``, ... .
+
+The answer and the streamed events are Structs in OpenAI's exact shapes (field names,
+``type`` tags, ``sequence_number``), so ``openai`` SDK objects parse them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from .schemas import MaxTokens, Temperature, TopP
+
+
+# -- requests -------------------------------------------------------------------------------
+class InputPart(Struct, kw_only=True, forbid_unknown_fields=True):
+    """One content part of an input message. Text parts (``input_text``, and the
+    ``output_text`` of an earlier answer sent back) are served; any other type gets a
+    400 naming the part."""
+
+    type: str
+    text: str | None = None
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class InputMessage(Struct, kw_only=True, forbid_unknown_fields=True):
+    """One input item: a message (also an earlier answer's output message sent back)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputPart]
+    id: str | None = None
+    status: str | None = None
+    phase: str | None = None
+
+
+class TextFormat(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    # Passed to the engine as it came (the engine compiles it into a grammar).
+    schema: msgspec.Raw | UnsetType = UNSET
+    strict: bool | None = None
+
+
+class TextConfig(Struct, kw_only=True, forbid_unknown_fields=True):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ResponsesStreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
+    include_obfuscation: bool | None = None  # no effect: nothing is obfuscated here
+
+
+class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str
+    input: str | Annotated[list[InputMessage], Meta(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    stream: bool | None = False
+    stream_options: ResponsesStreamOptions | None = None
+    text: TextConfig | None = None
+    # Refused unless neutral (see ``refusals``).
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = None
+    previous_response_id: str | None = None
+    conversation: Any = None
+    prompt: Any = None
+    store: bool | None = None
+    background: bool | None = None
+    background_options: Any = None
+    include: list[str] | None = None
+    reasoning: Any = None
+    top_logprobs: int | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    context_management: Any = None
+    moderation: Any = None
+    access_programs: Any = None
+    image: Any = None
+    # Accepted, no effect on the answer.
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: Any = None
+
+
+responses_decoder = msgspec.json.Decoder(ResponsesRequest)
+
+# Parameters that need state this server does not keep: each gets a 400 naming it.
+STATEFUL = ("previous_response_id", "conversation", "prompt", "background_options")
+
+
+def refusals(req: ResponsesRequest) -> list[tuple[str, str]]:
+    """``(param, why)`` for every parameter given with a value this server cannot
+    honour (the first one is answered 400)."""
+    out: list[tuple[str, str]] = []
+    stateful = (req.previous_response_id, req.conversation, req.prompt, req.background_options)
+    for name, value in zip(STATEFUL, stateful, strict=True):
+        if value is not None:
+            out.append((name, "this server is stateless: it keeps no responses or conversations"))
+    if req.store:
+        out.append(("store", "this server is stateless: store must be false or absent"))
+    if req.background:
+        out.append(("background", "background responses need stored state"))
+    if req.tools:
+        out.append(("tools", "tools are not supported on /v1/responses; use /v1/chat/completions"))
+    if req.tool_choice not in (None, "none", "auto"):
+        out.append(("tool_choice", "tool_choice needs tools"))
+    if req.include:
+        out.append(("include", "no extra output can be included"))
+    if req.reasoning is not None:
+        out.append(("reasoning", "the serving model does not reason"))
+    if req.top_logprobs:
+        out.append(("top_logprobs", "logprobs are not supported on /v1/responses"))
+    if req.truncation == "auto":
+        out.append(("truncation", "only truncation 'disabled' is supported"))
+    if req.text is not None and req.text.verbosity not in (None, "medium"):
+        out.append(("text.verbosity", "the serving model has no verbosity control"))
+    others = (
+        ("context_management", req.context_management),
+        ("moderation", req.moderation),
+        ("access_programs", req.access_programs),
+        ("image", req.image),
+    )
+    for name, value in others:
+        if value is not None:
+            out.append((name, "this parameter is not supported by the serving model"))
+    return out
+
+
+# -- the answer -----------------------------------------------------------------------------
+class OutputText(Struct, kw_only=True):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = []
+    logprobs: list[Any] = []
+
+
+class OutputMessage(Struct, kw_only=True):
+    id: str
+    type: Literal["message"] = "message"
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class InputTokensDetails(Struct, kw_only=True):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(Struct, kw_only=True):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(Struct, kw_only=True):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class IncompleteDetails(Struct, kw_only=True):
+    reason: Literal["max_output_tokens", "content_filter"]
+
+
+class ResponseError(Struct, kw_only=True):
+    code: str
+    message: str
+
+
+class Reasoning(Struct, kw_only=True, frozen=True):
+    effort: None = None
+    summary: None = None
+
+
+class FormatOut(Struct, kw_only=True, omit_defaults=True):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | UnsetType = UNSET
+    description: str | UnsetType = UNSET
+    schema: msgspec.Raw | UnsetType = UNSET
+    strict: bool | UnsetType = UNSET
+
+
+class TextOut(Struct, kw_only=True):
+    format: FormatOut
+    verbosity: Literal["low", "medium", "high"] = "medium"
+
+
+class ResponseObject(Struct, kw_only=True):
+    """A response (``object: "response"``): the whole answer, and the snapshot the
+    lifecycle events of a stream carry."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    background: bool = False
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None
+    max_output_tokens: int | None
+    max_tool_calls: int | None = None
+    model: str
+    output: list[OutputMessage]
+    parallel_tool_calls: bool = True
+    previous_response_id: None = None
+    prompt_cache_key: str | None = None
+    reasoning: Reasoning = Reasoning()
+    safety_identifier: str | None = None
+    service_tier: str = "default"
+    store: bool = False
+    temperature: float
+    text: TextOut
+    tool_choice: Literal["auto", "none"] = "auto"
+    tools: list[Any] = []
+    top_logprobs: int = 0
+    top_p: float
+    truncation: Literal["disabled"] = "disabled"
+    usage: ResponseUsage | None = None
+    user: str | None = None
+    metadata: dict[str, str] = {}
+
+
+# -- stream events (``event: <type>`` + ``data: <the event>``) -------------------------------
+class LifecycleEvent(Struct, kw_only=True):
+    """``response.created``, ``.in_progress``, ``.completed``, ``.incomplete``, ``.failed``."""
+
+    type: str
+    sequence_number: int
+    response: ResponseObject
+
+
+class OutputItemEvent(Struct, kw_only=True):
+    """``response.output_item.added`` and ``response.output_item.done``."""
+
+    type: str
+    sequence_number: int
+    output_index: int
+    item: OutputMessage
+
+
+class ContentPartEvent(Struct, kw_only=True):
+    """``response.content_part.added`` and ``response.content_part.done``."""
+
+    type: str
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class TextDeltaEvent(Struct, kw_only=True):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Any] = []
+
+
+class TextDoneEvent(Struct, kw_only=True):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Any] = []
+
+
+class ErrorEvent(Struct, kw_only=True):
+    """A failure after the stream began (the status line was already sent)."""
+
+    type: Literal["error"] = "error"
+    sequence_number: int
+    code: str | None
+    message: str
+    param: str | None
+
+
+ResponseEvent = (
+    LifecycleEvent
+    | OutputItemEvent
+    | ContentPartEvent
+    | TextDeltaEvent
+    | TextDoneEvent
+    | ErrorEvent
+)
+# The same, as the types /openapi.json describes (untagged: ``type`` is a plain field).
+EVENT_TYPES = (
+    LifecycleEvent,
+    OutputItemEvent,
+    ContentPartEvent,
+    TextDeltaEvent,
+    TextDoneEvent,
+    ErrorEvent,
+)
+
+__all__ = [
+    "EVENT_TYPES",
+    "STATEFUL",
+    "ResponseEvent",
+    "ResponseObject",
+    "ResponsesRequest",
+    "refusals",
+    "responses_decoder",
+]

@@ -1,0 +1,98 @@
+"""``/v1/embeddings`` from llama.cpp's engine: a ``llamacpp`` model started with
+``embedding=true`` (here the built-in SmolLM2, mean-pooled), through the official
+``openai`` SDK (which asks for base64) and raw JSON (floats)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from tests.conftest import ServerProcess, start_server
+from tests.models.test_llamacpp import _wait_idle
+
+import openai
+
+pytest.importorskip("xllamacpp")
+
+CATS = ["The cat sat on the mat.", "A cat was sitting on a rug.", "Stock markets fell sharply."]
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[ServerProcess]:
+    server = start_server(
+        "--model",
+        "vec=smollm2?parallel=1&n_ctx=1024&embedding=true",
+        "--model",
+        "plain=smollm2?parallel=1&n_ctx=1024",
+    )
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture
+def client(llm: ServerProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=llm.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def test_sdk_embeddings(client: openai.OpenAI) -> None:
+    r = client.embeddings.create(model="vec", input=CATS)
+    assert r.model == "vec"
+    vecs = np.array([d.embedding for d in r.data])
+    assert vecs.shape[0] == 3 and vecs.shape[1] > 0
+    assert [d.index for d in r.data] == [0, 1, 2]
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, rtol=1e-3)
+    sims = vecs @ vecs.T
+    assert sims[0, 1] > sims[0, 2]  # the two cats are closer than a cat and the markets
+    assert r.usage.prompt_tokens > 0
+    again = client.embeddings.create(model="vec", input=CATS[0])
+    np.testing.assert_allclose(again.data[0].embedding, vecs[0], atol=1e-5)
+
+
+def test_float_and_base64_agree(llm: ServerProcess) -> None:
+    url = llm.url + "/v1/embeddings"
+    floats = httpx.post(url, json={"model": "vec", "input": CATS[0]}, timeout=60).json()
+    packed = httpx.post(
+        url, json={"model": "vec", "input": CATS[0], "encoding_format": "base64"}, timeout=60
+    ).json()
+    vec = np.array(floats["data"][0]["embedding"], dtype=np.float32)
+    raw = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(raw, vec, atol=1e-6)
+    native = len(vec)
+    same = httpx.post(url, json={"model": "vec", "input": "x", "dimensions": native}, timeout=60)
+    assert same.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"model": "vec", "input": "x", "dimensions": 8}, "dimensions", None),
+        ({"model": "vec", "input": []}, "input", None),
+        ({"model": "vec", "input": "x", "truncate": True}, "truncate", None),
+        ({"model": "plain", "input": "x"}, "model", "unsupported_capability"),
+    ],
+    ids=["dimensions", "empty", "unknown", "no-embedding-option"],
+)
+def test_bad_input_is_a_400(
+    llm: ServerProcess, body: dict[str, object], param: str, code: str | None
+) -> None:
+    resp = httpx.post(llm.url + "/v1/embeddings", json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    _wait_idle(llm.url, "vec")
+
+
+def test_an_embedding_model_still_chats(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="vec",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert "Paris" in (r.choices[0].message.content or "")
