@@ -37,7 +37,7 @@ Clock = Callable[[], float]
 
 class EdgeContext:
     """What the edge decided for one request. ``headers`` go on its response (any
-    response, errors included); ``preflight`` means: answer 200 with them and stop.
+    response, errors included); ``preflight`` means: answer 204 with them and stop.
     ``lease`` is owned by this context and released by ``Edge.finish``."""
 
     __slots__ = (
