@@ -180,6 +180,10 @@ def test_request_ids_are_kept_when_well_formed_and_replaced_otherwise(keyed: Edg
         assert got != bad and well_formed(got), status
 
 
+# Records a flooding TLS client sends (64 x 16 KiB, 1 MiB): far more than a handshake.
+TLS_FLOOD_RECORDS = 64
+
+
 # -- CORS -------------------------------------------------------------------------------
 def preflight(server: EdgeServer, origin: str) -> httpx.Response:
     return httpx.options(
@@ -404,6 +408,26 @@ def test_bad_tls_clients_are_closed_and_the_server_keeps_serving(
         except ConnectionResetError:
             pass
         assert b"HTTP/1.1 200" not in data
+    with certs.httpx() as http:
+        assert http.get(tls_server.url + "/health").status_code == 200
+
+
+def test_a_flood_of_tls_records_is_closed_and_the_server_keeps_serving(
+    tls_server: EdgeServer, certs: Certs
+) -> None:
+    """Application-data records before any handshake: the TLS layer refuses them and the
+    connection is closed; the flood never reaches the HTTP parser."""
+    record = b"\x17\x03\x03\x40\x00" + bytes(0x4000)  # 16 KiB records
+    with socket.create_connection(("127.0.0.1", tls_server.port), timeout=POLL_TIMEOUT_S) as s:
+        data = b""
+        try:
+            for _ in range(TLS_FLOOD_RECORDS):
+                s.sendall(record)
+            while chunk := s.recv(4096):
+                data += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # closed while the flood was still being sent: what is wanted
+        assert b"HTTP/1.1" not in data
     with certs.httpx() as http:
         assert http.get(tls_server.url + "/health").status_code == 200
 
