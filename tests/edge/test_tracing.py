@@ -3,8 +3,14 @@ phases are child spans, and a gateway upstream's spans join the same trace."""
 
 from __future__ import annotations
 
+import http.server
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
+from tests.conftest import ROOT
 from tests.edge.servers import EdgeServer
 from tests.faults.fault_models import StallModel
 
@@ -260,3 +267,102 @@ def test_gateway_upstreams_join_the_trace(
     assert up_root.context.trace_id == gw_root.context.trace_id
     assert up_root.parent.span_id == gw_root.context.span_id
     assert up_root.attributes is not None and up_root.attributes["zeroserve.request_id"] == "gw-1"
+
+
+# -- OTLP export, end to end --------------------------------------------------------------
+class _Collector(http.server.ThreadingHTTPServer):
+    """A real OTLP/HTTP receiver on loopback: keeps every ``/v1/traces`` export."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _CollectorHandler)
+        self.exports: list[bytes] = []
+        self.received = threading.Condition()
+
+    def spans(self) -> list[Any]:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        out = []
+        for body in self.exports:
+            req = ExportTraceServiceRequest.FromString(body)
+            for rs in req.resource_spans:
+                service = {a.key: a.value.string_value for a in rs.resource.attributes}
+                for ss in rs.scope_spans:
+                    out += [(service.get("service.name"), s) for s in ss.spans]
+        return out
+
+
+class _CollectorHandler(http.server.BaseHTTPRequestHandler):
+    server: _Collector
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        ok = self.path == "/v1/traces"
+        self.send_response(200 if ok else 404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+        if ok:
+            with self.server.received:
+                self.server.exports.append(body)
+                self.server.received.notify_all()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_otel_exports_the_spans_over_otlp_http() -> None:
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    collector = _Collector()
+    receiver = threading.Thread(target=collector.serve_forever, daemon=True)
+    receiver.start()
+    env = dict(
+        os.environ,
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_address[1]}",
+        OTEL_BSP_SCHEDULE_DELAY="50",  # ms: export soon after the request
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    argv = [sys.executable, "-m", "zeroserve", "serve", "--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.Popen(
+        [*argv, "--model", "echo", "--otel"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        url = _serving_url(proc)
+        r = httpx.post(url + "/v1/raw/echo", content=b"hi", headers={"traceparent": TRACEPARENT})
+        assert r.content == b"hi"
+
+        def exported() -> bool:
+            return any(s.name == "POST /v1/raw/{model}" for _, s in collector.spans())
+
+        with collector.received:
+            assert collector.received.wait_for(exported, SPANS_TIMEOUT_S)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(SPANS_TIMEOUT_S)
+        collector.shutdown()
+        collector.server_close()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    spans = collector.spans()
+    root = next(s for _, s in spans if s.name == "POST /v1/raw/{model}")
+    assert root.trace_id.hex() == TRACE_ID and root.parent_span_id.hex() == PARENT_ID
+    assert {service for service, _ in spans} == {"zeroserve"}
+    children = {s.name for _, s in spans if s.parent_span_id == root.span_id}
+    assert {"admission", "execution"} <= children
+
+
+def _serving_url(proc: subprocess.Popen[bytes]) -> str:
+    """Read the output until the server says where it listens (it exits on failure, so
+    the read ends either way)."""
+    assert proc.stdout is not None
+    seen = []
+    for line in iter(proc.stdout.readline, b""):
+        seen.append(line)
+        if b" serving [" in line:
+            return "http://" + line.rsplit(b"http://", 1)[1].strip().decode()
+    raise AssertionError("server did not start:\n" + b"".join(seen).decode())
