@@ -221,6 +221,11 @@ def test_work_that_expires_while_queued_ends_its_queue_span_unstarted(
     assert _attr(root, "zeroserve.outcome") == "deadline"
 
 
+def _span_id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.span_id
+
+
 def _attr(span: ReadableSpan, name: str) -> object:
     return None if span.attributes is None else span.attributes.get(name)
 
@@ -366,3 +371,26 @@ def _serving_url(proc: subprocess.Popen[bytes]) -> str:
         if b" serving [" in line:
             return "http://" + line.rsplit(b"http://", 1)[1].strip().decode()
     raise AssertionError("server did not start:\n" + b"".join(seen).decode())
+
+
+def test_each_choice_of_an_openai_request_gets_its_own_queue_span(
+    spans: tuple[TracerProvider, Recorder],
+) -> None:
+    provider, recorder = spans
+    server = traced(provider, {"echo": ModelConfig("echo", EchoModel, executor="thread")})
+    try:
+        body = {"model": "echo", "prompt": "a b", "max_tokens": 2, "n": 2, "stream": True}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=SPANS_TIMEOUT_S)
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+        got = recorder.wait_for(6)  # server, admission, execution, 2 x queue, stream
+    finally:
+        server.stop()
+    by_name = {s.name: s for s in got}
+    queues = [s for s in got if s.name == "queue"]
+    assert len(queues) == 2
+    # A choice is a child of the phase open when it was handed to the model: the first
+    # during execution; a later one may start once the stream is under way.
+    phases = {_span_id(by_name[n]): n for n in ("execution", "stream")}
+    parents = [phases.get(q.parent.span_id) if q.parent is not None else None for q in queues]
+    assert "execution" in parents and set(parents) <= {"execution", "stream"}
+    assert all(_attr(q, "zeroserve.started") is True for q in queues)

@@ -8,8 +8,9 @@ status. Inside it, the request's phases follow one another as child spans, each 
 when the next begins: ``admission`` (key, quota, routing and the model's queue
 admission, at the head), ``execution`` (from the complete request to the response head
 or first stream piece: queue wait and model time), ``stream`` (first piece to last).
-Within ``execution``, each piece of work handed to a model's queue (a request's infer or
-embed, each generation of a stream) gets a ``queue`` span, from the hand-off to the moment
+Each piece of work handed to a model's queue (a request's infer or embed, each generation
+of a stream) gets a ``queue`` span, a child of the phase open at the hand-off (``execution``;
+a later choice of a multi-choice stream may start during ``stream``), from the hand-off to the moment
 a worker or slot starts it (the runtime's ``QueueWatch``); one still waiting when the
 request ends (cancelled, expired) ends then, with ``zeroserve.started`` false.
 Gateway upstreams get ``traceparent`` of the server span, so their spans join the trace.
