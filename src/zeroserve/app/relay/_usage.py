@@ -3,7 +3,7 @@
 Strategy
 --------
 The gateway relays an upstream's answer as it came (docs/architecture.md, "The
-gateway"), so the tokens of a relayed request are known only from the upstream's own
+edge"), so the tokens of a relayed request are known only from the upstream's own
 ``usage`` object: the top-level ``"usage": {...}`` of a JSON answer, or of a stream's
 chunk (OpenAI sends it in the last chunk when the client asked for
 ``stream_options.include_usage``; some servers repeat a cumulative one on every chunk).
