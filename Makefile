@@ -76,7 +76,7 @@ bench-peers:
 
 # The comparative benchmark (benchmarks/, not in the wheel): every suite of its catalog,
 # W1/W2 (wrk) against FastAPI, granian and aiohttp, then W3, W4, the default model, the
-# gateway, W5-W8 and P64. Writes BENCHMARKS.md and bench-results/. `python -m benchmarks
+# gateway, W5-W8, P64, RAY and EDGE (API keys, TLS). Writes BENCHMARKS.md and bench-results/. `python -m benchmarks
 # --help` for one suite at a time; `zeroserve bench URL` is the product's load generator.
 bench: install-test bench-tools bench-peers
 	$(PY) -m benchmarks

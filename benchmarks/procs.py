@@ -13,6 +13,7 @@ import http.client
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -114,6 +115,7 @@ class ServerProcess:
     port: int
     log_path: Path
     proc: subprocess.Popen[bytes]
+    tls: bool = False  # serves HTTPS
     _known: dict[int, int] = field(default_factory=dict)  # pid -> start time
     _peak_rss_kib: int = 0
     _sampler: threading.Thread | None = None
@@ -219,8 +221,10 @@ def start_server(
     env: dict[str, str] | None = None,
     health: str = "/health",
     ready_timeout_s: float = READY_TIMEOUT_S,
+    tls: bool = False,
 ) -> ServerProcess:
-    """Start ``argv`` pinned to ``cpu`` and return once GET ``health`` answers 200."""
+    """Start ``argv`` pinned to ``cpu`` and return once GET ``health`` answers 200
+    (over TLS when ``tls``)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}-{port}.log"
     full = [*pin_prefix(cpu), *argv]
@@ -232,9 +236,9 @@ def start_server(
             stderr=subprocess.STDOUT,
             env=_env(env),
         )
-    server = ServerProcess(name=name, argv=full, port=port, log_path=log_path, proc=proc)
+    server = ServerProcess(name=name, argv=full, port=port, log_path=log_path, proc=proc, tls=tls)
     try:
-        wait_healthy(server, health, ready_timeout_s)
+        wait_healthy(server, health, ready_timeout_s, tls=tls)
     except BaseException:
         server.stop()
         raise
@@ -242,7 +246,10 @@ def start_server(
 
 
 def wait_healthy(
-    server: ServerProcess, health: str = "/health", timeout_s: float = READY_TIMEOUT_S
+    server: ServerProcess,
+    health: str = "/health",
+    timeout_s: float = READY_TIMEOUT_S,
+    tls: bool = False,
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -251,7 +258,7 @@ def wait_healthy(
                 f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail()}"
             )
         try:
-            status, _ = http_get(server.port, health, timeout_s=1.0)
+            status, _ = http_get(server.port, health, timeout_s=1.0, tls=tls)
             if status == 200:
                 return
         except OSError:
@@ -260,8 +267,23 @@ def wait_healthy(
     raise ServerFailed(f"{server.name} not healthy after {timeout_s:.0f} s:\n{server.log_tail()}")
 
 
-def http_get(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout_s)
+def _unverified() -> ssl.SSLContext:
+    """The benchmark's TLS client context: the servers' certificate is self-signed and
+    made for the run (``servers.bench_certs``), so it is not verified."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _connect(port: int, timeout_s: float, tls: bool) -> http.client.HTTPConnection:
+    if tls:
+        return http.client.HTTPSConnection(LOOPBACK, port, timeout=timeout_s, context=_unverified())
+    return http.client.HTTPConnection(LOOPBACK, port, timeout=timeout_s)
+
+
+def http_get(port: int, path: str, timeout_s: float = 5.0, tls: bool = False) -> tuple[int, bytes]:
+    conn = _connect(port, timeout_s, tls)
     try:
         conn.request("GET", path)
         resp = conn.getresponse()
@@ -271,9 +293,14 @@ def http_get(port: int, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
 
 
 def http_post(
-    port: int, path: str, body: bytes, headers: dict[str, str], timeout_s: float = 30.0
+    port: int,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    timeout_s: float = 30.0,
+    tls: bool = False,
 ) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout_s)
+    conn = _connect(port, timeout_s, tls)
     try:
         conn.request("POST", path, body=body, headers=headers)
         resp = conn.getresponse()

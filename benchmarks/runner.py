@@ -73,9 +73,9 @@ class RunResult:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def scrape(port: int) -> tuple[dict[str, float], dict[str, float]]:
+def scrape(port: int, tls: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """(copied bytes by site, payload bytes by direction) from /metrics."""
-    status, text = http_get(port, "/metrics")
+    status, text = http_get(port, "/metrics", tls=tls)
     copied: dict[str, float] = {}
     payload: dict[str, float] = {}
     if status != 200:
@@ -154,7 +154,13 @@ def count_writes(server: ServerProcess, case: Case, script: Path, settings: Sett
     try:
         time.sleep(0.5)  # attach
         res = wrk.run(
-            script, server.port, case.path, STRACE_CONNECTIONS, STRACE_S, settings.pins.load_cpu
+            script,
+            server.port,
+            case.path,
+            STRACE_CONNECTIONS,
+            STRACE_S,
+            settings.pins.load_cpu,
+            tls=server.tls,
         )
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -204,8 +210,8 @@ def _measure(
     load_cpu: int | None,
     result: RunResult,
 ) -> None:
-    port = server.port
-    status, headers, resp = http_post(port, case.path, case.body, case.headers)
+    port, tls = server.port, srv.tls
+    status, headers, resp = http_post(port, case.path, case.body, case.headers, tls=tls)
     problem = case.validate(status, headers, resp)
     if problem is not None:
         result.error = f"unsupported: {problem}"
@@ -213,8 +219,10 @@ def _measure(
     # Before warm-up: RSS per stream is measured against the server at rest.
     result.idle_rss_mib = server.usage().rss_kib / 1024
     if settings.warmup_s > 0:
-        wrk.run(script, port, case.path, case.connections, settings.warmup_s, load_cpu)
-    before = scrape(port) if srv.scrape_metrics else ({}, {})
+        wrk.run(script, port, case.path, case.connections, settings.warmup_s, load_cpu, tls)
+    before = scrape(port, tls) if srv.scrape_metrics else ({}, {})
+    if case.probe_first_event and tls:
+        raise ValueError("the first-event probe speaks plain HTTP only")
     probe = _start_probe(case, port, body_path, settings) if case.probe_first_event else None
     u0 = server.usage()
     server.start_sampling()
@@ -226,6 +234,7 @@ def _measure(
             case.connections,
             max(settings.duration_s, case.min_duration_s),
             load_cpu,
+            tls,
         )
     finally:
         peak_kib = server.stop_sampling()
@@ -233,7 +242,7 @@ def _measure(
         if probe is not None:
             _finish_probe(probe, result)
     if srv.scrape_metrics:
-        after = scrape(port)
+        after = scrape(port, tls)
         result.copied = _delta(after[0], before[0])
         result.payload = _delta(after[1], before[1])
     result.requests = res.good

@@ -25,6 +25,8 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +45,9 @@ EXTERNAL_READY_TIMEOUT_S = 120.0
 # with fast 429s instead of streams.
 ECHO = "echo=zeroserve.models.echo:EchoModel?queue_depth=1024"
 
+# Seconds openssl may take to make the benchmark's certificate.
+OPENSSL_TIMEOUT_S = 60
+
 # port, upstream port (a gateway's), work directory -> the command line.
 Argv = Callable[[int, int | None, Path], list[str]]
 
@@ -60,6 +65,7 @@ class Server:
     env: Callable[[int], dict[str, str]] | None = None
     upstream: Server | None = None
     scrape_metrics: bool = False  # read /metrics for copy accounting
+    tls: bool = False  # serves HTTPS with the run's certificate (``bench_certs``)
     ready_timeout_s: float = READY_TIMEOUT_S
     missing: Callable[[], str | None] = _nothing_missing  # why it cannot run here
 
@@ -118,6 +124,40 @@ def peer(module: str, name: str, title: str, requires: tuple[str, ...], *extra: 
         return [sys.executable, "-m", f"benchmarks.peers.{module}", "--port", str(port), *extra]
 
     return Server(name, title, argv, missing=importable(*requires))
+
+
+def bench_certs(work: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and key for 127.0.0.1 (RSA 2048, PKCS#8 as granian
+    wants), made once per results directory with the openssl CLI."""
+    cert, key = work / "bench-cert.pem", work / "bench-key.pem"
+    if not (cert.exists() and key.exists()):
+        subprocess.run(
+            [
+                *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"),
+                *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+                *("-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=OPENSSL_TIMEOUT_S,
+        )
+    return cert, key
+
+
+def with_tls(srv: Server, cert_flag: str, key_flag: str, *, name: str, title: str) -> Server:
+    """``srv`` serving HTTPS: its command line plus ``cert_flag CERT key_flag KEY``."""
+    plain = srv.argv
+
+    def argv(port: int, up: int | None, work: Path) -> list[str]:
+        cert, key = bench_certs(work)
+        return [*plain(port, up, work), cert_flag, str(cert), key_flag, str(key)]
+
+    def missing() -> str | None:
+        if shutil.which("openssl") is None:
+            return "the openssl CLI is not installed (it makes the certificate)"
+        return srv.missing()
+
+    return dataclasses.replace(srv, name=name, title=title, argv=argv, tls=True, missing=missing)
 
 
 def fastapi_peer(*extra: str, title: str = "FastAPI+pydantic") -> Server:
@@ -352,6 +392,7 @@ def start(
         env=srv.env(port) if srv.env else None,
         health=srv.health,
         ready_timeout_s=srv.ready_timeout_s,
+        tls=srv.tls,
     )
 
 

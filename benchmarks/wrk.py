@@ -121,9 +121,16 @@ class WrkResult:
 
 
 def run(
-    script: Path, port: int, path: str, connections: int, duration_s: int, cpu: int | None
+    script: Path,
+    port: int,
+    path: str,
+    connections: int,
+    duration_s: int,
+    cpu: int | None,
+    tls: bool = False,
 ) -> WrkResult:
-    """Run wrk (one thread, pinned) for ``duration_s`` and parse its JSON line."""
+    """Run wrk (one thread, pinned) for ``duration_s`` and parse its JSON line; over
+    HTTPS when ``tls`` (wrk does not verify the certificate)."""
     argv = [
         *pin_prefix(cpu),
         "wrk",
@@ -133,7 +140,7 @@ def run(
         f"--timeout={WRK_TIMEOUT_S}s",
         "-s",
         str(script),
-        f"http://{LOOPBACK}:{port}{path}",
+        f"{'https' if tls else 'http'}://{LOOPBACK}:{port}{path}",
     ]
     out = subprocess.run(
         argv, capture_output=True, text=True, timeout=duration_s + WRK_SLACK_S, check=False

@@ -327,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also serve zeroserve's embedded tinyllm model on chat completions",
     )
+    parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (uvicorn)")
+    parser.add_argument("--ssl-keyfile", help="the certificate's private key")
     args = parser.parse_args(argv)
     if args.tinyllm:
         from zeroserve.models.tinyllm import TinyLlamaModel
@@ -334,7 +336,15 @@ def main(argv: list[str] | None = None) -> int:
         model = TinyLlamaModel()
         model.load()
         _TINYLLM["model"] = model
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+    )
     return 0
 
 

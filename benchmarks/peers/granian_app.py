@@ -83,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ssl-certificate", help="serve HTTPS with this certificate")
+    parser.add_argument("--ssl-keyfile", help="the certificate's private key (PKCS#8)")
     args = parser.parse_args(argv)
+    from pathlib import Path
+
     from granian import Granian  # type: ignore[import-not-found]
     from granian.constants import Interfaces  # type: ignore[import-not-found]
 
@@ -95,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         workers=1,
         runtime_threads=1,
         log_enabled=False,
+        ssl_cert=Path(args.ssl_certificate) if args.ssl_certificate else None,
+        ssl_key=Path(args.ssl_keyfile) if args.ssl_keyfile else None,
     ).serve()
     return 0
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ..context import SuiteContext
 from ..report import Section
-from . import gateway, llamacpp, p64, ray, tinyllm, w1, w2, w3, w4, w5, w6, w7, w8
+from . import edge, gateway, llamacpp, p64, ray, tinyllm, w1, w2, w3, w4, w5, w6, w7, w8
 
 Suite = Callable[[SuiteContext], Section]
 
@@ -32,4 +32,5 @@ SUITES: dict[str, Suite] = {
     "W8": w8.w8,  # /health under a CPU-bound model
     "P64": p64.p64,  # 64 MiB through the process executor
     "RAY": ray.ray,  # executor=ray on the same node vs process: 4 MiB V2 binary, 256-token SSE
+    "EDGE": edge.edge,  # API key vs none (W1 64 KiB, W2); W1 over TLS vs uvicorn and granian
 }

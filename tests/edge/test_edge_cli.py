@@ -160,3 +160,27 @@ def test_a_bad_certificate_fails_at_startup_naming_the_file(tmp_path: Path) -> N
     )
     assert result.returncode == 2
     assert str(cert) in result.stderr and "Traceback" not in result.stderr
+
+
+def test_zeroserve_models_never_shows_a_key(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[keys.carol]\nkey = "{FILE_KEY}"\n')
+    config = tmp_path / "zeroserve.toml"
+    config.write_text(f'[edge]\napi_keys = ["{FLAG_KEY}"]\napi_keys_file = "{keys}"\n')
+    env = dict(
+        os.environ,
+        ZEROSERVE_API_KEY=ENV_KEY,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "zeroserve", "models", "--model", "echo", "--config", str(config)],
+        capture_output=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(b"echo ")
+    for secret in (ENV_KEY, FILE_KEY, FLAG_KEY):
+        assert secret.encode() not in out.stdout + out.stderr

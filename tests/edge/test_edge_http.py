@@ -180,6 +180,10 @@ def test_request_ids_are_kept_when_well_formed_and_replaced_otherwise(keyed: Edg
         assert got != bad and well_formed(got), status
 
 
+# Records a flooding TLS client sends (64 x 16 KiB, 1 MiB): far more than a handshake.
+TLS_FLOOD_RECORDS = 64
+
+
 # -- CORS -------------------------------------------------------------------------------
 def preflight(server: EdgeServer, origin: str) -> httpx.Response:
     return httpx.options(
@@ -194,7 +198,8 @@ def preflight(server: EdgeServer, origin: str) -> httpx.Response:
 
 def test_preflight_from_a_listed_origin_is_answered_at_the_head(keyed: EdgeServer) -> None:
     r = preflight(keyed, "https://app.example.com")  # no key: preflights carry none
-    assert r.status_code == 200 and r.content == b""
+    assert r.status_code == 204 and r.content == b""
+    assert "content-length" not in r.headers  # RFC 9110: a 204 has none
     assert r.headers["access-control-allow-origin"] == "https://app.example.com"
     assert "POST" in r.headers["access-control-allow-methods"]
     assert "authorization" in r.headers["access-control-allow-headers"]
@@ -206,8 +211,27 @@ def test_preflight_from_a_listed_origin_is_answered_at_the_head(keyed: EdgeServe
     assert "x-request-id" in actual.headers["access-control-expose-headers"]
 
 
+def test_a_preflight_keeps_its_connection_for_the_actual_request(keyed: EdgeServer) -> None:
+    """A 204 has no body and no Content-Length, so the connection stays usable."""
+    ports: set[int] = set()
+
+    def record(response: httpx.Response) -> None:
+        stream = response.extensions["network_stream"]
+        ports.add(stream.get_extra_info("socket").getsockname()[1])
+
+    with httpx.Client(base_url=keyed.url, event_hooks={"response": [record]}) as client:
+        origin = {"origin": "https://app.example.com"}
+        r = client.options("/v1/models", headers={**origin, "access-control-request-method": "GET"})
+        assert r.status_code == 204
+        r = client.get("/v1/models", headers={**origin, "authorization": f"Bearer {ALICE}"})
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "https://app.example.com"
+    assert len(ports) == 1
+
+
 def test_preflight_from_another_origin_gets_no_allow_headers(keyed: EdgeServer) -> None:
     r = preflight(keyed, "https://evil.example.com")
+    assert r.status_code == 204  # answered, but the browser is not allowed anything
     assert not [h for h in r.headers if h.startswith("access-control-")]
     r = httpx.get(keyed.url + "/health", headers={"origin": "https://evil.example.com"})
     assert not [h for h in r.headers if h.startswith("access-control-")]
@@ -384,6 +408,26 @@ def test_bad_tls_clients_are_closed_and_the_server_keeps_serving(
         except ConnectionResetError:
             pass
         assert b"HTTP/1.1 200" not in data
+    with certs.httpx() as http:
+        assert http.get(tls_server.url + "/health").status_code == 200
+
+
+def test_a_flood_of_tls_records_is_closed_and_the_server_keeps_serving(
+    tls_server: EdgeServer, certs: Certs
+) -> None:
+    """Application-data records before any handshake: the TLS layer refuses them and the
+    connection is closed; the flood never reaches the HTTP parser."""
+    record = b"\x17\x03\x03\x40\x00" + bytes(0x4000)  # 16 KiB records
+    with socket.create_connection(("127.0.0.1", tls_server.port), timeout=POLL_TIMEOUT_S) as s:
+        data = b""
+        try:
+            for _ in range(TLS_FLOOD_RECORDS):
+                s.sendall(record)
+            while chunk := s.recv(4096):
+                data += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # closed while the flood was still being sent: what is wanted
+        assert b"HTTP/1.1" not in data
     with certs.httpx() as http:
         assert http.get(tls_server.url + "/health").status_code == 200
 

@@ -3,8 +3,14 @@ phases are child spans, and a gateway upstream's spans join the same trace."""
 
 from __future__ import annotations
 
+import http.server
+import os
+import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -16,10 +22,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
+from tests.conftest import ROOT
 from tests.edge.servers import EdgeServer
+from tests.faults.fault_models import StallModel
 
 from zeroserve.edge import Edge
 from zeroserve.edge.tracing import Tracing
+from zeroserve.models.base import ExecutorKind
 from zeroserve.models.echo import EchoModel
 from zeroserve.models.loader import parse_spec
 from zeroserve.runtime import ModelConfig
@@ -51,6 +60,18 @@ class Recorder(SimpleSpanProcessor):
             ), [s.name for s in self.exporter.get_finished_spans()]
         return list(self.exporter.get_finished_spans())
 
+    def wait_for_span(self, match: Callable[[ReadableSpan], bool]) -> ReadableSpan:
+        def found() -> ReadableSpan | None:
+            return next((s for s in self.exporter.get_finished_spans() if match(s)), None)
+
+        with self.ended:
+            assert self.ended.wait_for(lambda: found() is not None, SPANS_TIMEOUT_S), [
+                s.name for s in self.exporter.get_finished_spans()
+            ]
+        span = found()
+        assert span is not None
+        return span
+
 
 @pytest.fixture
 def spans() -> Iterator[tuple[TracerProvider, Recorder]]:
@@ -77,7 +98,7 @@ def test_a_stream_has_admission_execution_and_stream_spans_under_the_callers_tra
             server.url + "/v1/completions", json=body, headers={"traceparent": TRACEPARENT}
         )
         assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
-        got = recorder.wait_for(4)
+        got = recorder.wait_for(5)
     finally:
         server.stop()
     by_name = {s.name: s for s in got}
@@ -96,6 +117,124 @@ def test_a_stream_has_admission_execution_and_stream_spans_under_the_callers_tra
         assert span.context is not None and span.context.trace_id == root.context.trace_id
     starts = [s.start_time or 0 for s in phases]
     assert starts == sorted(starts)
+    # The generation waited for the loop to start it: a queue span inside execution.
+    queue, execution = by_name["queue"], by_name["execution"]
+    assert queue.parent is not None and execution.context is not None
+    assert queue.parent.span_id == execution.context.span_id
+    assert queue.attributes is not None and queue.attributes["zeroserve.started"] is True
+
+
+def _children(got: list[ReadableSpan], parent: ReadableSpan) -> list[str]:
+    assert parent.context is not None
+    return sorted(
+        s.name for s in got if s.parent is not None and s.parent.span_id == parent.context.span_id
+    )
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_work_waiting_for_a_worker_gets_a_queue_span_inside_execution(
+    spans: tuple[TracerProvider, Recorder], executor: ExecutorKind, stream: bool
+) -> None:
+    provider, recorder = spans
+    server = traced(provider, {"echo": ModelConfig("echo", EchoModel, executor=executor)})
+    try:
+        url = server.url + "/v1/raw/echo" + ("?stream=1" if stream else "")
+        r = httpx.post(url, content=b"a b c", timeout=SPANS_TIMEOUT_S)
+        assert r.status_code == 200
+        got = recorder.wait_for(5 if stream else 4)
+    finally:
+        server.stop()
+    by_name = {s.name: s for s in got}
+    root = by_name["POST /v1/raw/{model}"]
+    expected = ["admission", "execution", "stream"] if stream else ["admission", "execution"]
+    assert _children(got, root) == expected
+    assert _children(got, by_name["execution"]) == ["queue"]
+    queue = by_name["queue"]
+    assert queue.attributes is not None and queue.attributes["zeroserve.started"] is True
+    assert queue.context is not None and root.context is not None
+    assert queue.context.trace_id == root.context.trace_id
+
+
+def test_work_run_at_once_on_the_loop_has_no_queue_span(
+    spans: tuple[TracerProvider, Recorder],
+) -> None:
+    """A sync inline model's raw infer runs in the I/O callback (no queue to wait in)."""
+    provider, recorder = spans
+    server = traced(provider, {"echo": ModelConfig("echo", EchoModel)})
+    try:
+        r = httpx.post(server.url + "/v1/raw/echo", content=b"abc")
+        assert r.content == b"abc"
+        got = recorder.wait_for(3)
+    finally:
+        server.stop()
+    assert sorted(s.name for s in got) == ["POST /v1/raw/{model}", "admission", "execution"]
+
+
+def test_work_that_expires_while_queued_ends_its_queue_span_unstarted(
+    spans: tuple[TracerProvider, Recorder],
+) -> None:
+    """One worker, held by a call that never returns: the next request waits in the queue
+    until its own deadline (504), and its queue span ends with it, marked not started."""
+    provider, recorder = spans
+    config = ModelConfig("stall", StallModel, workers=1, max_batch_size=1)
+    server = traced(provider, {"stall": config})
+    try:
+        with httpx.Client(base_url=server.url, timeout=SPANS_TIMEOUT_S) as first:
+            held = threading.Thread(
+                target=lambda: _post_ignoring_close(first, "/v1/raw/stall"), daemon=True
+            )
+            held.start()
+            # The first request's slot started it: its queue span has ended.
+            recorder.wait_for_span(
+                lambda s: s.name == "queue" and _attr(s, "zeroserve.started") is True
+            )
+            r = httpx.post(
+                server.url + "/v1/raw/stall",
+                content=b"x",
+                headers={"request-timeout": "0.2"},
+                timeout=SPANS_TIMEOUT_S,
+            )
+            assert r.status_code == 504
+            waited = recorder.wait_for_span(
+                lambda s: s.name == "queue" and _attr(s, "zeroserve.started") is False
+            )
+    finally:
+        server.stop()
+    got = recorder.exporter.get_finished_spans()
+    execution = next(
+        s
+        for s in got
+        if s.name == "execution"
+        and waited.parent is not None
+        and s.context is not None
+        and s.context.span_id == waited.parent.span_id
+    )
+    root = next(
+        s
+        for s in got
+        if s.context is not None
+        and execution.parent is not None
+        and s.context.span_id == execution.parent.span_id
+    )
+    assert _attr(root, "http.response.status_code") == 504
+    assert _attr(root, "zeroserve.outcome") == "deadline"
+
+
+def _span_id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.span_id
+
+
+def _attr(span: ReadableSpan, name: str) -> object:
+    return None if span.attributes is None else span.attributes.get(name)
+
+
+def _post_ignoring_close(client: httpx.Client, path: str) -> None:
+    try:
+        client.post(path, content=b"x")
+    except httpx.HTTPError:
+        pass  # the server stops while this call still runs
 
 
 def test_gateway_upstreams_join_the_trace(
@@ -133,3 +272,125 @@ def test_gateway_upstreams_join_the_trace(
     assert up_root.context.trace_id == gw_root.context.trace_id
     assert up_root.parent.span_id == gw_root.context.span_id
     assert up_root.attributes is not None and up_root.attributes["zeroserve.request_id"] == "gw-1"
+
+
+# -- OTLP export, end to end --------------------------------------------------------------
+class _Collector(http.server.ThreadingHTTPServer):
+    """A real OTLP/HTTP receiver on loopback: keeps every ``/v1/traces`` export."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _CollectorHandler)
+        self.exports: list[bytes] = []
+        self.received = threading.Condition()
+
+    def spans(self) -> list[Any]:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        out = []
+        for body in self.exports:
+            req = ExportTraceServiceRequest.FromString(body)
+            for rs in req.resource_spans:
+                service = {a.key: a.value.string_value for a in rs.resource.attributes}
+                for ss in rs.scope_spans:
+                    out += [(service.get("service.name"), s) for s in ss.spans]
+        return out
+
+
+class _CollectorHandler(http.server.BaseHTTPRequestHandler):
+    server: _Collector
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        ok = self.path == "/v1/traces"
+        self.send_response(200 if ok else 404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+        if ok:
+            with self.server.received:
+                self.server.exports.append(body)
+                self.server.received.notify_all()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_otel_exports_the_spans_over_otlp_http() -> None:
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    collector = _Collector()
+    receiver = threading.Thread(target=collector.serve_forever, daemon=True)
+    receiver.start()
+    env = dict(
+        os.environ,
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_address[1]}",
+        OTEL_BSP_SCHEDULE_DELAY="50",  # ms: export soon after the request
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    argv = [sys.executable, "-m", "zeroserve", "serve", "--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.Popen(
+        [*argv, "--model", "echo", "--otel"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        url = _serving_url(proc)
+        r = httpx.post(url + "/v1/raw/echo", content=b"hi", headers={"traceparent": TRACEPARENT})
+        assert r.content == b"hi"
+
+        def exported() -> bool:
+            return any(s.name == "POST /v1/raw/{model}" for _, s in collector.spans())
+
+        with collector.received:
+            assert collector.received.wait_for(exported, SPANS_TIMEOUT_S)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(SPANS_TIMEOUT_S)
+        collector.shutdown()
+        collector.server_close()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    spans = collector.spans()
+    root = next(s for _, s in spans if s.name == "POST /v1/raw/{model}")
+    assert root.trace_id.hex() == TRACE_ID and root.parent_span_id.hex() == PARENT_ID
+    assert {service for service, _ in spans} == {"zeroserve"}
+    children = {s.name for _, s in spans if s.parent_span_id == root.span_id}
+    assert {"admission", "execution"} <= children
+
+
+def _serving_url(proc: subprocess.Popen[bytes]) -> str:
+    """Read the output until the server says where it listens (it exits on failure, so
+    the read ends either way)."""
+    assert proc.stdout is not None
+    seen = []
+    for line in iter(proc.stdout.readline, b""):
+        seen.append(line)
+        if b" serving [" in line:
+            return "http://" + line.rsplit(b"http://", 1)[1].strip().decode()
+    raise AssertionError("server did not start:\n" + b"".join(seen).decode())
+
+
+def test_each_choice_of_an_openai_request_gets_its_own_queue_span(
+    spans: tuple[TracerProvider, Recorder],
+) -> None:
+    provider, recorder = spans
+    server = traced(provider, {"echo": ModelConfig("echo", EchoModel, executor="thread")})
+    try:
+        body = {"model": "echo", "prompt": "a b", "max_tokens": 2, "n": 2, "stream": True}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=SPANS_TIMEOUT_S)
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
+        got = recorder.wait_for(6)  # server, admission, execution, 2 x queue, stream
+    finally:
+        server.stop()
+    by_name = {s.name: s for s in got}
+    queues = [s for s in got if s.name == "queue"]
+    assert len(queues) == 2
+    # A choice is a child of the phase open when it was handed to the model: the first
+    # during execution; a later one may start once the stream is under way.
+    phases = {_span_id(by_name[n]): n for n in ("execution", "stream")}
+    parents = [phases.get(q.parent.span_id) if q.parent is not None else None for q in queues]
+    assert "execution" in parents and set(parents) <= {"execution", "stream"}
+    assert all(_attr(q, "zeroserve.started") is True for q in queues)

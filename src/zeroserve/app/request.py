@@ -100,6 +100,9 @@ class Request:
         """Hand the admission ticket on: the caller (the engine, a stream) now owns it."""
         ticket, self._ticket = self._ticket, None
         assert ticket is not None, "the ticket was already handed on (or never taken)"
+        edge = self.edge
+        if edge is not None and edge.trace is not None:  # its queue wait, traced
+            ticket.watch = edge.trace.queue_watch()
         return ticket
 
     def release(self, after_send: Callable[[Callable[[], None]], None] | None = None) -> None:

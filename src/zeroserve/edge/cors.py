@@ -10,8 +10,8 @@ reject it, and reflecting any origin with credentials would let every site act a
 user): the configuration refuses it.
 
 A preflight (``OPTIONS`` with ``Origin`` and ``Access-Control-Request-Method``) is answered
-at the head by the caller with the headers ``preflight()`` returns; a disallowed origin gets
-none of the allow headers.
+at the head by the caller, 204 No Content, with the headers ``preflight()`` returns; a
+disallowed origin gets none of the allow headers.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ Clock = Callable[[], float]
 
 class EdgeContext:
     """What the edge decided for one request. ``headers`` go on its response (any
-    response, errors included); ``preflight`` means: answer 200 with them and stop.
+    response, errors included); ``preflight`` means: answer 204 with them and stop.
     ``lease`` is owned by this context and released by ``Edge.finish``."""
 
     __slots__ = (
@@ -45,6 +45,7 @@ class EdgeContext:
         "_clock",
         "_other_key",
         "bytes_out",
+        "counting",
         "failed",
         "headers",
         "key",
@@ -78,6 +79,9 @@ class EdgeContext:
         self.tokens = 0
         self.ttft_s: float | None = None
         self.trace: RequestTrace | None = None  # spans, when tracing is on
+        # Whether the tokens are used (a key's quota, the access log, a span): work done
+        # only to count them (reading a relayed answer's usage) is skipped otherwise.
+        self.counting = False
 
     @property
     def key_name(self) -> str | None:
@@ -193,6 +197,7 @@ class Edge:
             request_id = self._ids.take(client_id)
             out.append((REQUEST_ID_HEADER, request_id))
         ctx = EdgeContext(request_id, out, self.clock)
+        ctx.counting = self.needs_end
         ctx._auth = auth
         ctx._other_key = other
         if self.tracing is not None:

@@ -8,6 +8,11 @@ status. Inside it, the request's phases follow one another as child spans, each 
 when the next begins: ``admission`` (key, quota, routing and the model's queue
 admission, at the head), ``execution`` (from the complete request to the response head
 or first stream piece: queue wait and model time), ``stream`` (first piece to last).
+Each piece of work handed to a model's queue (a request's infer or embed, each generation
+of a stream) gets a ``queue`` span, a child of the phase open at the hand-off (``execution``;
+a later choice of a multi-choice stream may start during ``stream``), from the hand-off to the moment
+a worker or slot starts it (the runtime's ``QueueWatch``); one still waiting when the
+request ends (cancelled, expired) ends then, with ``zeroserve.started`` false.
 Gateway upstreams get ``traceparent`` of the server span, so their spans join the trace.
 
 Nothing here is imported unless tracing is on; with it off, a request pays one ``None``
@@ -27,16 +32,54 @@ Headers = list[tuple[bytes, bytes]]
 _CONTEXT_HEADERS = (b"traceparent", b"tracestate")
 
 
-class RequestTrace:
-    """The spans of one request: the server span and the phase open now."""
+class QueueSpan:
+    """One piece of work's wait in a model's queue: ``queued()`` opens the ``queue`` span
+    (a child of the phase open then), ``started()`` ends it. The runtime calls each at
+    most once; a call out of turn does nothing."""
 
-    __slots__ = ("_tracing", "method", "phase", "span")
+    __slots__ = ("_rt", "span")
+
+    def __init__(self, rt: RequestTrace) -> None:
+        self._rt = rt
+        self.span: Any = None
+
+    def queued(self) -> None:
+        rt = self._rt
+        if self.span is not None or rt.ended:
+            return
+        parent = rt.phase if rt.phase is not None else rt.span
+        self.span = rt._tracing.child("queue", parent)
+        rt.queues.append(self)
+
+    def started(self) -> None:
+        span, self.span = self.span, None
+        if span is None:
+            return
+        span.set_attribute("zeroserve.started", True)
+        span.end()
+        self._rt.queues.remove(self)
+
+    def abandon(self) -> None:
+        """The request ended while this work still waited."""
+        span, self.span = self.span, None
+        if span is not None:
+            span.set_attribute("zeroserve.started", False)
+            span.end()
+
+
+class RequestTrace:
+    """The spans of one request: the server span, the phase open now and the queue
+    waits not yet over."""
+
+    __slots__ = ("_tracing", "ended", "method", "phase", "queues", "span")
 
     def __init__(self, tracing: Tracing, span: Any, method: str) -> None:
         self._tracing = tracing
         self.span = span
         self.method = method
         self.phase: Any = None
+        self.queues: list[QueueSpan] = []
+        self.ended = False
 
     def upstream_headers(self) -> Headers:
         return self._tracing.headers(self)
@@ -44,6 +87,10 @@ class RequestTrace:
     def enter(self, phase: str | None) -> None:
         """End the phase open now and begin ``phase`` (None: just end it)."""
         self._tracing.phase(self, phase)
+
+    def queue_watch(self) -> QueueSpan:
+        """A watch for one piece of work handed to a model (the runtime's ``QueueWatch``)."""
+        return QueueSpan(self)
 
 
 class Tracing:
@@ -85,9 +132,10 @@ class Tracing:
             rt.phase.end()
             rt.phase = None
         if name is not None:
-            rt.phase = self._tracer.start_span(
-                name, context=self._trace.set_span_in_context(rt.span)
-            )
+            rt.phase = self.child(name, rt.span)
+
+    def child(self, name: str, parent: Any) -> Any:
+        return self._tracer.start_span(name, context=self._trace.set_span_in_context(parent))
 
     def routed(self, rt: RequestTrace, route: str) -> None:
         """Name the server span by its route pattern (low cardinality, as OpenTelemetry's
@@ -98,6 +146,10 @@ class Tracing:
     def finish(
         self, rt: RequestTrace, status: int, outcome: str, attributes: dict[str, Any]
     ) -> None:
+        rt.ended = True
+        for waiting in rt.queues:
+            waiting.abandon()
+        rt.queues.clear()
         if rt.phase is not None:
             rt.phase.end()
             rt.phase = None

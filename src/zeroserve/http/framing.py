@@ -91,7 +91,8 @@ def encode_head(
     for name, value in headers:
         parts += (name, b": ", value, CRLF)
     if content_length is not None:
-        parts += (b"content-length: ", str(content_length).encode("ascii"), CRLF)
+        if status != 204:  # a 204 carries no Content-Length (RFC 9110, 8.6)
+            parts += (b"content-length: ", str(content_length).encode("ascii"), CRLF)
     elif chunked:
         parts.append(b"transfer-encoding: chunked\r\n")
     if not keep_alive:

@@ -5,7 +5,7 @@ The app layer uses :class:`Engine` and the names below; everything else is priva
 
 from ..errors import ModelLoadError
 from ._common import InferResult, WorkerStatistics
-from .admission import AdmissionStatistics, Ticket
+from .admission import AdmissionStatistics, QueueWatch, Ticket
 from .arena import Arena, ArenaStatistics, Lease, attach
 from .batcher import BatcherStatistics
 from .channel import Channel, ChannelStatistics, Policy, StreamAborted
@@ -36,6 +36,7 @@ __all__ = [
     "ModelStatistics",
     "ModelStatus",
     "Policy",
+    "QueueWatch",
     "ResolvedModel",
     "RuntimeOptions",
     "Stream",

@@ -203,9 +203,16 @@ class Executor(abc.ABC):
         with a sync ``infer`` can: everything else needs a thread, a worker or an await."""
         return None
 
+    # ``on_start`` (tracing's queue wait, None when off): called once, when a worker or
+    # the loop starts the generation.
     @abc.abstractmethod
     def generate(
-        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+        self,
+        req: GenerateRequest,
+        channel: Channel,
+        *,
+        deadline_at: float | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> Producer: ...
 
     @abc.abstractmethod

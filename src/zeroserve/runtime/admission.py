@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..errors import Overloaded
 from .arena import Arena, size_class
@@ -80,15 +81,27 @@ class DrainMeter:
         return min(MAX_RETRY_AFTER_S, max(backlog, 1) / rate)
 
 
-class Ticket:
-    """One admitted request's place in its model's queue. Released exactly once."""
+class QueueWatch(Protocol):
+    """Told when a request's work is handed to its model's queue (``queued``) and when a
+    worker or slot starts it (``started``): tracing's queue-wait span
+    (docs/architecture.md, "The edge")."""
 
-    __slots__ = ("_admission", "admitted_at", "model")
+    def queued(self) -> None: ...
+
+    def started(self) -> None: ...
+
+
+class Ticket:
+    """One admitted request's place in its model's queue. Released exactly once.
+    ``watch`` (None unless tracing is on) is told when the work waits and starts."""
+
+    __slots__ = ("_admission", "admitted_at", "model", "watch")
 
     def __init__(self, admission: Admission, model: str, admitted_at: float) -> None:
         self._admission: Admission | None = admission
         self.model = model
         self.admitted_at = admitted_at
+        self.watch: QueueWatch | None = None
 
     @property
     def released(self) -> bool:

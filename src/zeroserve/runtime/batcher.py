@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ..errors import DeadlineExceeded
+from .admission import QueueWatch
 from .clock import Clock, Timer, call_at
 
 S = TypeVar("S")
@@ -42,12 +43,15 @@ S = TypeVar("S")
 class Pending:
     """One request waiting for (or in) a batch."""
 
-    __slots__ = ("arrived", "deadline", "future", "payload")
+    __slots__ = ("arrived", "deadline", "future", "payload", "watch")
 
-    def __init__(self, payload: Any, deadline: float, arrived: float) -> None:
+    def __init__(
+        self, payload: Any, deadline: float, arrived: float, watch: QueueWatch | None = None
+    ) -> None:
         self.payload = payload
         self.deadline = deadline
         self.arrived = arrived
+        self.watch = watch  # told when a slot starts this request (tracing)
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     @property

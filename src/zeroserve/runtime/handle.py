@@ -14,7 +14,7 @@ from .. import metrics
 from ..errors import CapabilityError, DeadlineExceeded, Overloaded, RequestError
 from ..models.base import GenerateRequest, Model
 from ._common import Executor, InferResult, WorkerStatistics
-from .admission import Admission, AdmissionStatistics, Ticket
+from .admission import Admission, AdmissionStatistics, QueueWatch, Ticket
 from .batcher import Batcher, BatcherStatistics, Pending
 from .channel import Channel, Policy
 from .clock import Clock, call_at
@@ -97,6 +97,7 @@ class ModelRuntime:
         live = [p for p in batch if not p.done]
         if not live:
             return
+        _started(live)
         results = await self.executor.infer(
             slot, [p.payload for p in live], deadline_at=self._loop_deadline(live)
         )
@@ -122,6 +123,7 @@ class ModelRuntime:
             texts.extend(payload)
         if not live:
             return
+        _started(live)
         vecs = await self.executor.embed(slot, texts, deadline_at=self._loop_deadline(live))
         if vecs.ndim != 2 or vecs.shape[0] != len(texts):
             raise RequestError(
@@ -173,7 +175,11 @@ class ModelRuntime:
         )
 
     async def submit(
-        self, batcher: Batcher[Any] | None, payload: Any, deadline: float | None
+        self,
+        batcher: Batcher[Any] | None,
+        payload: Any,
+        deadline: float | None,
+        watch: QueueWatch | None = None,
     ) -> Any:
         assert batcher is not None
         clock = self.clock
@@ -181,7 +187,9 @@ class ModelRuntime:
         dl = self.deadline(deadline)
         if now >= dl:
             raise DeadlineExceeded("the request's deadline passed before it was queued")
-        p = Pending(payload, dl, now)
+        p = Pending(payload, dl, now, watch)
+        if watch is not None:
+            watch.queued()
 
         def expire() -> None:
             queued = p in batcher._queue
@@ -203,6 +211,13 @@ class ModelRuntime:
         finally:
             timer.cancel()
             batcher.discard(p)
+
+
+def _started(batch: list[Pending]) -> None:
+    """A slot starts ``batch``: its requests' queue wait is over (tracing)."""
+    for p in batch:
+        if p.watch is not None:
+            p.watch.started()
 
 
 class ModelHandle:
@@ -245,7 +260,9 @@ class ModelHandle:
         (or call ``result.release()``) once the outputs have been sent."""
         try:
             self._require("infer")
-            result: InferResult = await self._rt.submit(self._rt.infer_batcher, inputs, deadline)
+            result: InferResult = await self._rt.submit(
+                self._rt.infer_batcher, inputs, deadline, ticket.watch
+            )
             return result
         finally:
             ticket.release()
@@ -271,7 +288,9 @@ class ModelHandle:
         """float32 embeddings of shape ``(len(texts), dim)``."""
         try:
             self._require("embed")
-            out: np.ndarray = await self._rt.submit(self._rt.embed_batcher, list(texts), deadline)
+            out: np.ndarray = await self._rt.submit(
+                self._rt.embed_batcher, list(texts), deadline, ticket.watch
+            )
             return out
         finally:
             ticket.release()
@@ -301,7 +320,15 @@ class ModelHandle:
         stream = Stream(channel, ticket, rt.streams.discard, StreamTiming(rt.generation, rt.clock))
         rt.streams.add(stream)
         stream._timer = call_at(rt.clock, dl, stream._expire)
-        stream._producer = rt.executor.generate(req, channel, deadline_at=rt.loop_time(dl))
+        watch = ticket.watch
+        if watch is not None:
+            watch.queued()
+        stream._producer = rt.executor.generate(
+            req,
+            channel,
+            deadline_at=rt.loop_time(dl),
+            on_start=None if watch is None else watch.started,
+        )
         return stream
 
     def statistics(self) -> ModelStatistics:

@@ -315,7 +315,12 @@ class InProcessExecutor(Executor):
 
     # -- generation ----------------------------------------------------------------------
     def generate(
-        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+        self,
+        req: GenerateRequest,
+        channel: Channel,
+        *,
+        deadline_at: float | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> Producer:
         model = self.model
         assert model is not None
@@ -326,7 +331,9 @@ class InProcessExecutor(Executor):
             and not inspect.iscoroutinefunction(model.generate)
             and not inspect.isasyncgenfunction(model.generate)
         ):
-            # Inline: the call would happen on the loop anyway.
+            # Inline: the call would happen on the loop anyway, now: no queue wait.
+            if on_start is not None:
+                on_start()
             try:
                 it = model.generate(req)
             except Exception as exc:
@@ -334,7 +341,7 @@ class InProcessExecutor(Executor):
                 return _DoneProducer()
             if hasattr(it, "__next__"):
                 return self._pulled(cast(Iterator[Any], it), channel)
-        task = asyncio.get_running_loop().create_task(self._pump(req, channel, it))
+        task = asyncio.get_running_loop().create_task(self._pump(req, channel, it, on_start))
         return _TaskProducer(task)
 
     def _pulled(self, gen: Iterator[Any], channel: Channel) -> Producer:
@@ -364,9 +371,17 @@ class InProcessExecutor(Executor):
         channel.puller = pull
         return producer
 
-    async def _pump(self, req: GenerateRequest, channel: Channel, it: Any = None) -> None:
+    async def _pump(
+        self,
+        req: GenerateRequest,
+        channel: Channel,
+        it: Any = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> None:
         assert self.model is not None
         self._streams += 1
+        if on_start is not None:  # the task runs: the loop (or a thread, next) starts it
+            on_start()
         try:
             if it is None:
                 it = self.model.generate(req)

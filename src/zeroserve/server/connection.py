@@ -175,8 +175,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
         # before any body byte (docs/architecture.md, "The edge").
         ctx = self._ctx = self.edge.start(head.method, head.headers, head.path)
         self._head = head
-        if ctx.preflight:
-            return self._early_answer(Response(200), "done")
+        if ctx.preflight:  # 204 No Content, as browsers and most servers expect
+            return self._early_answer(Response(204), "done")
         try:
             self.edge.admit(ctx, head.path, head.query)
             req = app.on_head(head)

@@ -42,7 +42,7 @@ import numpy as np
 from ...edge import EdgeContext
 from ...errors import CapabilityError, ModelNotFound, RequestError
 from ...models.base import GenerateRequest
-from ...runtime import Engine, ModelHandle, Ticket
+from ...runtime import Engine, ModelHandle, QueueWatch, Ticket
 from ..deadlines import openai_timeout
 from ..engine_relay import engine_for_request
 from ..engine_tools import release_ticket
@@ -109,6 +109,11 @@ class _Job:
         ticket, self._ticket = self._ticket, None
         assert ticket is not None, "a job's generation starts once"
         return ticket
+
+    def watch(self, watch: QueueWatch) -> None:
+        """Tell ``watch`` when this choice's generation waits for a worker and starts."""
+        assert self._ticket is not None
+        self._ticket.watch = watch
 
     def release(self) -> None:
         """Release the ticket if the generation never started (it owns it otherwise)."""
@@ -425,6 +430,8 @@ class _OpenAI:
             edge.count_tokens(prompt_tokens)
             for job in jobs:
                 job.on_tokens = edge.count_tokens
+                if edge.trace is not None:  # each generation's queue wait, traced
+                    job.watch(edge.trace.queue_watch())
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return self._respond(
             handle,

@@ -16,6 +16,11 @@ The answer keeps the upstream's status, end-to-end headers and body bytes:
   pieces are lists of raw upstream views: every pending read goes out in one write,
   and the exchange's bounded queue pauses the upstream while the client lags.
 
+The access log and a key's token quota see a relayed request's model (this remote
+model's name) and its tokens as the upstream's own ``usage`` reports them (``_usage.py``),
+counted when the response is over; only JSON and event-stream answers are read for it,
+and only when the edge uses the count.
+
 The admission ticket is held until the response is over. A client disconnect cancels
 the handler or the stream, which aborts the upstream connection at once.
 """
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from prometheus_client import Histogram
 
 from ... import metrics
+from ...edge import EdgeContext
 from ...errors import (
     DeadlineExceeded,
     UpstreamError,
@@ -48,6 +54,7 @@ from ...upstream import Exchange, Upstream, UpstreamConnection, UpstreamStatisti
 from ..request import Request
 from ..response import Response, StreamResponse
 from ._rewrite import rewrite_model
+from ._usage import UsageScanner
 
 Buffer = bytes | bytearray | memoryview
 
@@ -183,6 +190,7 @@ class Relay:
         query = req.head.query
         extra = self._extra
         if req.edge is not None:
+            req.edge.model = self.name
             # The id the client sees is the one the upstream logs, and the upstream's
             # spans join this request's trace (these replace the client's own headers).
             extra = [*extra, *req.edge.upstream_headers()]
@@ -240,6 +248,12 @@ class Relay:
         rhead = ex.head.result()
         headers, content_type = response_headers(rhead)
         overhead = self._overhead[up.url.url]
+        edge = req.edge
+        usage = (
+            UsageScanner()
+            if edge is not None and edge.counting and _reports_usage(content_type)
+            else None
+        )
         whole = rhead.framing is Framing.NONE or (
             rhead.framing is Framing.LENGTH
             and rhead.content_length is not None
@@ -260,11 +274,18 @@ class Relay:
             ex.finish(True)
             if req.has_ticket:
                 req.take_ticket().release()
+            if usage is not None and edge is not None:
+                for view in views:
+                    usage.feed(view)
+                if usage.tokens is not None:
+                    edge.count_tokens(usage.tokens)
             if content_type is not None:
                 headers.append((b"content-type", content_type))
             overhead.observe((written - t0) + (time.perf_counter() - t_end))
             return Response(rhead.status, views, headers=headers)
         pieces = _Pieces(self, up, ex, req.take_ticket() if req.has_ticket else None)
+        if usage is not None:
+            pieces.usage, pieces.edge = usage, edge
         overhead.observe((written - t0) + (time.perf_counter() - t_head))
         return StreamResponse(
             pieces,
@@ -319,7 +340,7 @@ class _Pieces:
     """The stream's pieces: each is every upstream read pending (one client write). A
     :class:`~zeroserve.app.response.PieceStream`; it owns the request's ticket."""
 
-    __slots__ = ("ex", "failed", "relay", "ticket", "up")
+    __slots__ = ("edge", "ex", "failed", "relay", "ticket", "up", "usage")
 
     def __init__(
         self, relay: Relay, up: Upstream, ex: Exchange[UpstreamConnection], ticket: Ticket | None
@@ -329,6 +350,9 @@ class _Pieces:
         self.ex = ex
         self.ticket = ticket
         self.failed = False
+        # The upstream's usage, read from the pieces when the edge counts tokens.
+        self.usage: UsageScanner | None = None
+        self.edge: EdgeContext | None = None
 
     def __aiter__(self) -> _Pieces:
         return self
@@ -344,6 +368,10 @@ class _Pieces:
             raise
         if batch is None:
             raise StopAsyncIteration
+        usage = self.usage
+        if usage is not None:
+            for view in batch:
+                usage.feed(view)
         return batch
 
     def receive_batch_nowait(self, max_items: int) -> list[list[memoryview]]:
@@ -365,6 +393,17 @@ class _Pieces:
         ticket, self.ticket = self.ticket, None
         if ticket is not None:
             ticket.release()
+        usage, self.usage = self.usage, None
+        if usage is not None and usage.tokens is not None and self.edge is not None:
+            self.edge.count_tokens(usage.tokens)
+
+
+def _reports_usage(content_type: bytes | None) -> bool:
+    """An answer that may carry OpenAI's ``usage`` (JSON, or a stream of JSON events)."""
+    if content_type is None:
+        return False
+    ct = content_type.lower()
+    return b"json" in ct or b"event-stream" in ct
 
 
 def api_key(options: RemoteOptions) -> str | None:

@@ -44,7 +44,7 @@ import itertools
 import logging
 import multiprocessing
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -218,18 +218,21 @@ class _RemoteProducer(Producer):
         req: GenerateRequest,
         channel: Channel,
         deadline_at: float | None,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self.ex = ex
         self.channel = channel
         self.deadline_at = deadline_at
         self.worker: WorkerProcess | None = None
         self.call: _Call | None = None
-        self.task = asyncio.get_running_loop().create_task(self._start(req))
+        self.task = asyncio.get_running_loop().create_task(self._start(req, on_start))
 
-    async def _start(self, req: GenerateRequest) -> None:
+    async def _start(self, req: GenerateRequest, on_start: Callable[[], None] | None) -> None:
         ex, channel = self.ex, self.channel
         try:
             worker = await ex._wait_worker()
+            if on_start is not None:  # a worker takes it: the queue wait is over
+                on_start()
             call = _Call(next(ex._ids), "stream", self.deadline_at)
             call.channel = channel
             call.window = channel.capacity
@@ -699,9 +702,14 @@ class ProcessExecutor(Executor):
         return out
 
     def generate(
-        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+        self,
+        req: GenerateRequest,
+        channel: Channel,
+        *,
+        deadline_at: float | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> Producer:
-        return _RemoteProducer(self, req, channel, deadline_at)
+        return _RemoteProducer(self, req, channel, deadline_at, on_start)
 
     def statistics(self) -> WorkerStatistics:
         live = [w for w in self.workers if w is not None]

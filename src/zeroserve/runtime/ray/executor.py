@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -102,14 +102,20 @@ class RayWorkerHandle:
 
 
 class _RayProducer(Producer):
-    def __init__(self, ex: RayExecutor, req: GenerateRequest, channel: Channel) -> None:
+    def __init__(
+        self,
+        ex: RayExecutor,
+        req: GenerateRequest,
+        channel: Channel,
+        on_start: Callable[[], None] | None = None,
+    ) -> None:
         self.ex = ex
         self.channel = channel
         self.worker: RayWorkerHandle | None = None
         self.rid = next(ex._ids)
         self.aborted = False
         self.credit = 0
-        self.task = asyncio.get_running_loop().create_task(self._run(req))
+        self.task = asyncio.get_running_loop().create_task(self._run(req, on_start))
 
     def _return_credit(self, n: int) -> None:
         w = self.worker
@@ -120,12 +126,14 @@ class _RayProducer(Producer):
             w.actor.credit.remote(self.rid, self.credit)
             self.credit = 0
 
-    async def _run(self, req: GenerateRequest) -> None:
+    async def _run(self, req: GenerateRequest, on_start: Callable[[], None] | None) -> None:
         ex, channel = self.ex, self.channel
         leases: list[Lease] = []
         w: RayWorkerHandle | None = None
         try:
             w = await ex._pick(stream=True)
+            if on_start is not None:  # an actor takes it: the queue wait is over
+                on_start()
             self.worker = w
             w.outstanding += 1
             raw: TensorDesc | None = None
@@ -507,9 +515,14 @@ class RayExecutor(Executor):
         return vecs
 
     def generate(
-        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+        self,
+        req: GenerateRequest,
+        channel: Channel,
+        *,
+        deadline_at: float | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> Producer:
-        return _RayProducer(self, req, channel)
+        return _RayProducer(self, req, channel, on_start)
 
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(

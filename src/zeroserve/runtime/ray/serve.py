@@ -324,7 +324,12 @@ class RayServeExecutor(RayExecutor):
                 lease.release()
 
     def generate(
-        self, req: GenerateRequest, channel: Channel, *, deadline_at: float | None = None
+        self,
+        req: GenerateRequest,
+        channel: Channel,
+        *,
+        deadline_at: float | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> Producer:
         channel.close(
             CapabilityError(f"model {self.spec.name!r} runs on executor=ray-serve: no streams")

@@ -1,0 +1,51 @@
+"""The EDGE suite end to end in --quick mode: the keyed and unkeyed zeroserve are both
+measured (the key accepted on every request), the HTTPS runs complete through wrk, and
+zeroserve's copies at the ``tls`` site are reported. No timing assertions."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _importable(mod: str) -> bool:
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk not installed (make bench-tools)")
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl CLI is not installed")
+@pytest.mark.skipif(
+    not _importable("fastapi") or not _importable("uvicorn"),
+    reason="bench extra (fastapi, uvicorn) not installed",
+)
+def test_quick_edge_measures_keys_and_tls(tmp_path: Path) -> None:
+    from benchmarks.cli import main
+
+    out, results = tmp_path / "BENCHMARKS.md", tmp_path / "results"
+    rc = main(["--quick", "--suites", "EDGE", "--out", str(out), "--results-dir", str(results)])
+    assert rc == 0
+    keys = json.loads((results / "wrk-EDGE-keys.json").read_text())
+    assert {(r["server"], r["case"]) for r in keys} == {
+        (s, c) for s in ("zeroserve", "zeroserve-key") for c in ("W1-64KiB", "W2-sse-c32")
+    }
+    for r in keys:
+        assert r["ok"] and r["wrk_errors"] == 0, r["error"]  # a refused key would be 401s
+    tls = {r["server"]: r for r in json.loads((results / "wrk-EDGE-tls.json").read_text())}
+    for name in ("zeroserve-tls", "uvicorn-tls"):
+        assert tls[name]["ok"] and tls[name]["requests"] > 0, tls[name]["error"]
+    # Decryption is the one copy: at least every body byte received, at site tls.
+    assert tls["zeroserve-tls"]["copied"]["tls"] >= tls["zeroserve-tls"]["payload"]["in"]
+    text = out.read_text()
+    assert re.search(r"^\| 64 KiB x32 with a key \| ≥97% of no-key req/s \| [\d.]+% \|", text, re.M)
+    assert re.search(r"^\| zeroserve TLS \| [\d,]+ \| [\d.]+x \|", text, re.M), text
+    assert "copies at site `tls`" in text
