@@ -25,12 +25,20 @@ up front, then ``credit`` calls as the consumer takes pieces (``block``) or on r
 Faults: a Ray actor error on a call marks that worker down (``ready()`` false, admission
 loses its slot), fails its calls with ``WorkerError(503)``, and a recovery task pings
 the actor until Ray has restarted it (``max_restarts``), then marks it up again.
+
+A lost cluster: a watch task probes the GCS and this node's raylet
+(``cluster.reachable``, every ``cluster.PROBE_INTERVAL_S``). While they are gone the
+executor is not ready and has no capacity, so admission answers ``ClusterUnavailable``
+(503, ``Retry-After``) at once; calls in flight fail with it and open streams are cut
+with it. A cluster that comes back (the same GCS address) makes the executor usable
+again, and the workers' own recovery takes it from there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -39,7 +47,7 @@ import msgspec
 import numpy as np
 
 from ... import errors, metrics
-from ...errors import ModelLoadError, WorkerError, WouldBlock
+from ...errors import ClusterUnavailable, ModelLoadError, WorkerError, WouldBlock
 from ...models.base import GenerateRequest
 from .._common import Executor, InferResult, Producer, Waiters, WorkerStatistics
 from ..arena import Arena, Lease
@@ -60,6 +68,8 @@ from .placement import Placement, parse_placement
 
 if TYPE_CHECKING:
     from ..options import ResolvedModel, RuntimeOptions
+
+log = logging.getLogger("zeroserve.runtime.ray")
 
 # How long one health ping of a restarting actor may take before it counts as failed.
 # Ray restarts an actor in about a second on an idle machine; 5 s covers a loaded one.
@@ -116,6 +126,15 @@ class _RayProducer(Producer):
         self.aborted = False
         self.credit = 0
         self.task = asyncio.get_running_loop().create_task(self._run(req, on_start))
+        ex._producers.add(self)
+        self.task.add_done_callback(lambda _: ex._producers.discard(self))
+
+    def lose(self, err: errors.ZeroserveError) -> None:
+        """The cluster is gone: cut the stream with ``err`` and stop waiting for Ray."""
+        self.aborted = True
+        if not self.channel.closed:
+            self.channel.abort(err)
+        self.task.cancel()
 
     def _return_credit(self, n: int) -> None:
         w = self.worker
@@ -225,6 +244,11 @@ class RayExecutor(Executor):
         self._started = False
         self.restarts = 0
         self.crashes = 0
+        # The cluster watch (see the module doc): whether the cluster answered the last
+        # probe, a future completed when it stops answering, and the open streams.
+        self._cluster_up = True
+        self._lost: asyncio.Future[None] | None = None
+        self._producers: set[_RayProducer] = set()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, timeout: float) -> None:
@@ -258,12 +282,54 @@ class RayExecutor(Executor):
         for w, (pid, attached) in zip(self.workers, hellos, strict=True):
             w.pid, w.attached, w.ready = pid, attached, True
         self._started = True
+        self._start_watch()
         self._notify()
+
+    def _start_watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._lost = loop.create_future()
+        task = loop.create_task(self._watch())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(cluster.PROBE_INTERVAL_S)
+            up = await cluster.reachable()
+            if up != self._cluster_up and not self._closing:
+                self._set_cluster(up)
+
+    def _set_cluster(self, up: bool) -> None:
+        self._cluster_up = up
+        if up:
+            log.warning("model %r: the Ray cluster is reachable again", self.spec.name)
+            self._lost = asyncio.get_running_loop().create_future()
+        else:
+            log.warning("model %r: the Ray cluster is unreachable", self.spec.name)
+            if self._lost is not None and not self._lost.done():
+                self._lost.set_result(None)
+            err = self._unreachable()
+            for p in list(self._producers):
+                p.lose(err)
+        self._notify()
+
+    def _unreachable(self) -> ClusterUnavailable:
+        return ClusterUnavailable(
+            f"the Ray cluster of model {self.spec.name!r} is unreachable",
+            retry_after=cluster.RETRY_AFTER_S,
+        )
+
+    def has_capacity(self) -> bool:
+        return self._cluster_up
+
+    def unavailable(self) -> errors.ZeroserveError | None:
+        return None if self._cluster_up else self._unreachable()
 
     def ready(self) -> bool:
         return (
             self._started
             and not self._closing
+            and self._cluster_up
             and bool(self.workers)
             and all(w.ready for w in self.workers)
         )
@@ -280,6 +346,8 @@ class RayExecutor(Executor):
             w.ready = False
             for fut in list(w.tasks):
                 fut.cancel()
+            if not self._cluster_up:  # nothing to kill them with; they went with it
+                continue
             try:
                 ray.kill(w.actor, no_restart=True)
             except Exception:  # the actor or the cluster is already gone
@@ -337,6 +405,8 @@ class RayExecutor(Executor):
         while True:
             if self._closing:
                 raise errors.Closed("the engine is shutting down")
+            if not self._cluster_up:
+                raise self._unreachable()
             ready = [w for w in self.workers if w.ready and (stream or not w.busy)]
             if ready:
                 return min(ready, key=RayWorkerHandle.rank)
@@ -385,7 +455,7 @@ class RayExecutor(Executor):
         w.tasks.add(fut)
         w.outstanding += 1
         try:
-            return await asyncio.shield(fut)
+            return await self._race(fut)
         except asyncio.CancelledError:
             try:
                 ray.cancel(ref)
@@ -397,6 +467,18 @@ class RayExecutor(Executor):
         finally:
             w.outstanding -= 1
             w.tasks.discard(fut)
+
+    async def _race(self, fut: asyncio.Future[Any]) -> Any:
+        """``fut``'s result, or ``ClusterUnavailable`` once the cluster is lost (``fut``
+        is then cancelled); cancelling the caller leaves ``fut`` running."""
+        lost = self._lost
+        if lost is None:
+            return await asyncio.shield(fut)
+        await asyncio.wait((fut, lost), return_when=asyncio.FIRST_COMPLETED)
+        if fut.done():
+            return fut.result()
+        fut.cancel()
+        raise self._unreachable()
 
     # ``deadline_at``: the Ray executor does not reclaim hung actors by deadline (the
     # process executor's hang grace); an expired call is cancelled by its handle's timer,

@@ -45,7 +45,7 @@ import msgspec
 import numpy as np
 
 from ... import errors, metrics
-from ...errors import CapabilityError, ModelLoadError, WorkerError
+from ...errors import CapabilityError, ClusterUnavailable, ModelLoadError, WorkerError
 from ...models.base import GenerateRequest, Model
 from .._common import InferResult, Producer, WorkerStatistics
 from ..arena import Arena, Lease
@@ -201,6 +201,7 @@ class RayServeExecutor(RayExecutor):
         w.pid, w.attached, w.ready = pid, True, True
         self.workers.append(w)
         self._started = True
+        self._start_watch()
         self._notify()
 
     def _deploy(self) -> Any:
@@ -237,7 +238,7 @@ class RayServeExecutor(RayExecutor):
         return serve.run(app, name=self.app, route_prefix=None)
 
     def ready(self) -> bool:
-        return self._started and not self._closing
+        return self._started and not self._closing and self._cluster_up
 
     async def aclose(self) -> None:
         if self._closing:
@@ -248,8 +249,10 @@ class RayServeExecutor(RayExecutor):
             for fut in list(w.tasks):
                 fut.cancel()
         self._notify()
+        for t in list(self._tasks):
+            t.cancel()
         loop = asyncio.get_running_loop()
-        if self._deployed:
+        if self._deployed and self._cluster_up:  # a lost cluster took the app with it
             from ray import serve
 
             try:
@@ -265,6 +268,8 @@ class RayServeExecutor(RayExecutor):
         while True:
             if self._closing:
                 raise errors.Closed("the engine is shutting down")
+            if not self._cluster_up:
+                raise self._unreachable()
             if self.workers and self.in_flight < self.capacity:
                 self.in_flight += 1
                 return self.workers[0]
@@ -281,8 +286,11 @@ class RayServeExecutor(RayExecutor):
         and ``embed`` serve deployments too."""
         w.outstanding += 1
         try:
-            return await response
+            return await self._race(asyncio.ensure_future(response))
         except asyncio.CancelledError:
+            response.cancel()
+            raise
+        except ClusterUnavailable:
             response.cancel()
             raise
         except errors.ZeroserveError:
