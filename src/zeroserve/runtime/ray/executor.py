@@ -40,7 +40,7 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -136,14 +136,48 @@ class _RayProducer(Producer):
             self.channel.abort(err)
         self.task.cancel()
 
+    def _control(self) -> Any:
+        """The Ray actor taking this stream's ``credit`` and ``abort`` calls: the one
+        running it (the Serve executor's streams have a control actor instead)."""
+        assert self.worker is not None
+        return self.worker.actor
+
     def _return_credit(self, n: int) -> None:
-        w = self.worker
-        if w is None or self.aborted:
+        if self.worker is None or self.aborted:
             return
         self.credit += n
         if self.credit >= max(1, self.channel.capacity // 2):
-            w.actor.credit.remote(self.rid, self.credit)
+            self._control().credit.remote(self.rid, self.credit)
             self.credit = 0
+
+    def _raw(
+        self, w: RayWorkerHandle, req: GenerateRequest, leases: list[Lease], attached: bool
+    ) -> tuple[TensorDesc | None, bytes | None]:
+        """The request's raw input as a descriptor into the arena (``attached``), or
+        as bytes through Ray (counted ``ray_put``); None, None without one."""
+        if req.raw is None:
+            return None, None
+        arr = as_array(req.raw, name="raw")
+        if attached:
+            return self.ex._describe(arr, leases), None
+        raw_bytes = np.ascontiguousarray(arr).tobytes()
+        metrics.count_copy("ray_put", len(raw_bytes))
+        return None, raw_bytes
+
+    async def _items(
+        self, w: RayWorkerHandle, req: GenerateRequest, leases: list[Lease]
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """The actor's stream items, ``(kind, value)`` (see ``actor.RayWorker.generate``)."""
+        raw, raw_bytes = self._raw(w, req, leases, w.attached)
+        encoded = msgspec.msgpack.encode(msgspec.structs.replace(req, raw=None))
+        gen = w.actor.generate.options(num_returns="streaming").remote(
+            self.rid, encoded, raw, raw_bytes, self.channel.capacity
+        )
+        async for ref in gen:
+            yield await ref
+
+    def _closed(self) -> None:
+        """The stream is over on this side (the Serve executor tells its control actor)."""
 
     async def _run(self, req: GenerateRequest, on_start: Callable[[], None] | None) -> None:
         ex, channel = self.ex, self.channel
@@ -155,23 +189,9 @@ class _RayProducer(Producer):
                 on_start()
             self.worker = w
             w.outstanding += 1
-            raw: TensorDesc | None = None
-            raw_bytes: bytes | None = None
-            if req.raw is not None:
-                arr = as_array(req.raw, name="raw")
-                if w.attached:
-                    raw = ex._describe(arr, leases)
-                else:
-                    raw_bytes = np.ascontiguousarray(arr).tobytes()
-                    metrics.count_copy("ray_put", len(raw_bytes))
-                req = msgspec.structs.replace(req, raw=None)
             if channel.policy == "block":
                 channel.on_take = self._return_credit
-            gen = w.actor.generate.options(num_returns="streaming").remote(
-                self.rid, msgspec.msgpack.encode(req), raw, raw_bytes, channel.capacity
-            )
-            async for ref in gen:
-                kind, value = await ref
+            async for kind, value in self._items(w, req, leases):
                 if kind == "e":
                     channel.close(result=value)
                     return
@@ -196,6 +216,7 @@ class _RayProducer(Producer):
                 lease.release()
             if w is not None:
                 w.outstanding -= 1
+                self._closed()
 
     def _send(self, piece: Any) -> bool:
         """Pass one piece on; False once the stream is given up."""
@@ -222,7 +243,7 @@ class _RayProducer(Producer):
             self.task.cancel()
             return
         if w.ready:
-            w.actor.abort.remote(self.rid)
+            self._control().abort.remote(self.rid)
 
 
 class RayExecutor(Executor):
