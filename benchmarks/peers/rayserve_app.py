@@ -9,10 +9,12 @@ application, and on SIGTERM shuts Serve and Ray down again.
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -47,7 +49,7 @@ class Identity:
 @serve.deployment(ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
 class V2Ingress:
-    def __init__(self, model: DeploymentHandle) -> None:
+    def __init__(self, model: DeploymentHandle[Any]) -> None:
         self.model = model
 
     @app.get("/health")
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(
         num_cpus=NUM_CPUS,
         include_dashboard=False,
-        logging_level="WARNING",
+        logging_level=logging.WARNING,
         log_to_driver=False,
         _node_ip_address=HOST,
         # The replicas import this module by name, as the driver does.
@@ -112,13 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(V2Ingress.bind(Identity.bind()), route_prefix="/")
+        serve.run(V2Ingress.bind(Identity.bind()), route_prefix="/")  # type: ignore[attr-defined]
         stop.wait()
     finally:
         try:
-            serve.shutdown()
+            serve.shutdown()  # type: ignore[no-untyped-call]
         finally:
-            ray.shutdown()
+            ray.shutdown()  # type: ignore[no-untyped-call]
     return 0
 
 

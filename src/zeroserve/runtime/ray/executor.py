@@ -266,9 +266,8 @@ class RayExecutor(Executor):
         self.restarts = 0
         self.crashes = 0
         # The cluster watch (see the module doc): whether the cluster answered the last
-        # probe, a future completed when it stops answering, and the open streams.
+        # probe, and the open streams.
         self._cluster_up = True
-        self._lost: asyncio.Future[None] | None = None
         self._producers: set[_RayProducer] = set()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -307,9 +306,7 @@ class RayExecutor(Executor):
         self._notify()
 
     def _start_watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._lost = loop.create_future()
-        task = loop.create_task(self._watch())
+        task = asyncio.get_running_loop().create_task(self._watch())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -324,11 +321,11 @@ class RayExecutor(Executor):
         self._cluster_up = up
         if up:
             log.warning("model %r: the Ray cluster is reachable again", self.spec.name)
-            self._lost = asyncio.get_running_loop().create_future()
         else:
             log.warning("model %r: the Ray cluster is unreachable", self.spec.name)
-            if self._lost is not None and not self._lost.done():
-                self._lost.set_result(None)
+            for w in self.workers:
+                for fut in list(w.tasks):
+                    fut.cancel()  # its caller gets ClusterUnavailable (``_race``)
             err = self._unreachable()
             for p in list(self._producers):
                 p.lose(err)
@@ -490,16 +487,15 @@ class RayExecutor(Executor):
             w.tasks.discard(fut)
 
     async def _race(self, fut: asyncio.Future[Any]) -> Any:
-        """``fut``'s result, or ``ClusterUnavailable`` once the cluster is lost (``fut``
-        is then cancelled); cancelling the caller leaves ``fut`` running."""
-        lost = self._lost
-        if lost is None:
+        """``fut``'s result (``fut`` is in a worker's ``tasks``), or ``ClusterUnavailable``
+        once the cluster is lost (``_set_cluster`` cancels every such ``fut``); cancelling
+        the caller leaves ``fut`` running."""
+        try:
             return await asyncio.shield(fut)
-        await asyncio.wait((fut, lost), return_when=asyncio.FIRST_COMPLETED)
-        if fut.done():
-            return fut.result()
-        fut.cancel()
-        raise self._unreachable()
+        except asyncio.CancelledError:
+            if fut.cancelled() and not self._cluster_up:
+                raise self._unreachable() from None
+            raise
 
     # ``deadline_at``: the Ray executor does not reclaim hung actors by deadline (the
     # process executor's hang grace); an expired call is cancelled by its handle's timer,

@@ -406,9 +406,11 @@ class RayServeExecutor(RayExecutor):
         """Await one handle call; cancelling the caller cancels the replica's request.
         It overrides the actor call, so the base's object-store path (``_infer_detached``)
         and ``embed`` serve deployments too."""
+        fut = asyncio.ensure_future(response)
+        w.tasks.add(fut)
         w.outstanding += 1
         try:
-            return await self._race(asyncio.ensure_future(response))
+            return await self._race(fut)
         except asyncio.CancelledError:
             response.cancel()
             raise
@@ -424,6 +426,7 @@ class RayServeExecutor(RayExecutor):
             ) from None
         finally:
             w.outstanding -= 1
+            w.tasks.discard(fut)
 
     async def _infer_arrays(
         self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
