@@ -26,6 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SERVER_START_TIMEOUT_S = 240.0
 CLIENT_TIMEOUT_S = 60.0
+# Longer than a Ray stream's credit window (``executor.STREAM_WINDOW``, 64 pieces), so
+# credit goes back to the actor several times within one stream.
+STREAM_TOKENS = "300"
 # Upscaling needs Serve to see the burst (metrics every 0.5 s over a 1 s window) and a
 # replica to start on two busy cores; downscaling waits downscale_delay_s after that.
 SCALE_WAIT_S = 120.0
@@ -128,10 +131,10 @@ def test_same_bytes_as_inline_no_proxy_and_the_copy_rule(
     # Streams through the handle: the inline executor's bytes, near and far (the far
     # replica's raw input is one more counted copy in).
     text = b"the quick brown fox jumps over the lazy dog " * 8
-    want = _raw(inline_server.url, "echo", text, stream="1", max_tokens="40")
+    want = _raw(inline_server.url, "echo", text, stream="1", max_tokens=STREAM_TOKENS)
     assert want.status_code == 200 and want.content
     for model in ("echo", "far"):
-        got = _raw(serve_server.url, model, text, stream="1", max_tokens="40")
+        got = _raw(serve_server.url, model, text, stream="1", max_tokens=STREAM_TOKENS)
         assert got.status_code == 200 and got.content == want.content, model
     assert _copies(serve_server)["ray_put"] - after["ray_put"] == len(text)
     # Serve's own HTTP proxy never started, and the applications have no route.

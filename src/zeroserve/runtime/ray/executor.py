@@ -40,6 +40,7 @@ import asyncio
 import itertools
 import logging
 import os
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,13 @@ if TYPE_CHECKING:
     from ..options import ResolvedModel, RuntimeOptions
 
 log = logging.getLogger("zeroserve.runtime.ray")
+
+# A Ray stream's credit window, in pieces: what the actor may produce ahead of the
+# consumer. Wider than the channel (8 pieces), because each credit return is an actor call
+# and each Ray stream item a round trip: the pieces beyond the channel wait in the
+# producer's ``backlog`` (bounded by this window), credit goes back once half of it was
+# consumed. 64 short pieces are a few KiB per stream.
+STREAM_WINDOW = 64
 
 # How long one health ping of a restarting actor may take before it counts as failed.
 # Ray restarts an actor in about a second on an idle machine; 5 s covers a loaded one.
@@ -125,6 +133,11 @@ class _RayProducer(Producer):
         self.rid = next(ex._ids)
         self.aborted = False
         self.credit = 0
+        self.window = max(channel.capacity, STREAM_WINDOW)
+        # Pieces received beyond what the channel holds, and the end of the stream (an
+        # error or None, the result) once it arrived behind them.
+        self.backlog: deque[Any] = deque()
+        self.end: tuple[BaseException | None, Any] | None = None
         self.task = asyncio.get_running_loop().create_task(self._run(req, on_start))
         ex._producers.add(self)
         self.task.add_done_callback(lambda _: ex._producers.discard(self))
@@ -132,6 +145,7 @@ class _RayProducer(Producer):
     def lose(self, err: errors.ZeroserveError) -> None:
         """The cluster is gone: cut the stream with ``err`` and stop waiting for Ray."""
         self.aborted = True
+        self.backlog.clear()
         if not self.channel.closed:
             self.channel.abort(err)
         self.task.cancel()
@@ -143,12 +157,41 @@ class _RayProducer(Producer):
         return self.worker.actor
 
     def _return_credit(self, n: int) -> None:
-        if self.worker is None or self.aborted:
+        if self.worker is None or self.aborted or self.end is not None:
             return
         self.credit += n
-        if self.credit >= max(1, self.channel.capacity // 2):
+        if self.credit >= self.window // 2:
             self._control().credit.remote(self.rid, self.credit)
             self.credit = 0
+
+    def _taken(self, n: int) -> None:
+        """The consumer took ``n`` pieces (``block``): refill the channel from the
+        backlog, then return the credit."""
+        if self.backlog or self.end is not None:
+            self._flush()
+        self._return_credit(n)
+
+    def _flush(self) -> None:
+        channel, backlog = self.channel, self.backlog
+        while backlog:
+            try:
+                channel.send_nowait(backlog[0])
+            except WouldBlock:
+                return
+            except errors.ZeroserveError:
+                backlog.clear()
+                self.abort()  # the consumer went away
+                return
+            backlog.popleft()
+        if self.end is not None and not channel.closed:
+            err, result = self.end
+            channel.close(err, result=result)
+
+    def _finish(self, err: BaseException | None, result: Any = None) -> None:
+        """The actor's stream ended: close the channel behind the backlog."""
+        self.end = (err, result)
+        if not self.backlog:
+            self.channel.close(err, result=result)
 
     def _raw(
         self, w: RayWorkerHandle, req: GenerateRequest, leases: list[Lease], attached: bool
@@ -171,7 +214,7 @@ class _RayProducer(Producer):
         raw, raw_bytes = self._raw(w, req, leases, w.attached)
         encoded = msgspec.msgpack.encode(msgspec.structs.replace(req, raw=None))
         gen = w.actor.generate.options(num_returns="streaming").remote(
-            self.rid, encoded, raw, raw_bytes, self.channel.capacity
+            self.rid, encoded, raw, raw_bytes, self.window
         )
         async for ref in gen:
             yield await ref
@@ -190,20 +233,20 @@ class _RayProducer(Producer):
             self.worker = w
             w.outstanding += 1
             if channel.policy == "block":
-                channel.on_take = self._return_credit
+                channel.on_take = self._taken
             async for kind, value in self._items(w, req, leases):
                 if kind == "e":
-                    channel.close(result=value)
+                    self._finish(None, value)
                     return
                 if kind == "f":
-                    channel.close(_rebuild(a.Fail(*value)))
+                    self._finish(_rebuild(a.Fail(*value)))
                     return
                 if self.aborted:
                     continue
                 for _, piece in value if kind == "m" else [(kind, value)]:
                     if not self._send(piece):
                         break
-            if not channel.closed and not self.aborted:
+            if not channel.closed and not self.aborted and self.end is None:
                 channel.close(WorkerError("the actor's stream ended without a result"))
         except asyncio.CancelledError:
             raise
@@ -219,14 +262,20 @@ class _RayProducer(Producer):
                 self._closed()
 
     def _send(self, piece: Any) -> bool:
-        """Pass one piece on; False once the stream is given up."""
-        channel = self.channel
+        """Pass one piece on (into the backlog while the channel is full); False once the
+        stream is given up."""
+        channel, backlog = self.channel, self.backlog
         try:
+            if backlog:
+                raise WouldBlock
             channel.send_nowait(piece)
         except WouldBlock:
-            self.abort()
-            channel.abort(WorkerError("actor sent a piece beyond its credit"))
-            return False
+            if len(backlog) >= self.window:
+                self.abort()
+                channel.abort(WorkerError("actor sent a piece beyond its credit"))
+                return False
+            backlog.append(piece)
+            return True
         except errors.ZeroserveError:
             self.abort()  # consumer gone, or the coalesce cap passed
             return False

@@ -506,7 +506,7 @@ class _ServeProducer(_RayProducer):
         while True:
             raw, raw_bytes = self._raw(w, req, leases, attached)
             self.response = ex.stream_handle.generate_stream.remote(
-                self.rid, encoded, raw, raw_bytes, self.channel.capacity, ex.control
+                self.rid, encoded, raw, raw_bytes, self.window, ex.control
             )
             try:
                 async for kind, value in self.response:
