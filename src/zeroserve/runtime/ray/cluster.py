@@ -112,9 +112,7 @@ async def reachable() -> bool:
     there); True when nothing is known to probe."""
     for host, port in _endpoints:
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), PROBE_TIMEOUT_S
-            )
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), PROBE_TIMEOUT_S)
         except (OSError, TimeoutError):
             return False
         writer.close()
