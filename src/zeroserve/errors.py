@@ -16,6 +16,7 @@
     ├── UpstreamError              502: a remote upstream failed
     │   └── UpstreamUnreachable    nothing was answered; the request may go elsewhere
     ├── UpstreamUnavailable        503: every upstream of a remote model is ejected
+    ├── ClusterUnavailable         503: the Ray cluster a model runs on is unreachable
     ├── ConfigError                the configuration (file, environment, flags) is invalid
     ├── SpecError                  a model spec (``name=module:Class``) is invalid
     ├── ModelFileError             a built-in model's file is missing or not the pinned one
@@ -198,6 +199,21 @@ class UpstreamUnavailable(ZeroserveError):
 
     status = 503
     code = "upstream_unavailable"
+
+
+class ClusterUnavailable(ZeroserveError):
+    """503: the cluster a model's workers run on (Ray) cannot be reached; new requests
+    are refused at once with ``Retry-After`` instead of waiting for their deadline."""
+
+    status = 503
+    code = "cluster_unavailable"
+
+    def __init__(self, message: str, *, status: int = 503, retry_after: float = 1.0) -> None:
+        seconds = max(1, int(retry_after + 0.999))
+        super().__init__(
+            message, status=status, headers=[(b"retry-after", str(seconds).encode("ascii"))]
+        )
+        self.retry_after = retry_after
 
 
 class ConfigError(ZeroserveError):

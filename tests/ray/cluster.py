@@ -1,5 +1,5 @@
 """A real local Ray cluster for the ``executor="ray"`` tests (the fixture is in
-conftest): two Ray nodes on this one machine (a head, and a second node offering the custom resource ``node_b``; the head offers ``node_a``), started
+conftest): two Ray nodes on this one machine (a head, and a second node offering the custom resource ``node_b``; the head offers ``node_a``), or the head alone, started
 once per module under the test's own temp dir and stopped by process group, so no other
 Ray on the machine is touched (``ray stop`` would stop every Ray of this user)."""
 
@@ -118,7 +118,9 @@ def _only_loopback() -> bool:
     return {name for _, name in socket.if_nameindex()} <= {"lo"}
 
 
-def ray_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+def ray_cluster_fixture(
+    tmp_path_factory: pytest.TempPathFactory, nodes: int = 2
+) -> Iterator[RayCluster]:
     if not _only_loopback():
         # Two Ray nodes register the host's routable address, not 127.0.0.1: the suite
         # runs only where that address is loopback (`make test` does this).
@@ -132,10 +134,16 @@ def ray_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ra
         mp.setenv("RAY_AUTH_MODE", "token")
         mp.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
-        yield from _cluster(tmp_path_factory.mktemp("ray"))
+        yield from _cluster(tmp_path_factory.mktemp("ray"), nodes)
 
 
-def _cluster(temp: Path) -> Iterator[RayCluster]:
+def stop(cluster: RayCluster) -> None:
+    """Stop every node of ``cluster`` (the test's own), the head last."""
+    for proc in reversed(cluster.nodes):
+        _stop_node(proc)
+
+
+def _cluster(temp: Path, count: int) -> Iterator[RayCluster]:
     port = _free_port()
     address = f"127.0.0.1:{port}"
     env = dict(os.environ)
@@ -159,6 +167,9 @@ def _cluster(temp: Path) -> Iterator[RayCluster]:
     ]
     try:
         _wait_nodes(address, 1)
+        if count == 1:
+            yield RayCluster(address, temp, nodes)
+            return
         nodes.append(
             _start_node(
                 [f"--address={address}", "--num-cpus=1", '--resources={"node_b": 1}', *common],

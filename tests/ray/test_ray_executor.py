@@ -29,6 +29,9 @@ SERVER_START_TIMEOUT_S = 180.0
 # Every wait on the server's state polls until this deadline.
 WAIT_S = 60.0
 CLIENT_TIMEOUT_S = 60.0
+# Longer than a Ray stream's credit window (``executor.STREAM_WINDOW``, 64 pieces), so
+# credit goes back to the actor several times within one stream.
+STREAM_TOKENS = "300"
 FAR = 'same_node=never&num_cpus=0&resources={"node_b":0.1}'
 
 
@@ -144,8 +147,8 @@ def test_same_bytes_as_inline_and_zero_copy_on_the_same_node(
         )
         assert got.status_code == want.status_code == 200
         assert got.content == want.content == body
-        got = _raw(ray_server.url, ray_model, text, stream="1", max_tokens="40")
-        want = _raw(inline_server.url, inline_model, text, stream="1", max_tokens="40")
+        got = _raw(ray_server.url, ray_model, text, stream="1", max_tokens=STREAM_TOKENS)
+        want = _raw(inline_server.url, inline_model, text, stream="1", max_tokens=STREAM_TOKENS)
         assert got.status_code == 200 and got.content == want.content and got.content
         if ray_model == "echo":
             assert _copies(ray_server) == before  # the near actor read the arena in place

@@ -1,7 +1,8 @@
 """``executor="ray-serve"`` on the real local two-node Ray cluster (see conftest): Serve
-runs without its HTTP proxy, answers are byte-identical to the inline executor's with
-zero copy on the ingress's node and one counted copy each way from the other node, and
-an autoscaling deployment goes up to ``max_replicas`` under a bounded burst and back
+runs without its HTTP proxy, answers (streams included) are byte-identical to the inline
+executor's with zero copy on the ingress's node and one counted copy each way from the
+other node, a client that disconnects mid-stream stops the replica's generator, and an
+autoscaling deployment goes up to ``max_replicas`` under a bounded burst and back
 down once it ends, with no request lost."""
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from tests.conftest import ServerProcess, start_server
 from tests.ray.cluster import RayCluster
-from tests.ray.test_ray_executor import _copies, _raw, _v2_binary
+from tests.ray.test_ray_executor import _copies, _poll, _raw, _v2_binary
 
 pytest.importorskip("ray.serve")
 
@@ -24,6 +26,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SERVER_START_TIMEOUT_S = 240.0
 CLIENT_TIMEOUT_S = 60.0
+# Longer than a Ray stream's credit window (``executor.STREAM_WINDOW``, 64 pieces), so
+# credit goes back to the actor several times within one stream.
+STREAM_TOKENS = "300"
 # Upscaling needs Serve to see the burst (metrics every 0.5 s over a 1 s window) and a
 # replica to start on two busy cores; downscaling waits downscale_delay_s after that.
 SCALE_WAIT_S = 120.0
@@ -53,7 +58,12 @@ def inline_server() -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def serve_server(ray_cluster: RayCluster) -> Iterator[ServerProcess]:
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("serve-signals")
+
+
+@pytest.fixture(scope="module")
+def serve_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
     server = start_server(
         "--model",
         f"echo?{NEAR}",
@@ -65,6 +75,8 @@ def serve_server(ray_cluster: RayCluster) -> Iterator[ServerProcess]:
         f"fardbl=tests.ray.ray_models:Doubler?{FAR}",
         "--model",
         f"slow=tests.ray.ray_models:Slow?{NEAR}&delay_ms=200&{ELASTIC}",
+        "--model",
+        f"tick=tests.ray.ray_models:Ticker?{NEAR}&closed={files / 'closed'}",
         env=ray_cluster.env(),
         timeout=SERVER_START_TIMEOUT_S,
     )
@@ -116,9 +128,15 @@ def test_same_bytes_as_inline_no_proxy_and_the_copy_rule(
     assert after["ray_input"] == before["ray_input"]
     assert after["ray_put"] - before["ray_put"] == len(body) + x.nbytes
     assert after["ray_get"] - before["ray_get"] == len(body) + 2 * x.nbytes
-    # A stream is refused in the API's own error format, not cut.
-    r = _raw(serve_server.url, "echo", b"abc", stream="1")
-    assert r.status_code == 400 and "ray-serve" in r.json()["error"]["message"]
+    # Streams through the handle: the inline executor's bytes, near and far (the far
+    # replica's raw input is one more counted copy in).
+    text = b"the quick brown fox jumps over the lazy dog " * 8
+    want = _raw(inline_server.url, "echo", text, stream="1", max_tokens=STREAM_TOKENS)
+    assert want.status_code == 200 and want.content
+    for model in ("echo", "far"):
+        got = _raw(serve_server.url, model, text, stream="1", max_tokens=STREAM_TOKENS)
+        assert got.status_code == 200 and got.content == want.content, model
+    assert _copies(serve_server)["ray_put"] - after["ray_put"] == len(text)
     # Serve's own HTTP proxy never started, and the applications have no route.
     status = _status(ray_cluster)
     assert status["proxies"] == {}
@@ -164,3 +182,21 @@ def test_burst_scales_up_to_max_then_down_with_no_request_lost(
     assert now == 1, "the deployment did not scale back down to min_replicas"
     r = _raw(serve_server.url, "slow", b"after")
     assert r.status_code == 200 and r.content == b"after"
+
+
+def test_disconnect_mid_stream_stops_the_replicas_generator(
+    serve_server: ServerProcess, files: Path
+) -> None:
+    closed = files / "closed"
+    with (
+        httpx.Client(timeout=CLIENT_TIMEOUT_S) as client,
+        client.stream("POST", f"{serve_server.url}/v1/raw/tick", content=b"go") as r,
+    ):
+        assert r.status_code == 200
+        got = b""
+        for chunk in r.iter_raw():
+            got += chunk
+            if len(got) > 64:
+                break
+    _poll(closed.exists, "the replica's generator to close")
+    assert int(closed.read_text()) >= len(got.split())  # it stopped: a finite count

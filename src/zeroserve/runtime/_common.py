@@ -197,6 +197,12 @@ class Executor(abc.ABC):
         work that outlived its deadline (admission then answers 503 at the head)."""
         return True
 
+    def unavailable(self) -> ZeroserveError | None:
+        """Why no new request can run, when the reason is not hung work (say, the cluster
+        the workers run on is gone): the error admission answers with while
+        ``has_capacity()`` is false, and the reason ``/ready`` gives; None otherwise."""
+        return None
+
     def infer_now(self, inputs: Mapping[str, Any]) -> InferResult | None:
         """Run one request to completion right now, on the calling (loop) thread, when
         this executor can do so without blocking; else None. Only the inline executor

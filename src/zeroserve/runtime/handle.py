@@ -39,6 +39,8 @@ class ModelStatus:
     executor: str
     workers: int
     ready_workers: int
+    # Why the model cannot take work, when its executor knows (``Executor.unavailable``).
+    reason: str | None = None
 
 
 class ModelRuntime:
@@ -172,6 +174,7 @@ class ModelRuntime:
             executor=workers.executor,
             workers=workers.workers,
             ready_workers=workers.ready,
+            reason=why.message if (why := self.executor.unavailable()) is not None else None,
         )
 
     async def submit(
@@ -246,7 +249,7 @@ class ModelHandle:
         full, 503 when no worker can take work (all hung, see docs/architecture.md)."""
         rt = self._rt
         if not rt.executor.has_capacity():
-            raise rt.no_capacity()
+            raise rt.executor.unavailable() or rt.no_capacity()
         return rt.admission.admit()
 
     def _require(self, capability: str) -> None:

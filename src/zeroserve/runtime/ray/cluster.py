@@ -6,10 +6,19 @@ zeroserve starts a local Ray (no dashboard) and shuts it down with the last mode
 used it, so one command still works on a laptop. The local Ray's workers get this
 process's ``sys.path``, as spawned process workers do, so a model importable here is
 importable in its actors.
+
+A cluster that goes away must not take the ingress with it, nor leave requests waiting
+for their deadline. Ray's driver exits the whole process once it has failed to reach the
+GCS for ``gcs_rpc_server_reconnect_timeout_s`` (60 s by default); zeroserve raises that
+limit (``GCS_RECONNECT_TIMEOUT_S``) and watches the cluster itself instead: ``reachable``
+opens a TCP connection to the GCS and to this node's raylet, which the executors call
+every ``PROBE_INTERVAL_S`` to turn a lost cluster into an immediate 503 with
+``Retry-After`` (docs/architecture.md, "Executors: ray").
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -24,6 +33,18 @@ NAMESPACE = "zeroserve"
 # what this variable (read once, when ``ray`` is first imported) selects.
 LOOPBACK = "127.0.0.1"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Ray's driver kills its process when the GCS stays unreachable this long (its default is
+# 60 s). The ingress must outlive its cluster, answering 503 meanwhile, so the limit is
+# raised to a year unless the operator set the variable; ``reachable`` does the watching.
+GCS_RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
+GCS_RECONNECT_TIMEOUT_S = 365 * 24 * 3600
+# How often an executor checks that its cluster is there, and how long one TCP connect
+# to the GCS or the raylet may take before the cluster counts as gone: a refused
+# connection is seen at once, an unreachable host after this timeout.
+PROBE_INTERVAL_S = 0.5
+PROBE_TIMEOUT_S = 2.0
+# The Retry-After of a request refused while the cluster is unreachable: a few probes.
+RETRY_AFTER_S = 5.0
 
 
 def _is_loopback(address: str) -> bool:
@@ -34,15 +55,18 @@ def _is_loopback(address: str) -> bool:
 _lock = threading.Lock()
 _users = 0
 _owned = False
+# The (host, port) of the GCS and of this node's raylet, read once connected.
+_endpoints: tuple[tuple[str, int], ...] = ()
 
 
 def connect(address: str | None) -> None:
     """Join (or start) Ray for one more user; blocking, call it off the event loop."""
-    global _users, _owned
+    global _users, _owned, _endpoints
     target = address or os.environ.get("RAY_ADDRESS") or None
     local = target is None or _is_loopback(target)
     if local and "ray" not in sys.modules:
         os.environ.setdefault(SINGLE_MACHINE_ENV, "0")
+    os.environ.setdefault(GCS_RECONNECT_ENV, str(GCS_RECONNECT_TIMEOUT_S))
     import ray
 
     with _lock:
@@ -61,16 +85,48 @@ def connect(address: str | None) -> None:
                 kwargs["_node_ip_address"] = LOOPBACK
             ray.init(address=target, **kwargs)
             _owned = True
+            _endpoints = _find_endpoints()
         _users += 1
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _find_endpoints() -> tuple[tuple[str, int], ...]:
+    """The GCS's address and this node's raylet's (blocking; right after ``ray.init``)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    found = [_split(ctx.gcs_address)]
+    node = ctx.get_node_id()
+    for info in ray.nodes():  # type: ignore[no-untyped-call]
+        if info.get("NodeID") == node:
+            found.append((str(info["NodeManagerAddress"]), int(info["NodeManagerPort"])))
+    return tuple(found)
+
+
+async def reachable() -> bool:
+    """Whether the GCS and this node's raylet accept a TCP connection (the cluster is
+    there); True when nothing is known to probe."""
+    for host, port in _endpoints:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), PROBE_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+    return True
 
 
 def disconnect() -> None:
     """One user fewer; the last one leaves the cluster (stopping a local Ray it started)."""
-    global _users, _owned
+    global _users, _owned, _endpoints
     import ray
 
     with _lock:
         _users = max(0, _users - 1)
         if _users == 0 and _owned:
             _owned = False
+            _endpoints = ()
             ray.shutdown()

@@ -25,21 +25,30 @@ up front, then ``credit`` calls as the consumer takes pieces (``block``) or on r
 Faults: a Ray actor error on a call marks that worker down (``ready()`` false, admission
 loses its slot), fails its calls with ``WorkerError(503)``, and a recovery task pings
 the actor until Ray has restarted it (``max_restarts``), then marks it up again.
+
+A lost cluster: a watch task probes the GCS and this node's raylet
+(``cluster.reachable``, every ``cluster.PROBE_INTERVAL_S``). While they are gone the
+executor is not ready and has no capacity, so admission answers ``ClusterUnavailable``
+(503, ``Retry-After``) at once; calls in flight fail with it and open streams are cut
+with it. A cluster that comes back (the same GCS address) makes the executor usable
+again, and the workers' own recovery takes it from there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import numpy as np
 
 from ... import errors, metrics
-from ...errors import ModelLoadError, WorkerError, WouldBlock
+from ...errors import ClusterUnavailable, ModelLoadError, WorkerError, WouldBlock
 from ...models.base import GenerateRequest
 from .._common import Executor, InferResult, Producer, Waiters, WorkerStatistics
 from ..arena import Arena, Lease
@@ -60,6 +69,15 @@ from .placement import Placement, parse_placement
 
 if TYPE_CHECKING:
     from ..options import ResolvedModel, RuntimeOptions
+
+log = logging.getLogger("zeroserve.runtime.ray")
+
+# A Ray stream's credit window, in pieces: what the actor may produce ahead of the
+# consumer. Wider than the channel (8 pieces), because each credit return is an actor call
+# and each Ray stream item a round trip: the pieces beyond the channel wait in the
+# producer's ``backlog`` (bounded by this window), credit goes back once half of it was
+# consumed. 64 short pieces are a few KiB per stream.
+STREAM_WINDOW = 64
 
 # How long one health ping of a restarting actor may take before it counts as failed.
 # Ray restarts an actor in about a second on an idle machine; 5 s covers a loaded one.
@@ -115,16 +133,94 @@ class _RayProducer(Producer):
         self.rid = next(ex._ids)
         self.aborted = False
         self.credit = 0
+        self.window = max(channel.capacity, STREAM_WINDOW)
+        # Pieces received beyond what the channel holds, and the end of the stream (an
+        # error or None, the result) once it arrived behind them.
+        self.backlog: deque[Any] = deque()
+        self.end: tuple[BaseException | None, Any] | None = None
         self.task = asyncio.get_running_loop().create_task(self._run(req, on_start))
+        ex._producers.add(self)
+        self.task.add_done_callback(lambda _: ex._producers.discard(self))
+
+    def lose(self, err: errors.ZeroserveError) -> None:
+        """The cluster is gone: cut the stream with ``err`` and stop waiting for Ray."""
+        self.aborted = True
+        self.backlog.clear()
+        if not self.channel.closed:
+            self.channel.abort(err)
+        self.task.cancel()
+
+    def _control(self) -> Any:
+        """The Ray actor taking this stream's ``credit`` and ``abort`` calls: the one
+        running it (the Serve executor's streams have a control actor instead)."""
+        assert self.worker is not None
+        return self.worker.actor
 
     def _return_credit(self, n: int) -> None:
-        w = self.worker
-        if w is None or self.aborted:
+        if self.worker is None or self.aborted or self.end is not None:
             return
         self.credit += n
-        if self.credit >= max(1, self.channel.capacity // 2):
-            w.actor.credit.remote(self.rid, self.credit)
+        if self.credit >= self.window // 2:
+            self._control().credit.remote(self.rid, self.credit)
             self.credit = 0
+
+    def _taken(self, n: int) -> None:
+        """The consumer took ``n`` pieces (``block``): refill the channel from the
+        backlog, then return the credit."""
+        if self.backlog or self.end is not None:
+            self._flush()
+        self._return_credit(n)
+
+    def _flush(self) -> None:
+        channel, backlog = self.channel, self.backlog
+        while backlog:
+            try:
+                channel.send_nowait(backlog[0])
+            except WouldBlock:
+                return
+            except errors.ZeroserveError:
+                backlog.clear()
+                self.abort()  # the consumer went away
+                return
+            backlog.popleft()
+        if self.end is not None and not channel.closed:
+            err, result = self.end
+            channel.close(err, result=result)
+
+    def _finish(self, err: BaseException | None, result: Any = None) -> None:
+        """The actor's stream ended: close the channel behind the backlog."""
+        self.end = (err, result)
+        if not self.backlog:
+            self.channel.close(err, result=result)
+
+    def _raw(
+        self, w: RayWorkerHandle, req: GenerateRequest, leases: list[Lease], attached: bool
+    ) -> tuple[TensorDesc | None, bytes | None]:
+        """The request's raw input as a descriptor into the arena (``attached``), or
+        as bytes through Ray (counted ``ray_put``); None, None without one."""
+        if req.raw is None:
+            return None, None
+        arr = as_array(req.raw, name="raw")
+        if attached:
+            return self.ex._describe(arr, leases), None
+        raw_bytes = np.ascontiguousarray(arr).tobytes()
+        metrics.count_copy("ray_put", len(raw_bytes))
+        return None, raw_bytes
+
+    async def _items(
+        self, w: RayWorkerHandle, req: GenerateRequest, leases: list[Lease]
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """The actor's stream items, ``(kind, value)`` (see ``actor.RayWorker.generate``)."""
+        raw, raw_bytes = self._raw(w, req, leases, w.attached)
+        encoded = msgspec.msgpack.encode(msgspec.structs.replace(req, raw=None))
+        gen = w.actor.generate.options(num_returns="streaming").remote(
+            self.rid, encoded, raw, raw_bytes, self.window
+        )
+        async for ref in gen:
+            yield await ref
+
+    def _closed(self) -> None:
+        """The stream is over on this side (the Serve executor tells its control actor)."""
 
     async def _run(self, req: GenerateRequest, on_start: Callable[[], None] | None) -> None:
         ex, channel = self.ex, self.channel
@@ -136,35 +232,21 @@ class _RayProducer(Producer):
                 on_start()
             self.worker = w
             w.outstanding += 1
-            raw: TensorDesc | None = None
-            raw_bytes: bytes | None = None
-            if req.raw is not None:
-                arr = as_array(req.raw, name="raw")
-                if w.attached:
-                    raw = ex._describe(arr, leases)
-                else:
-                    raw_bytes = np.ascontiguousarray(arr).tobytes()
-                    metrics.count_copy("ray_put", len(raw_bytes))
-                req = msgspec.structs.replace(req, raw=None)
             if channel.policy == "block":
-                channel.on_take = self._return_credit
-            gen = w.actor.generate.options(num_returns="streaming").remote(
-                self.rid, msgspec.msgpack.encode(req), raw, raw_bytes, channel.capacity
-            )
-            async for ref in gen:
-                kind, value = await ref
+                channel.on_take = self._taken
+            async for kind, value in self._items(w, req, leases):
                 if kind == "e":
-                    channel.close(result=value)
+                    self._finish(None, value)
                     return
                 if kind == "f":
-                    channel.close(_rebuild(a.Fail(*value)))
+                    self._finish(_rebuild(a.Fail(*value)))
                     return
                 if self.aborted:
                     continue
                 for _, piece in value if kind == "m" else [(kind, value)]:
                     if not self._send(piece):
                         break
-            if not channel.closed and not self.aborted:
+            if not channel.closed and not self.aborted and self.end is None:
                 channel.close(WorkerError("the actor's stream ended without a result"))
         except asyncio.CancelledError:
             raise
@@ -177,16 +259,23 @@ class _RayProducer(Producer):
                 lease.release()
             if w is not None:
                 w.outstanding -= 1
+                self._closed()
 
     def _send(self, piece: Any) -> bool:
-        """Pass one piece on; False once the stream is given up."""
-        channel = self.channel
+        """Pass one piece on (into the backlog while the channel is full); False once the
+        stream is given up."""
+        channel, backlog = self.channel, self.backlog
         try:
+            if backlog:
+                raise WouldBlock
             channel.send_nowait(piece)
         except WouldBlock:
-            self.abort()
-            channel.abort(WorkerError("actor sent a piece beyond its credit"))
-            return False
+            if len(backlog) >= self.window:
+                self.abort()
+                channel.abort(WorkerError("actor sent a piece beyond its credit"))
+                return False
+            backlog.append(piece)
+            return True
         except errors.ZeroserveError:
             self.abort()  # consumer gone, or the coalesce cap passed
             return False
@@ -203,7 +292,7 @@ class _RayProducer(Producer):
             self.task.cancel()
             return
         if w.ready:
-            w.actor.abort.remote(self.rid)
+            self._control().abort.remote(self.rid)
 
 
 class RayExecutor(Executor):
@@ -225,6 +314,10 @@ class RayExecutor(Executor):
         self._started = False
         self.restarts = 0
         self.crashes = 0
+        # The cluster watch (see the module doc): whether the cluster answered the last
+        # probe, and the open streams.
+        self._cluster_up = True
+        self._producers: set[_RayProducer] = set()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, timeout: float) -> None:
@@ -258,12 +351,52 @@ class RayExecutor(Executor):
         for w, (pid, attached) in zip(self.workers, hellos, strict=True):
             w.pid, w.attached, w.ready = pid, attached, True
         self._started = True
+        self._start_watch()
         self._notify()
+
+    def _start_watch(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._watch())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(cluster.PROBE_INTERVAL_S)
+            up = await cluster.reachable()
+            if up != self._cluster_up and not self._closing:
+                self._set_cluster(up)
+
+    def _set_cluster(self, up: bool) -> None:
+        self._cluster_up = up
+        if up:
+            log.warning("model %r: the Ray cluster is reachable again", self.spec.name)
+        else:
+            log.warning("model %r: the Ray cluster is unreachable", self.spec.name)
+            for w in self.workers:
+                for fut in list(w.tasks):
+                    fut.cancel()  # its caller gets ClusterUnavailable (``_race``)
+            err = self._unreachable()
+            for p in list(self._producers):
+                p.lose(err)
+        self._notify()
+
+    def _unreachable(self) -> ClusterUnavailable:
+        return ClusterUnavailable(
+            f"the Ray cluster of model {self.spec.name!r} is unreachable",
+            retry_after=cluster.RETRY_AFTER_S,
+        )
+
+    def has_capacity(self) -> bool:
+        return self._cluster_up
+
+    def unavailable(self) -> errors.ZeroserveError | None:
+        return None if self._cluster_up else self._unreachable()
 
     def ready(self) -> bool:
         return (
             self._started
             and not self._closing
+            and self._cluster_up
             and bool(self.workers)
             and all(w.ready for w in self.workers)
         )
@@ -280,6 +413,8 @@ class RayExecutor(Executor):
             w.ready = False
             for fut in list(w.tasks):
                 fut.cancel()
+            if not self._cluster_up:  # nothing to kill them with; they went with it
+                continue
             try:
                 ray.kill(w.actor, no_restart=True)
             except Exception:  # the actor or the cluster is already gone
@@ -337,6 +472,8 @@ class RayExecutor(Executor):
         while True:
             if self._closing:
                 raise errors.Closed("the engine is shutting down")
+            if not self._cluster_up:
+                raise self._unreachable()
             ready = [w for w in self.workers if w.ready and (stream or not w.busy)]
             if ready:
                 return min(ready, key=RayWorkerHandle.rank)
@@ -385,7 +522,7 @@ class RayExecutor(Executor):
         w.tasks.add(fut)
         w.outstanding += 1
         try:
-            return await asyncio.shield(fut)
+            return await self._race(fut)
         except asyncio.CancelledError:
             try:
                 ray.cancel(ref)
@@ -397,6 +534,17 @@ class RayExecutor(Executor):
         finally:
             w.outstanding -= 1
             w.tasks.discard(fut)
+
+    async def _race(self, fut: asyncio.Future[Any]) -> Any:
+        """``fut``'s result (``fut`` is in a worker's ``tasks``), or ``ClusterUnavailable``
+        once the cluster is lost (``_set_cluster`` cancels every such ``fut``); cancelling
+        the caller leaves ``fut`` running."""
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if fut.cancelled() and not self._cluster_up:
+                raise self._unreachable() from None
+            raise
 
     # ``deadline_at``: the Ray executor does not reclaim hung actors by deadline (the
     # process executor's hang grace); an expired call is cancelled by its handle's timer,

@@ -28,8 +28,16 @@ the replica chosen is elsewhere.
 Slots: ``max_replicas * max_ongoing_requests`` batches in flight at most (what Serve
 would queue beyond); the deployment is one "worker" in the statistics.
 
-Not served here: streams (``generate``), since credits and abort need the same replica
-for the stream's life; a stream request gets a 400 naming the executor.
+Streams (``generate``) go through the handle as a streaming response
+(``handle.options(stream=True)``): the replica runs the ``ray`` actor's generator
+(``RayWorker.generate``, the same items) under the same per-stream credit window. A
+follow-up call through the handle could land on another replica, so credits and abort
+do not go to the replica: they go to this model's :class:`StreamControl`, a small actor
+on the ingress's node, and the replica's ``generate_stream`` long-polls it (``take``)
+for returned credit, one Ray call per half window, and for an abort. Cancelling the
+streaming response (disconnect, deadline) also cancels the replica's generator. A raw
+input goes as a descriptor; a replica that did not attach answers ``("x", None)`` first
+and the ingress reopens the stream with the bytes (``ray_put``).
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,14 +54,15 @@ import msgspec
 import numpy as np
 
 from ... import errors, metrics
-from ...errors import CapabilityError, ModelLoadError, WorkerError
+from ...errors import ClusterUnavailable, ModelLoadError, WorkerError
 from ...models.base import GenerateRequest, Model
-from .._common import InferResult, Producer, WorkerStatistics
+from .._common import InferResult, Producer, StreamCredit, WorkerStatistics
 from ..arena import Arena, Lease
 from ..channel import Channel
+from ..tensors import TensorDesc
 from . import actor as a
 from . import cluster
-from .executor import RayExecutor, RayWorkerHandle, _rebuild
+from .executor import RayExecutor, RayWorkerHandle, _RayProducer, _rebuild
 
 if TYPE_CHECKING:
     from ..options import ResolvedModel, RuntimeOptions
@@ -73,6 +83,12 @@ AUTOSCALING_KEYS = frozenset(
 )
 # Requests a replica takes at once before Serve queues at the handle (Serve's default).
 DEFAULT_MAX_ONGOING_REQUESTS = 5
+# Streams a StreamControl remembers as closed, so that a replica's ``take`` arriving
+# after the ingress closed the stream answers "stop" instead of waiting forever; far more
+# than the streams one model has open at once.
+CLOSED_STREAMS_KEPT = 4096
+# ``take``'s answer once a stream is aborted or closed.
+STOP = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +158,86 @@ class ServeReplica(a.RayWorker):
         arrays = [(index[id(d)], key, arr) for d, key, arr, _ in pending]
         return msgspec.msgpack.encode(a.Done(described, 0)), arrays
 
+    async def generate_stream(
+        self,
+        rid: int,
+        req: bytes,
+        raw: TensorDesc | None,
+        raw_bytes: bytes | None,
+        window: int,
+        control: Any,
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """``RayWorker.generate``'s items, with credit and abort fed from ``control``;
+        ``("x", None)`` alone when ``raw`` is a descriptor and this replica did not
+        attach the arena (the ingress resends the bytes)."""
+        if raw is not None and self.view is None:
+            yield ("x", None)
+            return
+        items = self.generate(rid, req, raw, raw_bytes, window)
+        feeder = asyncio.get_running_loop().create_task(self._feed(rid, control))
+        try:
+            async for item in items:
+                yield item
+        finally:
+            feeder.cancel()
+            await items.aclose()
+
+    async def _feed(self, rid: int, control: Any) -> None:
+        while True:
+            n = await control.take.remote(rid)
+            if n == STOP:
+                await self.abort(rid)
+                return
+            await self.credit(rid, n)
+
+
+class StreamControl:
+    """The credit and abort side of one model's Serve streams (a Ray actor on the
+    ingress's node): the ingress adds credit and aborts, a replica takes."""
+
+    def __init__(self) -> None:
+        self.credits: dict[int, StreamCredit] = {}
+        self.stopped: set[int] = set()
+        self.closed: OrderedDict[int, None] = OrderedDict()
+
+    def _get(self, rid: int) -> StreamCredit:
+        c = self.credits.get(rid)
+        if c is None:
+            c = self.credits[rid] = StreamCredit(0)
+        return c
+
+    async def credit(self, rid: int, n: int) -> None:
+        if rid not in self.closed:
+            self._get(rid).add(n)
+
+    async def abort(self, rid: int) -> None:
+        if rid not in self.closed:
+            self.stopped.add(rid)
+            self._get(rid).add(1)
+
+    async def close(self, rid: int) -> None:
+        self.closed[rid] = None
+        while len(self.closed) > CLOSED_STREAMS_KEPT:
+            self.closed.popitem(last=False)
+        self.stopped.add(rid)
+        c = self.credits.pop(rid, None)
+        if c is not None:
+            c.add(1)  # wake a waiting take, which answers STOP
+
+    async def take(self, rid: int) -> int:
+        """Wait for credit returned on stream ``rid`` and take all of it; ``STOP`` once
+        the stream was aborted or closed."""
+        if rid in self.closed:
+            return STOP
+        c = self._get(rid)
+        await c.take()
+        if rid in self.stopped:
+            self.stopped.discard(rid)
+            self.credits.pop(rid, None)
+            return STOP
+        n, c.n = 1 + c.n, 0
+        return n
+
 
 # Models of one ingress load concurrently; they start (or connect to) Serve and build
 # their deployments one at a time.
@@ -179,6 +275,8 @@ class RayServeExecutor(RayExecutor):
         self.capacity = self.autoscaling.max_replicas * self.autoscaling.max_ongoing_requests
         self.in_flight = 0
         self._deployed = False
+        self.control: Any = None
+        self.stream_handle: Any = None
 
     async def start(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -197,10 +295,12 @@ class RayServeExecutor(RayExecutor):
                     self.spec.name, f"the Serve deployment did not start in {timeout} s"
                 ) from exc
             raise ModelLoadError(self.spec.name, f"{type(exc).__name__}: {exc}") from exc
+        self.stream_handle = handle.options(stream=True)
         w = RayWorkerHandle(0, handle)
         w.pid, w.attached, w.ready = pid, True, True
         self.workers.append(w)
         self._started = True
+        self._start_watch()
         self._notify()
 
     def _deploy(self) -> Any:
@@ -234,10 +334,26 @@ class RayServeExecutor(RayExecutor):
             spec.factory, dict(spec.options), spec.name, ref
         )
         self._deployed = True
+        self.control = self._start_control()
         return serve.run(app, name=self.app, route_prefix=None)
 
+    def _start_control(self) -> Any:
+        """This model's StreamControl actor, pinned to the ingress's node (blocking)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        import ray
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        return (
+            ray.remote(StreamControl)
+            .options(  # type: ignore[attr-defined]
+                name=f"{self.app}-streams", num_cpus=0, scheduling_strategy=here
+            )
+            .remote()
+        )
+
     def ready(self) -> bool:
-        return self._started and not self._closing
+        return self._started and not self._closing and self._cluster_up
 
     async def aclose(self) -> None:
         if self._closing:
@@ -248,14 +364,23 @@ class RayServeExecutor(RayExecutor):
             for fut in list(w.tasks):
                 fut.cancel()
         self._notify()
+        for t in list(self._tasks):
+            t.cancel()
         loop = asyncio.get_running_loop()
-        if self._deployed:
+        if self._deployed and self._cluster_up:  # a lost cluster took the app with it
             from ray import serve
 
             try:
                 await loop.run_in_executor(None, serve.delete, self.app)
             except Exception:  # the cluster is already gone
                 pass
+            if self.control is not None:
+                import ray
+
+                try:
+                    ray.kill(self.control, no_restart=True)
+                except Exception:  # the cluster is already gone
+                    pass
         if self._connected:
             self._connected = False
             await loop.run_in_executor(None, cluster.disconnect)
@@ -265,6 +390,8 @@ class RayServeExecutor(RayExecutor):
         while True:
             if self._closing:
                 raise errors.Closed("the engine is shutting down")
+            if not self._cluster_up:
+                raise self._unreachable()
             if self.workers and self.in_flight < self.capacity:
                 self.in_flight += 1
                 return self.workers[0]
@@ -279,10 +406,15 @@ class RayServeExecutor(RayExecutor):
         """Await one handle call; cancelling the caller cancels the replica's request.
         It overrides the actor call, so the base's object-store path (``_infer_detached``)
         and ``embed`` serve deployments too."""
+        fut = asyncio.ensure_future(response)
+        w.tasks.add(fut)
         w.outstanding += 1
         try:
-            return await response
+            return await self._race(fut)
         except asyncio.CancelledError:
+            response.cancel()
+            raise
+        except ClusterUnavailable:
             response.cancel()
             raise
         except errors.ZeroserveError:
@@ -294,6 +426,7 @@ class RayServeExecutor(RayExecutor):
             ) from None
         finally:
             w.outstanding -= 1
+            w.tasks.discard(fut)
 
     async def _infer_arrays(
         self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
@@ -331,10 +464,7 @@ class RayServeExecutor(RayExecutor):
         deadline_at: float | None = None,
         on_start: Callable[[], None] | None = None,
     ) -> Producer:
-        channel.close(
-            CapabilityError(f"model {self.spec.name!r} runs on executor=ray-serve: no streams")
-        )
-        return _NoStream()
+        return _ServeProducer(self, req, channel, on_start)
 
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(
@@ -342,12 +472,66 @@ class RayServeExecutor(RayExecutor):
             workers=1,
             ready=1 if self.ready() else 0,
             busy=self.in_flight,
-            streams=0,
+            streams=len(self._producers),
             restarts=0,
             crashes=0,
         )
 
 
-class _NoStream(Producer):
+class _ServeProducer(_RayProducer):
+    """A stream through the deployment's handle; credit and abort through the
+    model's StreamControl (see the module doc)."""
+
+    ex: RayServeExecutor
+
+    def __init__(
+        self,
+        ex: RayServeExecutor,
+        req: GenerateRequest,
+        channel: Channel,
+        on_start: Callable[[], None] | None = None,
+    ) -> None:
+        self.response: Any = None
+        super().__init__(ex, req, channel, on_start)
+
+    def _control(self) -> Any:
+        return self.ex.control
+
+    async def _items(
+        self, w: RayWorkerHandle, req: GenerateRequest, leases: list[Lease]
+    ) -> AsyncIterator[tuple[str, Any]]:
+        ex = self.ex
+        encoded = msgspec.msgpack.encode(msgspec.structs.replace(req, raw=None))
+        attached = ex.placement.same_node != "never"
+        while True:
+            raw, raw_bytes = self._raw(w, req, leases, attached)
+            self.response = ex.stream_handle.generate_stream.remote(
+                self.rid, encoded, raw, raw_bytes, self.window, ex.control
+            )
+            try:
+                async for kind, value in self.response:
+                    if kind == "x":  # a replica elsewhere: resend the raw bytes
+                        break
+                    yield kind, value
+                else:
+                    return
+            except asyncio.CancelledError:
+                self.response.cancel()
+                raise
+            except errors.ZeroserveError:
+                raise
+            except Exception as exc:
+                raise WorkerError(
+                    f"Ray Serve stream of model {ex.spec.name!r} failed: {type(exc).__name__}",
+                    status=503,
+                ) from None
+            attached = False
+
+    def _closed(self) -> None:
+        if self.ex.control is not None:
+            self.ex.control.close.remote(self.rid)
+
     def abort(self) -> None:
-        pass
+        if not self.aborted and self.response is not None:
+            self.response.cancel()
+        super().abort()
