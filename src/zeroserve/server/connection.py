@@ -40,6 +40,7 @@ from .flow import WriteFlow
 from .options import ServerOptions
 from .sinks import LeaseSink
 from .stream import StreamWriter, abort
+from .turns import Turns
 
 
 class Server(Protocol):
@@ -54,6 +55,7 @@ class Server(Protocol):
     closing: bool  # the listener is closed: new connections are refused
     tls: bool
     loop: asyncio.AbstractEventLoop
+    turns: Turns
 
 
 log = logging.getLogger("zeroserve.server")

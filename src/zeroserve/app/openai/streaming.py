@@ -85,9 +85,11 @@ class Chunks:
         """One content chunk: the encoded text between the bytes every content chunk of
         this choice shares (found once by encoding a chunk around a marker), so a token
         costs one string encode instead of building and encoding four structs."""
-        template = self._templates.get(index, False)
-        if template is False:
-            template = self._templates[index] = self._template(index)
+        templates = self._templates
+        if index in templates:
+            template = templates[index]
+        else:
+            template = templates[index] = self._template(index)
         if template is not None:
             return template[0] + encoder.encode(text) + template[1]
         return self._content(index, text)
