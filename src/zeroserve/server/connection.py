@@ -250,6 +250,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
         except Exception:
             log.exception("unhandled error in %s %s", req.method, req.path)
             result = internal_error(req.route.errors, self._request_id())
+        if type(result) is Response:  # the common case first: a whole response, now
+            return self._send(req, result)
         if isinstance(result, StreamResponse):
             # The head and the first ready pieces leave now, from this I/O callback, not
             # behind the batches of the streams already queued on the loop.
