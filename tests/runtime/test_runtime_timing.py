@@ -51,6 +51,22 @@ def test_first_wait_is_ttft_and_later_waits_are_spread_over_their_pieces() -> No
     assert gen.inter_piece.count == 5
 
 
+def test_a_first_delivery_taken_without_waiting_is_the_time_to_first_token() -> None:
+    """The server takes a new stream's first pieces without awaiting (from the I/O
+    callback that completed the request): that delivery is still the first piece."""
+    clock = ManualClock()
+    gen = GenerationMetrics()
+    timing = StreamTiming(gen, clock)
+    clock.advance(0.003)
+    timing.ready(4)  # four ready at once, 3 ms after the start
+    assert counts(gen.first_piece) == {0.005: 1}
+    clock.advance(0.02)
+    timing.awaited()  # 20 ms later, alone
+    timing.flush()
+    assert counts(gen.inter_piece) == {0.00005: 3, 0.025: 1}  # three came with the first
+    assert gen.pieces == 5
+
+
 def test_an_engine_stream_records_every_piece(run: Any) -> None:
     async def main() -> None:
         name = "echo-timing"

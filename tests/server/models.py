@@ -39,3 +39,20 @@ class Lines(Model):
     def generate(self, req: GenerateRequest) -> Iterator[str]:
         for i in range(20):
             yield f"l{i}\nnext" if i % 7 == 3 else f"p{i}"
+
+
+class Endless(Model):
+    """Streams ``b"x"`` pieces until the client goes away, counting every piece made by
+    any of its streams; a stream whose body is ``b"new"`` notes the count when it starts
+    (the fairness test reads how much the other streams made in between)."""
+
+    executor = "inline"
+    made = 0  # pieces made so far, by every stream
+    new_started_at: int | None = None  # ``made`` when the stream of ``b"new"`` started
+
+    def generate(self, req: GenerateRequest) -> Iterator[bytes]:
+        if req.raw is not None and bytes(req.raw) == b"new":
+            Endless.new_started_at = Endless.made
+        while True:
+            Endless.made += 1
+            yield b"x"

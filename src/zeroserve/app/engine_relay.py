@@ -673,7 +673,7 @@ class _Run:
         self.ticket = None
         timings = self.timings
         if self.on_tokens is not None:
-            used = len(self.timer.stamps)
+            used = self.timer.count
             if timings is not None:
                 used = timings.cache_n + timings.prompt_n + timings.predicted_n
             self.on_tokens(used)

@@ -42,7 +42,7 @@ class Route:
     timer: Callable[[float], None] = field(default=lambda seconds: None)
 
     def __post_init__(self) -> None:
-        self.timer = metrics.REQUEST_SECONDS.labels(self.pattern).observe
+        self.timer = metrics.request_timer(self.pattern)
 
 
 class Request:

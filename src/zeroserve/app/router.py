@@ -9,12 +9,20 @@ from .request import Handler, HeadHook, Route
 
 __all__ = ["Handler", "HeadHook", "Route", "Router"]
 
+# Patterned paths whose match is remembered (a dict lookup instead of splitting the path
+# and comparing segments per request). A client can send any number of distinct paths,
+# so the table is emptied when full; a server has a handful of models, so the paths it
+# serves repeatedly are far fewer.
+MATCHED_PATHS = 1024
+
 
 class Router:
     def __init__(self) -> None:
         self._exact: dict[str, dict[str, Route]] = {}
         self._patterns: dict[int, list[tuple[tuple[str, ...], dict[str, Route]]]] = {}
         self.routes: list[Route] = []
+        # Patterned paths already matched (``/v1/raw/echo``): path -> (routes, params).
+        self._matched: dict[str, tuple[dict[str, Route], dict[str, str]]] = {}
 
     def add(
         self,
@@ -25,6 +33,7 @@ class Router:
         errors: ErrorFormat = "openai",
         on_head: HeadHook | None = None,
     ) -> Route:
+        self._matched.clear()  # a new route may take paths matched before
         route = Route(method, pattern, handler, errors, on_head, name=pattern)
         self.routes.append(route)
         if "{" not in pattern:
@@ -51,14 +60,22 @@ class Router:
         methods = self._exact.get(path)
         params: dict[str, str] = {}
         if methods is None:
-            parts = path.strip("/").split("/")
-            for segs, candidate in self._patterns.get(len(parts), ()):
-                params = _match(segs, parts)
-                if params:
-                    methods = candidate
-                    break
-            if methods is None:
-                raise NotFound(f"no route for {path}")
+            found = self._matched.get(path)
+            if found is not None:  # a patterned path seen before: no split, no compare
+                methods, params = found[0], dict(found[1])
+            else:
+                parts = path.strip("/").split("/")
+                for segs, candidate in self._patterns.get(len(parts), ()):
+                    params = _match(segs, parts)
+                    if params:
+                        methods = candidate
+                        break
+                if methods is None:
+                    raise NotFound(f"no route for {path}")
+                matched = self._matched
+                if len(matched) >= MATCHED_PATHS:
+                    matched.clear()  # paths are the client's: the memory stays bounded
+                matched[path] = (methods, dict(params))
         route = methods.get(method)
         if route is None:
             allow = sorted(methods)

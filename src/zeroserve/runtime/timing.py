@@ -50,10 +50,23 @@ class StreamTiming:
         self._pieces = 1
 
     def ready(self, n: int) -> None:
-        """``n`` more pieces were taken without waiting, with the last awaited one."""
-        if n:
-            self._metrics.pieces += n
-            self._pieces += n
+        """``n`` more pieces were taken without waiting, with the last awaited one; or,
+        before any piece was awaited, the stream's first delivery (the server takes a new
+        stream's first pieces without waiting): its first piece is the time to first
+        token, the others came with it."""
+        if not n:
+            return
+        metrics = self._metrics
+        metrics.pieces += n
+        if self._first:
+            self._first = False
+            now = self._clock()
+            metrics.first_piece.observe(now - self._last)
+            self._last = now
+            self._gap = 0.0
+            self._pieces = n - 1  # they arrived with the first: gaps of 0
+            return
+        self._pieces += n
 
     def flush(self) -> None:
         """Record the pending delivery's gaps (called at the next delivery and at the end)."""

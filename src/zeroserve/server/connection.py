@@ -40,6 +40,7 @@ from .flow import WriteFlow
 from .options import ServerOptions
 from .sinks import LeaseSink
 from .stream import StreamWriter, abort
+from .turns import Turns
 
 
 class Server(Protocol):
@@ -54,6 +55,7 @@ class Server(Protocol):
     closing: bool  # the listener is closed: new connections are refused
     tls: bool
     loop: asyncio.AbstractEventLoop
+    turns: Turns
 
 
 log = logging.getLogger("zeroserve.server")
@@ -248,6 +250,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
         except Exception:
             log.exception("unhandled error in %s %s", req.method, req.path)
             result = internal_error(req.route.errors, self._request_id())
+        if type(result) is Response:  # the common case first: a whole response, now
+            return self._send(req, result)
         if isinstance(result, StreamResponse):
             # The head and the first ready pieces leave now, from this I/O callback, not
             # behind the batches of the streams already queued on the loop.

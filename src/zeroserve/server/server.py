@@ -13,6 +13,7 @@ from .. import metrics
 from .connection import HttpProtocol
 from .options import ServerOptions
 from .tls import server_context
+from .turns import Turns
 
 log = logging.getLogger("zeroserve.server")
 
@@ -36,6 +37,8 @@ class Server:
         self.closing = False
         self.tls = self.options.tls is not None
         self.loop: asyncio.AbstractEventLoop = asyncio.get_event_loop()
+        # The streams' shared turn of each loop iteration (server/turns.py).
+        self.turns = Turns(self.loop, self.options.turn_budget_s)
         self._server: asyncio.base_events.Server | None = None
         self._ticker: asyncio.TimerHandle | None = None
         self._lag_probe: asyncio.TimerHandle | None = None
@@ -44,7 +47,7 @@ class Server:
         self.port = self.options.port
 
     async def start(self, sock: socket.socket | None = None) -> None:
-        self.loop = asyncio.get_running_loop()
+        self.loop = self.turns.loop = asyncio.get_running_loop()
         if sock is None:
             sock = bind_socket(
                 self.options.host, self.options.port, reuse_port=self.options.reuse_port

@@ -36,15 +36,20 @@ from ..http.connection import HttpConnection
 from ..http.framing import StreamFramer
 from .flow import WriteFlow
 from .options import STREAM_BATCH_BYTES, STREAM_BATCH_PIECES
+from .turns import Turns
 
 log = logging.getLogger("zeroserve.server")
 
 
 class Draining(Protocol):
-    """The server, as far as a stream needs it: whether it is draining."""
+    """The server, as far as a stream needs it: whether it is draining, and the turn its
+    streams share."""
 
     @property
     def draining(self) -> bool: ...
+
+    @property
+    def turns(self) -> Turns: ...
 
 
 def abort(flow: WriteFlow, conn: HttpConnection) -> None:
@@ -58,7 +63,16 @@ def abort(flow: WriteFlow, conn: HttpConnection) -> None:
 class StreamWriter:
     """Writes the streamed bodies of one connection, one at a time."""
 
-    __slots__ = ("_ctx", "_flush_scheduled", "_server", "conn", "flow", "framer", "loop")
+    __slots__ = (
+        "_ctx",
+        "_flush_scheduled",
+        "_server",
+        "conn",
+        "flow",
+        "framer",
+        "loop",
+        "turns",
+    )
 
     def __init__(
         self,
@@ -71,6 +85,7 @@ class StreamWriter:
         self.flow = flow
         self.conn = conn
         self._server = server
+        self.turns = server.turns
         self.framer = StreamFramer()
         self._flush_scheduled = False
         self._ctx: EdgeContext | None = None  # the stream's request, as the edge sees it
@@ -80,6 +95,8 @@ class StreamWriter:
         the request, if some are ready without waiting: a new stream's first event then
         does not wait behind the batches other streams have queued on the loop. False
         (nothing sent) if none is ready: ``respond`` then waits for the first piece."""
+        clock = self.turns.clock
+        began = clock()
         ready = resp.pieces.receive_batch_nowait(STREAM_BATCH_PIECES)
         if not ready:
             return False
@@ -89,6 +106,7 @@ class StreamWriter:
         if conn.body_allowed:
             self.framer.add(ready)
         self.flush()
+        self.turns.charge(clock() - began)  # never deferred; the old streams yield to it
         return True
 
     def _head(self, req: Request, resp: StreamResponse, has_piece: bool) -> bytes:
@@ -181,6 +199,9 @@ class StreamWriter:
         framer = self.framer
         flow = self.flow
         batch = it.receive_batch_nowait
+        turns = self.turns
+        clock = turns.clock
+        granted = False  # this batch already waited for its turn
         while True:
             try:
                 piece = await it.__anext__()
@@ -190,6 +211,10 @@ class StreamWriter:
                 raise
             except Exception as exc:
                 return exc
+            if not granted and turns.over():  # this iteration's stream work is spent
+                await turns.wait()
+            granted = False
+            began = clock()
             # Everything else that is ready goes out in the same write.
             ready = [piece]
             ready += batch(STREAM_BATCH_PIECES - 1 - framer.pieces)
@@ -197,9 +222,18 @@ class StreamWriter:
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self.loop.call_soon(self.flush)
-            if framer.pieces >= STREAM_BATCH_PIECES or framer.size >= STREAM_BATCH_BYTES:
+            full = framer.pieces >= STREAM_BATCH_PIECES or framer.size >= STREAM_BATCH_BYTES
+            if full:
                 self.flush()
-                await asyncio.sleep(0)
+            turns.charge(clock() - began)
+            if full:
+                # Yield to the loop: for a later turn if this one is spent (the next batch
+                # is then granted), else just to let the others run.
+                if turns.over():
+                    await turns.wait()
+                    granted = True
+                else:
+                    await asyncio.sleep(0)
             if flow.paused:
                 self.flush()
                 await flow.drain()

@@ -179,10 +179,8 @@ class Generation:
         self._tokens += len(pieces)
         if self._on_tokens is not None and pieces:
             self._debit(len(pieces))
-        timer = self.timer
-        if timer is not None:
-            for _ in pieces:
-                timer.token()
+        if self.timer is not None:
+            self.timer.tokens(len(pieces))
         texts = [t for t in map(as_text, pieces) if t]
         self.parts += texts
         return texts
