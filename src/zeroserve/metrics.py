@@ -312,6 +312,8 @@ def _buckets(latency: Latency) -> tuple[list[tuple[str, int]], float]:
         cumulative += n
         buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
     return buckets, snap.sum
+
+
 LOOP_LAG_SECONDS = Histogram(
     "zeroserve_event_loop_lag_seconds",
     "How late the event loop ran a timer scheduled for now: the HTTP stall users feel.",

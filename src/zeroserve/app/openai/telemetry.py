@@ -51,8 +51,7 @@ class _Histograms:
         for name, doc, table in (
             (
                 "zeroserve_generation_ttft_seconds",
-                "Time from a generation request admitted to its first token "
-                "(queueing included).",
+                "Time from a generation request admitted to its first token (queueing included).",
                 _ttft,
             ),
             (
