@@ -34,11 +34,13 @@ the call cannot be stopped, so its slot is held until the engine returns).
 A chat with no system message gets the model's default system prompt (``system_prompt``
 option), spliced into the body's ``messages`` at its byte offset (``value_spans``).
 
-Limits checked before a slot is taken: ``max_tokens`` beyond the slot's context, and a
-prompt too long for it (``context_length_exceeded``). The prompt check is exact only when
-it has to be: a prompt whose UTF-8 bytes (an upper bound of its tokens for byte-level
-BPE vocabularies) plus the template's overhead fit is accepted at once; otherwise the
-engine's own tokenizer counts it, through the locked side port.
+Limits checked before a slot is taken: the generic path's counts (``n``, stop strings,
+``n`` x ``max_tokens`` within the output-token budget, app/limits.py), ``max_tokens``
+beyond the slot's context, and a prompt too long for it (``context_length_exceeded``).
+The prompt check is exact only when it has to be: a prompt whose UTF-8 bytes (an upper
+bound of its tokens for byte-level BPE vocabularies) plus the template's overhead fit is
+accepted at once; otherwise the engine's own tokenizer counts it, through the locked
+side port.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
 from .engine_responses import ResponsesAnswer, decode_request, translate
 from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
-from .limits import ApiLimits, check_count
+from .limits import ApiLimits, check_count, check_output_tokens
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
 from .relay._rewrite import model_spans, value_spans
@@ -113,10 +115,18 @@ class EngineStatistics:
     aborted: int  # streams stopped early (disconnect, deadline, slow reader)
 
 
-def _check_choices(n: int | None, stop: str | list[str] | None, limits: ApiLimits) -> None:
+def _check_choices(
+    n: int | None,
+    stop: str | list[str] | None,
+    limits: ApiLimits,
+    max_tokens: int | None,
+    max_tokens_param: str = "max_tokens",
+) -> None:
     """The count limits of the generic path (app/limits.py), for the engine's requests:
-    each choice is one engine request, so ``n`` bounds the work one body can start."""
+    each choice is one engine request, so ``n`` bounds the work one body can start, and
+    ``n`` x ``max_tokens`` the request's output-token budget."""
     check_count(n or 1, limits.n, "n", "choices")
+    check_output_tokens(n or 1, max_tokens, limits, max_tokens_param)
     stops = [stop] if isinstance(stop, str) else (stop or [])
     check_count(len(stops), limits.stop, "stop", "stop sequences")
 
@@ -149,15 +159,16 @@ class EngineRelay:
         """Check a chat request and start answering it (an awaitable of the response)."""
         body = s.decode(s.engine_chat_decoder, req.body)
         check_count(len(body.messages), limits.messages, "messages", "messages")
-        _check_choices(body.n, body.stop, limits)
-        if body.top_logprobs and not body.logprobs:
-            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-        plan = plan_tools(body, self.model)
         max_tokens = (
             body.max_completion_tokens
             if body.max_completion_tokens is not None
             else body.max_tokens
         )
+        param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+        _check_choices(body.n, body.stop, limits, max_tokens, param)
+        if body.top_logprobs and not body.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        plan = plan_tools(body, self.model)
         texts = [_message_text(m) for m in body.messages]
         extra = len(bytes(body.tools)) if s.given(body.tools) else 0
         bound = sum(len(t.encode()) for t in texts) + extra
@@ -194,7 +205,7 @@ class EngineRelay:
         self, req: Request, ticket: Any, deadline: float, limits: ApiLimits
     ) -> Coroutine[Any, Any, Response | StreamResponse]:
         body = s.decode(s.engine_completion_decoder, req.body)
-        _check_choices(body.n, body.stop, limits)
+        _check_choices(body.n, body.stop, limits, body.max_tokens)
         for name, bad in (
             ("echo", bool(body.echo)),
             ("best_of", body.best_of is not None and body.best_of > 1),
