@@ -69,18 +69,23 @@ def near_valid(
     required: dict[str, st.SearchStrategy[Any]],
     optional: dict[str, st.SearchStrategy[Any]],
     wild: dict[str, st.SearchStrategy[Any]],
+    never_null: frozenset[str] = frozenset(),
 ) -> st.SearchStrategy[dict[str, Any]]:
     """A valid document (it reaches the model: generation, streaming, encoding), or one
-    with exactly one field made hostile (``wild``, or any JSON). With every field drawn
-    hostile at once, nearly every document is refused by its first bad field and the code
-    behind the decoder is never reached."""
+    with exactly one field made hostile (``wild``, or any JSON; never null for the keys
+    in ``never_null``, where null means unbounded work). With every field drawn hostile
+    at once, nearly every document is refused by its first bad field and the code behind
+    the decoder is never reached."""
     valid = st.fixed_dictionaries(required, optional=optional)
 
     @st.composite
     def one_off(draw: st.DrawFn) -> dict[str, Any]:
         doc = draw(valid)
         key = draw(st.sampled_from(sorted(wild)))
-        doc[key] = draw(st.one_of(wild[key], json_value))
+        value = st.one_of(wild[key], json_value)
+        if key in never_null:
+            value = value.filter(lambda v: v is not None)
+        doc[key] = draw(value)
         return doc
 
     return st.one_of(valid, one_off())
@@ -184,10 +189,8 @@ def _with_unknown(doc: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[d
     return st.builds(lambda d, extra: {**d, **extra}, doc, _unknown)
 
 
-def chat_bodies(
-    models: st.SearchStrategy[str] = _models, served: st.SearchStrategy[str] = _served
-) -> st.SearchStrategy[Any]:
-    wild = {
+def _chat_wild(models: st.SearchStrategy[str]) -> dict[str, st.SearchStrategy[Any]]:
+    return {
         "model": models,
         "messages": _messages(),
         "max_tokens": small_ints,
@@ -196,9 +199,13 @@ def chat_bodies(
         **_sampling,
         **_chat_extra,
     }
+
+
+def chat_bodies() -> st.SearchStrategy[Any]:
+    wild = _chat_wild(_models)
     doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
     valid = near_valid(
-        {"model": served, "messages": st.lists(_valid_message, min_size=1, max_size=3)},
+        {"model": _served, "messages": st.lists(_valid_message, min_size=1, max_size=3)},
         {
             "max_tokens": st.integers(1, 8),
             "max_completion_tokens": st.integers(1, 8),
@@ -224,7 +231,7 @@ sdk_timeouts = st.fixed_dictionaries(
 )
 
 
-def completion_bodies() -> st.SearchStrategy[Any]:
+def _completion_wild(models: st.SearchStrategy[str]) -> dict[str, st.SearchStrategy[Any]]:
     prompt = st.one_of(
         text,
         st.lists(text, max_size=4),
@@ -232,8 +239,8 @@ def completion_bodies() -> st.SearchStrategy[Any]:
         st.lists(st.lists(ints, max_size=3), max_size=3),
         st.just(["a"] * (lim.MAX_PROMPTS + 1)),
     )
-    wild = {
-        "model": _models,
+    return {
+        "model": models,
         "prompt": prompt,
         "max_tokens": small_ints,
         "echo": st.booleans(),
@@ -242,6 +249,10 @@ def completion_bodies() -> st.SearchStrategy[Any]:
         "suffix": text,
         **_sampling,
     }
+
+
+def completion_bodies() -> st.SearchStrategy[Any]:
+    wild = _completion_wild(_models)
     doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
     valid = near_valid(
         {"model": _served, "prompt": st.one_of(text, st.lists(text, min_size=1, max_size=3))},
@@ -249,6 +260,74 @@ def completion_bodies() -> st.SearchStrategy[Any]:
         wild,
     )
     return documents(st.one_of(valid, doc))
+
+
+# -- the llama.cpp engine's own decoders (``smollm2``) ------------------------------------
+# Valid requests run the real model, so they ask for one or two tokens and choices, and
+# always say how many (an absent or null ``max_tokens`` generates to the end of the
+# context; a bigger one than the context is refused).
+_TOKEN_KEYS = frozenset({"max_tokens", "max_completion_tokens"})
+_engine_models = st.sampled_from(["smollm2", "smollm2", "nope"])
+_valid_schema = st.sampled_from(
+    [
+        {"type": "object"},
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+        {"type": "string", "enum": ["x", "y"]},
+    ]
+)
+_engine_sampling = {
+    **_valid_sampling,
+    "n": st.integers(1, 2),
+    "logit_bias": st.dictionaries(st.integers(0, 49151).map(str), st.floats(-100, 100), max_size=2),
+}
+
+
+def engine_chat_bodies() -> st.SearchStrategy[Any]:
+    wild = _chat_wild(_engine_models)
+    doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
+    tool = st.builds(
+        lambda schema: {"type": "function", "function": {"name": "f", "parameters": schema}},
+        _valid_schema,
+    )
+    valid = near_valid(
+        {
+            "model": st.just("smollm2"),
+            "messages": st.lists(_valid_message, min_size=1, max_size=2),
+            "max_tokens": st.integers(1, 2),
+        },
+        {
+            **_engine_sampling,
+            "logprobs": st.booleans(),
+            "top_logprobs": st.integers(0, 3),
+            "response_format": st.one_of(
+                st.just({"type": "json_object"}),
+                st.builds(
+                    lambda schema: {
+                        "type": "json_schema",
+                        "json_schema": {"name": "s", "schema": schema},
+                    },
+                    _valid_schema,
+                ),
+            ),
+            "tools": st.lists(tool, min_size=1, max_size=2),
+            "tool_choice": st.sampled_from(["auto", "none", "required"]),
+        },
+        wild,
+        _TOKEN_KEYS,
+    )
+    return documents(_with_unknown(st.one_of(valid, valid, doc)))
+
+
+def engine_completion_bodies() -> st.SearchStrategy[Any]:
+    wild = _completion_wild(_engine_models)
+    doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
+    valid = near_valid(
+        {"model": st.just("smollm2"), "prompt": text, "max_tokens": st.integers(0, 2)},
+        {**_engine_sampling, "logprobs": st.integers(0, 3)},
+        wild,
+        _TOKEN_KEYS,
+    )
+    return documents(st.one_of(valid, valid, doc))
 
 
 def embedding_bodies() -> st.SearchStrategy[Any]:
