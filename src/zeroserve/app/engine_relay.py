@@ -61,6 +61,7 @@ from .. import metrics
 from ..errors import CapabilityError, DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
+from .deadlines import openai_timeout
 from .engine_responses import ResponsesAnswer, decode_request, translate
 from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
 from .limits import ApiLimits, check_count, check_output_tokens
@@ -115,6 +116,16 @@ class EngineStatistics:
     aborted: int  # streams stopped early (disconnect, deadline, slow reader)
 
 
+def _client_deadline(req: Request, deadline: float, *, stream: bool) -> float:
+    """``deadline`` (loop time) shortened to the client's own timeout, the SDK headers
+    the generic OpenAI path honours too (app/deadlines.py); known once the body says
+    whether it streams."""
+    client = openai_timeout(req, stream=stream)
+    if client is None:
+        return deadline
+    return min(deadline, asyncio.get_running_loop().time() + client)
+
+
 def _check_choices(
     n: int | None,
     stop: str | list[str] | None,
@@ -158,6 +169,7 @@ class EngineRelay:
     ) -> Coroutine[Any, Any, Response | StreamResponse]:
         """Check a chat request and start answering it (an awaitable of the response)."""
         body = s.decode(s.engine_chat_decoder, req.body)
+        deadline = _client_deadline(req, deadline, stream=bool(body.stream))
         check_count(len(body.messages), limits.messages, "messages", "messages")
         max_tokens = (
             body.max_completion_tokens
@@ -205,6 +217,7 @@ class EngineRelay:
         self, req: Request, ticket: Any, deadline: float, limits: ApiLimits
     ) -> Coroutine[Any, Any, Response | StreamResponse]:
         body = s.decode(s.engine_completion_decoder, req.body)
+        deadline = _client_deadline(req, deadline, stream=bool(body.stream))
         _check_choices(body.n, body.stop, limits, body.max_tokens)
         for name, bad in (
             ("echo", bool(body.echo)),

@@ -333,7 +333,10 @@ class _OpenAI:
             return None
         relay, handle = found
         ticket = handle.admit()  # Overloaded: 429 with Retry-After
-        deadline = asyncio.get_running_loop().time() + relay.model.timeout
+        # The engine's own timeout, capped by the model's limit (--request-timeout or its
+        # deadline_s); the relay shortens it to the client's (the SDK headers).
+        limit = min(relay.model.timeout, handle.spec.deadline_s)
+        deadline = asyncio.get_running_loop().time() + limit
         try:
             if kind == "chat":
                 return relay.chat(req, ticket, deadline, self.limits)
