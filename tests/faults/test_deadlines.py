@@ -20,6 +20,7 @@ from tests.conftest import ServerProcess, start_server
 from tests.faults.conftest import MODEL_DEADLINE_S, SERVER_DEADLINE_S
 
 import openai
+from zeroserve.app import limits as lim
 from zeroserve.config import ConfigError, load_config
 
 # A client waits at most this long for any answer: well under the server's limit.
@@ -265,6 +266,18 @@ def test_engine_route_honours_the_sdk_timeout() -> None:
             else:
                 r.read()
                 openai_504(r)
+
+        # /v1/responses shares the engine's output-token budget (app/limits.py).
+        def respond(max_output_tokens: int) -> httpx.Response:
+            body = {"model": "smollm2", "input": "hi", "max_output_tokens": max_output_tokens}
+            return httpx.post(srv.url + "/v1/responses", json=body, timeout=CLIENT_WAIT_S)
+
+        r = respond(lim.MAX_OUTPUT_TOKENS + 1)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["param"], err["code"]) == ("max_output_tokens", "limit_exceeded")
+        r = respond(1)
+        assert r.status_code == 200, r.text
     finally:
         _kill(srv)
 

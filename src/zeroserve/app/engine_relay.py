@@ -254,8 +254,10 @@ class EngineRelay:
         """A Responses API request (``app/engine_responses.py``): translated to a chat
         completion, answered in the Responses shapes."""
         body = decode_request(req.body)
+        deadline = _client_deadline(req, deadline, stream=bool(body.stream))
         if not isinstance(body.input, str):
             check_count(len(body.input), limits.messages, "input", "input items")
+        check_output_tokens(1, body.max_output_tokens, limits, "max_output_tokens")
         t = translate(body, self.model.alias, self.model.system_prompt)
         metrics.count_copy("engine_body", len(t.body))
         bound = t.bound + TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(t.messages)
@@ -284,6 +286,7 @@ class EngineRelay:
         the body goes to ``Server.handle_embeddings`` as bytes and its answer, already
         OpenAI's shape, comes back as it is."""
         body = s.decode(s.engine_embedding_decoder, req.body)
+        deadline = _client_deadline(req, deadline, stream=False)
         if not self.model.embedding:
             raise CapabilityError(
                 f"model {self.name!r} was started without embeddings; "
