@@ -238,6 +238,18 @@ def _kill(srv: ServerProcess) -> None:
 def test_engine_route_honours_the_sdk_timeout() -> None:
     srv = _engine("--request-timeout", str(SERVER_DEADLINE_S))
     try:
+        # First, while both slots are free: /v1/responses shares the engine's output-token
+        # budget (app/limits.py).
+        def respond(max_output_tokens: int) -> httpx.Response:
+            body = {"model": "smollm2", "input": "hi", "max_output_tokens": max_output_tokens}
+            return httpx.post(srv.url + "/v1/responses", json=body, timeout=CLIENT_WAIT_S)
+
+        r = respond(lim.MAX_OUTPUT_TOKENS + 1)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["param"], err["code"]) == ("max_output_tokens", "limit_exceeded")
+        r = respond(1)
+        assert r.status_code == 200, r.text
         # The SDK's own timeout: any 504 within CLIENT_WAIT_S comes from it.
         client = openai.OpenAI(
             base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=2.0
@@ -267,17 +279,6 @@ def test_engine_route_honours_the_sdk_timeout() -> None:
                 r.read()
                 openai_504(r)
 
-        # /v1/responses shares the engine's output-token budget (app/limits.py).
-        def respond(max_output_tokens: int) -> httpx.Response:
-            body = {"model": "smollm2", "input": "hi", "max_output_tokens": max_output_tokens}
-            return httpx.post(srv.url + "/v1/responses", json=body, timeout=CLIENT_WAIT_S)
-
-        r = respond(lim.MAX_OUTPUT_TOKENS + 1)
-        assert r.status_code == 400, r.text
-        err = r.json()["error"]
-        assert (err["param"], err["code"]) == ("max_output_tokens", "limit_exceeded")
-        r = respond(1)
-        assert r.status_code == 200, r.text
     finally:
         _kill(srv)
 
