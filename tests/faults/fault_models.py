@@ -64,10 +64,25 @@ class HangThreadModel(Model):
         return [dict(inputs) for inputs in batch]
 
 
+class HangStreamThreadModel(Model):
+    """Generation on the thread executor: yields ``"first"``, then a prompt of ``hang``
+    blocks that step's thread until ``RELEASE`` is set; any other prompt ends at once."""
+
+    executor = "thread"
+    workers = 2
+
+    def generate(self, req: GenerateRequest) -> Iterator[str]:
+        yield "first"
+        if req.prompt == "hang":
+            RELEASE.wait(HANG_LIMIT_S)
+        yield " done"
+
+
 class HangProcessModel(Model):
     """Raw echo in a process worker; a body of ``hang`` blocks forever (until the worker
-    is killed), ``crash`` kills the worker mid-batch. Generation yields one piece per
-    ``slow_piece_s`` for the stream that is cut by a kill."""
+    is killed), ``crash`` kills the worker mid-batch. Generation yields one piece every
+    10 ms for the stream that is cut by a kill; a prompt of ``hang`` yields ``"first"``
+    and then blocks its step forever."""
 
     executor = "process"
     workers = 1
@@ -84,6 +99,9 @@ class HangProcessModel(Model):
         return [dict(inputs) for inputs in batch]
 
     def generate(self, req: GenerateRequest) -> Iterator[str]:
+        if req.prompt == "hang":
+            yield "first"
+            threading.Event().wait()
         for i in range(req.max_tokens or 1000):
             time.sleep(0.01)
             yield f"p{i} "

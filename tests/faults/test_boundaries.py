@@ -4,13 +4,16 @@ parameter, from the real server over loopback; never a 500."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
 import pytest
 from openai_servers import ServerThread
+from tests.conftest import start_server
 
 from zeroserve.app import limits as lim
+from zeroserve.config import ConfigError, load_config
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -241,6 +244,113 @@ def test_v2_tensor_counts_are_limited(server: ServerThread) -> None:
     outs = [{"name": f"y{i}"} for i in range(lim.MAX_V2_OUTPUTS + 1)]
     body = {"inputs": many[:1], "outputs": outs}
     assert "requested outputs" in kserve_error(post(server, V2_INFER, body))
+
+
+# -- max_tokens: one range (fixed, representability) and one budget (configurable) -----
+BUDGET = lim.MAX_OUTPUT_TOKENS  # the default ApiLimits.output_tokens
+# How long a test waits for a closed stream's ticket to be released.
+RELEASE_WAIT_S = 30.0
+
+
+def opens_stream(url: str, path: str, body: dict[str, Any]) -> None:
+    """The request is accepted: a 200 stream whose first piece arrives (then closed)."""
+    with httpx.stream("POST", url + path, json=body, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        assert next(piece for piece in r.iter_bytes() if piece)
+
+
+def wait_released(server: ServerThread, model: str) -> None:
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while server.in_flight(model):
+        assert time.monotonic() < deadline, f"{model} kept a ticket"
+        time.sleep(0.01)
+
+
+def stalled(path: str, **extra: Any) -> dict[str, Any]:
+    """A streamed request to ``slowstart`` (one piece, then it waits): accepted requests
+    cost nothing however many tokens they may ask for."""
+    what = {"messages": MESSAGES} if path == CHAT else {"prompt": "hi"}
+    return {"model": "slowstart", "stream": True, **what, **extra}
+
+
+@pytest.mark.parametrize(
+    ("path", "key"),
+    [(CHAT, "max_tokens"), (CHAT, "max_completion_tokens"), (COMPLETIONS, "max_tokens")],
+)
+def test_max_tokens_budget_boundary(server: ServerThread, path: str, key: str) -> None:
+    opens_stream(server.url, path, stalled(path, **{key: BUDGET}))
+    err = openai_error(post(server, path, stalled(path, **{key: BUDGET + 1})))
+    assert (err["param"], err["code"]) == (key, "limit_exceeded")
+    assert str(BUDGET) in err["message"]
+    # Choices share the budget.
+    opens_stream(server.url, path, stalled(path, n=2, **{key: BUDGET // 2}))
+    err = openai_error(post(server, path, stalled(path, n=2, **{key: BUDGET // 2 + 1})))
+    assert (err["param"], err["code"]) == (key, "limit_exceeded")
+    # Past the range the schema refuses it at decode time, naming it too.
+    err = openai_error(post(server, path, stalled(path, **{key: lim.MAX_TOKENS + 1})))
+    assert err["param"] == key
+    wait_released(server, "slowstart")
+
+
+def test_raw_max_tokens_budget_boundary(server: ServerThread) -> None:
+    url = server.url + "/v1/raw/slowstart?stream=1&max_tokens="
+    with httpx.stream("POST", url + str(BUDGET), content=b"x", timeout=30) as r:
+        assert r.status_code == 200
+        assert next(piece for piece in r.iter_bytes() if piece)
+    for value in (BUDGET + 1, lim.MAX_TOKENS + 1):
+        err = openai_error(httpx.post(url + str(value), content=b"x", timeout=30))
+        assert (err["param"], err["code"]) == ("max_tokens", "limit_exceeded")
+    wait_released(server, "slowstart")
+
+
+def test_output_tokens_is_configurable_up_to_the_range() -> None:
+    assert lim.ApiLimits(output_tokens=lim.MAX_TOKENS).output_tokens == lim.MAX_TOKENS
+    with pytest.raises(ValueError, match="output_tokens"):
+        lim.ApiLimits(output_tokens=lim.MAX_TOKENS + 1)
+    env = {"ZEROSERVE_API_LIMITS__OUTPUT_TOKENS": str(lim.MAX_TOKENS + 1)}
+    with pytest.raises(ConfigError, match="output_tokens"):
+        load_config(env=env)
+
+
+def test_max_tokens_range_boundary_with_the_widest_budget() -> None:
+    """With the budget at the range, the range itself is the boundary: ``MAX_TOKENS`` is
+    accepted on every generating route, one more is a 400 naming the parameter. The
+    llama.cpp engine's route refuses a request past the budget before taking a slot."""
+    srv = start_server(
+        "--model", "slowstart=tests.faults.fault_models:SlowStartModel",
+        "--model", "smollm2?parallel=1&n_ctx=512",
+        env={"ZEROSERVE_API_LIMITS__OUTPUT_TOKENS": str(lim.MAX_TOKENS)},
+    )  # fmt: skip
+    try:
+        for path in (CHAT, COMPLETIONS):
+            opens_stream(srv.url, path, stalled(path, max_tokens=lim.MAX_TOKENS))
+            r = httpx.post(
+                srv.url + path, json=stalled(path, max_tokens=lim.MAX_TOKENS + 1), timeout=30
+            )
+            assert openai_error(r)["param"] == "max_tokens"
+        raw = srv.url + "/v1/raw/slowstart?stream=1&max_tokens="
+        with httpx.stream("POST", raw + str(lim.MAX_TOKENS), content=b"x", timeout=30) as r:
+            assert r.status_code == 200
+        r = httpx.post(raw + str(lim.MAX_TOKENS + 1), content=b"x", timeout=30)
+        assert openai_error(r)["param"] == "max_tokens"
+        # The engine's route: n choices share the budget, named by the field sent.
+        half = lim.MAX_TOKENS // 2 + 1
+        for key, path, what in (
+            ("max_tokens", CHAT, {"messages": MESSAGES}),
+            ("max_completion_tokens", CHAT, {"messages": MESSAGES}),
+            ("max_tokens", COMPLETIONS, {"prompt": "hi"}),
+        ):
+            body = {"model": "smollm2", "n": 2, key: half, **what}
+            err = openai_error(httpx.post(srv.url + path, json=body, timeout=30))
+            assert (err["param"], err["code"]) == (key, "limit_exceeded")
+        r = httpx.post(
+            srv.url + COMPLETIONS,
+            json={"model": "smollm2", "prompt": "hi", "max_tokens": 2, "temperature": 0},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+    finally:
+        assert srv.stop() == 0
 
 
 def test_every_gauge_is_idle_after_the_hostile_requests(server: ServerThread) -> None:

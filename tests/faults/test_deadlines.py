@@ -10,15 +10,17 @@ after ``CLIENT_WAIT_S`` (10 s): a 504 can only come from the shorter deadline as
 from __future__ import annotations
 
 import json
+import signal
 from typing import Any
 
 import httpx
 import pytest
 from openai_servers import ServerThread
-from tests.conftest import start_server
+from tests.conftest import ServerProcess, start_server
 from tests.faults.conftest import MODEL_DEADLINE_S, SERVER_DEADLINE_S
 
 import openai
+from zeroserve.app import limits as lim
 from zeroserve.config import ConfigError, load_config
 
 # A client waits at most this long for any answer: well under the server's limit.
@@ -210,3 +212,86 @@ def test_api_limits_config_key() -> None:
     assert cfg.app_limits().embedding_inputs == 16
     with pytest.raises(ConfigError, match="positive"):
         load_config(env={"ZEROSERVE_API_LIMITS__MESSAGES": "0"})
+
+
+# -- the llama.cpp engine's route (the built-in smollm2) ----------------------------------
+# Bans SmolLM2's end tokens, so a generation runs to max_tokens and surely outlives the
+# deadlines below.
+LONG = {"max_tokens": 1900, "temperature": 0, "logit_bias": {"2": -100, "0": -100}}
+ENGINE_LIMIT_S = 3.0  # the server's --request-timeout in the second test
+
+
+def _engine(*args: str) -> ServerProcess:
+    pytest.importorskip("xllamacpp")
+    # One slot per request: an expired request's slot is not freed at once (see below),
+    # and a request waiting for it would expire before it starts.
+    return start_server(*args, "--model", "smollm2?parallel=2&n_ctx=4096")
+
+
+def _kill(srv: ServerProcess) -> None:
+    # Killed, not stopped: an engine slot whose request expired is not released at once
+    # (it stays active and holds up a graceful stop for tens of seconds; found by these
+    # tests, not fixed here), and these tests are about the deadlines only.
+    srv.stop(signal.SIGKILL)
+
+
+def test_engine_route_honours_the_sdk_timeout() -> None:
+    srv = _engine("--request-timeout", str(SERVER_DEADLINE_S))
+    try:
+        # First, while both slots are free: /v1/responses shares the engine's output-token
+        # budget (app/limits.py).
+        def respond(max_output_tokens: int) -> httpx.Response:
+            body = {"model": "smollm2", "input": "hi", "max_output_tokens": max_output_tokens}
+            return httpx.post(srv.url + "/v1/responses", json=body, timeout=CLIENT_WAIT_S)
+
+        r = respond(lim.MAX_OUTPUT_TOKENS + 1)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["param"], err["code"]) == ("max_output_tokens", "limit_exceeded")
+        r = respond(1)
+        assert r.status_code == 200, r.text
+        # The SDK's own timeout: any 504 within CLIENT_WAIT_S comes from it.
+        client = openai.OpenAI(
+            base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=2.0
+        )
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(
+                model="smollm2",
+                messages=MESSAGES,  # type: ignore[arg-type]
+                extra_body=LONG,
+            )
+        assert info.value.status_code == 504
+        assert info.value.response.json()["error"]["code"] == "deadline_exceeded"
+        # A stream with the whole-request header: a 504 before its head, or a final
+        # error event after it.
+        body = {"model": "smollm2", "prompt": "Count:", "stream": True, **LONG}
+        with httpx.stream(
+            "POST",
+            srv.url + "/v1/completions",
+            json=body,
+            headers={"x-stainless-timeout": "2"},
+            timeout=CLIENT_WAIT_S,
+        ) as r:
+            if r.status_code == 200:
+                events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+                assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
+            else:
+                r.read()
+                openai_504(r)
+
+    finally:
+        _kill(srv)
+
+
+def test_engine_route_is_capped_by_the_request_timeout() -> None:
+    srv = _engine("--request-timeout", str(ENGINE_LIMIT_S))
+    try:
+        r = httpx.post(
+            srv.url + "/v1/chat/completions",
+            json={"model": "smollm2", "messages": MESSAGES, **LONG},
+            timeout=CLIENT_WAIT_S,
+        )
+        openai_504(r)
+        assert ENGINE_LIMIT_S < CLIENT_WAIT_S
+    finally:
+        _kill(srv)

@@ -1,6 +1,8 @@
 """Hung and crashing models, over loopback: a process worker hung past its deadline is
 killed and restarted (the restart counted), a thread executor whose every slot is stuck
-is not ready and answers fast 503s with Retry-After; every gauge returns to idle.
+is not ready and answers fast 503s with Retry-After; every gauge returns to idle. The
+same holds for a stream whose step hangs (thread: each holds a pool thread until the pool
+is exhausted; process: the worker is killed and restarted).
 
 The server here has a 30 s request limit and a short hang grace; requests that should
 hang ask for a short ``?timeout=``. Clients give up after ``CLIENT_WAIT_S`` (10 s), so a
@@ -10,6 +12,7 @@ hang ask for a short ``?timeout=``. Clients give up after ``CLIENT_WAIT_S`` (10 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,12 +23,16 @@ from openai_servers import ServerThread
 from tests.faults import fault_models as fm
 
 from zeroserve.runtime import ModelConfig, ModelStatistics, RuntimeOptions
+from zeroserve.runtime.inproc import STREAM_THREADS
+from zeroserve.runtime.process.worker import WORKER_THREADS
 
 CLIENT_WAIT_S = 10.0
 # How long a test waits for the server to reach a state (a restart, a stuck count).
 STATE_WAIT_S = 30.0
 HANG_GRACE_S = 0.3
 HANG_TIMEOUT = "?timeout=0.3"
+# The OpenAI routes' client timeout for a stream that should hang, seconds.
+HANG_SDK_TIMEOUT = {"x-stainless-timeout": "0.3"}
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +41,7 @@ def hung_server() -> Iterator[ServerThread]:
     configs = {
         "hang-thread": ModelConfig("hang-thread", fm.HangThreadModel),
         "hang-proc": ModelConfig("hang-proc", fm.HangProcessModel),
+        "hang-stream": ModelConfig("hang-stream", fm.HangStreamThreadModel),
     }
     srv = ServerThread(
         configs, runtime=RuntimeOptions(default_deadline_s=30.0, hang_grace_s=HANG_GRACE_S)
@@ -83,6 +91,31 @@ async def _concurrently(srv: ServerThread, calls: list[tuple[str, bytes, str]]) 
 
 def concurrently(srv: ServerThread, calls: list[tuple[str, bytes, str]]) -> list[Any]:
     return asyncio.run(_concurrently(srv, calls))
+
+
+def complete_stream(
+    srv: ServerThread, model: str, prompt: str, headers: dict[str, str] | None = None
+) -> tuple[int, str, str | None]:
+    """A streamed completion: its status, its text, and the code of its final error
+    event (None when it ended with ``[DONE]``)."""
+    body = {"model": model, "prompt": prompt, "stream": True, "max_tokens": 4}
+    with httpx.stream(
+        "POST",
+        srv.url + "/v1/completions",
+        json=body,
+        headers=headers or {},
+        timeout=CLIENT_WAIT_S,
+    ) as r:
+        if r.status_code != 200:
+            r.read()
+            return r.status_code, r.text, None
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    if events[-1] == "[DONE]":
+        docs = [json.loads(e) for e in events[:-1]]
+        return 200, "".join(d["choices"][0]["text"] for d in docs), None
+    docs = [json.loads(e) for e in events]
+    code = docs[-1]["error"]["code"]
+    return 200, "".join(d["choices"][0]["text"] for d in docs[:-1]), code
 
 
 # -- thread: stuck slots make the model not ready --------------------------------------------
@@ -192,3 +225,107 @@ def test_worker_crash_mid_batch(hung_server: ServerThread) -> None:
     )
     assert stats(srv, model).workers.crashes == before.crashes + 1
     assert raw(srv, model, b"after").content == b"after"
+
+
+# -- hung stream steps ------------------------------------------------------------------------
+def test_thread_stream_steps_hung_until_the_pool_is_exhausted(hung_server: ServerThread) -> None:
+    srv = hung_server
+    model = "hang-stream"
+    assert complete_stream(srv, model, "ok") == (200, "first done", None)
+    workers = stats(srv, model).workers.workers
+    threads = workers + STREAM_THREADS
+    for hung in range(1, threads + 1):
+        # The stream gets its first piece, then its final error event at its deadline.
+        assert complete_stream(srv, model, "hang", HANG_SDK_TIMEOUT) == (
+            200,
+            "first",
+            "deadline_exceeded",
+        )
+        # Its step's thread is counted stuck once it ran the grace past the deadline.
+        wait_for(f"{hung} stuck", lambda hung=hung: stats(srv, model).workers.stuck == hung)
+        s = stats(srv, model)
+        assert (s.workers.streams, s.queue.in_flight, s.workers.busy) == (0, 0, 0)
+        # Batches that could still run: every slot, while a thread is left for each.
+        capacity = min(workers, threads - hung)
+        assert s.workers.ready == capacity
+        ready = httpx.get(srv.url + "/ready", timeout=CLIENT_WAIT_S)
+        if capacity:
+            assert ready.status_code == 200
+            assert complete_stream(srv, model, "ok") == (200, "first done", None)
+            continue
+        # The pool is exhausted: not ready, /ready names the model, requests are 503
+        # with Retry-After at the head.
+        assert ready.status_code == 503
+        models = ready.json()["detail"]["models"]
+        assert models[model]["ready"] is False
+        assert models["hang-thread"]["ready"] is True
+        status, text, _ = complete_stream(srv, model, "ok")
+        assert status == 503, text
+        assert json.loads(text)["error"]["type"] == "rate_limit_error"
+        r = httpx.post(
+            srv.url + "/v1/completions",
+            json={"model": model, "prompt": "ok", "stream": True},
+            timeout=CLIENT_WAIT_S,
+        )
+        assert r.status_code == 503
+        assert int(r.headers["retry-after"]) >= 1
+    assert stats(srv, model).queue.in_flight == 0
+    # When the steps return, their threads are free and the model serves again.
+    fm.RELEASE.set()
+    wait_for("threads freed", lambda: idle(srv, model))
+    assert httpx.get(srv.url + "/ready", timeout=CLIENT_WAIT_S).status_code == 200
+    assert complete_stream(srv, model, "ok") == (200, "first done", None)
+    fm.RELEASE.clear()
+
+
+def test_process_stream_step_hung_past_its_deadline_is_restarted(
+    hung_server: ServerThread,
+) -> None:
+    srv = hung_server
+    model = "hang-proc"
+    before = stats(srv, model).workers
+    # More hung steps than the worker has threads: without reclaim it would be exhausted.
+    rounds = WORKER_THREADS + 1
+    for i in range(rounds):
+        assert complete_stream(srv, model, "hang", HANG_SDK_TIMEOUT) == (
+            200,
+            "first",
+            "deadline_exceeded",
+        )
+        # Until the hung worker is killed it takes no work: refused at once (503) or
+        # served by the restarted worker; never a 504 after a deadline.
+        status, text, code = complete_stream(srv, model, "ok")
+        assert status in (200, 503), text
+        assert code is None
+        wait_for(
+            "the hung worker restarted",
+            lambda i=i: (
+                stats(srv, model).workers.reclaimed == before.reclaimed + i + 1 and idle(srv, model)
+            ),
+        )
+    after = stats(srv, model).workers
+    assert after.reclaimed == before.reclaimed + rounds
+    assert after.restarts == before.restarts + rounds
+    assert after.crashes == before.crashes
+    assert httpx.get(srv.url + "/ready", timeout=CLIENT_WAIT_S).status_code == 200
+
+
+def test_other_streams_on_a_worker_with_a_hung_step_are_cut(hung_server: ServerThread) -> None:
+    srv = hung_server
+    model = "hang-proc"
+    before = stats(srv, model).workers.reclaimed
+    body = {"model": model, "prompt": "long", "stream": True, "max_tokens": 100000}
+    with httpx.stream(
+        "POST", srv.url + "/v1/completions", json=body, timeout=CLIENT_WAIT_S
+    ) as stream:
+        assert stream.status_code == 200
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # running
+        assert complete_stream(srv, model, "hang", HANG_SDK_TIMEOUT)[2] == "deadline_exceeded"
+        # The worker is killed for the hung step: the stream on it ends with a 503 error
+        # event naming the dead worker.
+        events = [line[6:] for line in lines if line.startswith("data: ")]
+    err = json.loads(events[-1])["error"]
+    assert err["code"] == "worker_failed", err
+    wait_for("restart", lambda: stats(srv, model).workers.reclaimed == before + 1)
+    wait_for("idle", lambda: idle(srv, model))

@@ -66,7 +66,7 @@ def test_disconnect_storm_leaves_nothing_behind(server: ServerThread) -> None:
     wait_for("idle before", lambda: engine_idle(server))
     fds = open_fds()
     request = (
-        b"POST /v1/raw/echo?stream=1&max_tokens=10000000 HTTP/1.1\r\nhost: x\r\n"
+        b"POST /v1/raw/echo?stream=1&max_tokens=4000000 HTTP/1.1\r\nhost: x\r\n"
         b"content-length: 11\r\n\r\nhello world"
     )
     for _ in range(STORM // ROUND):

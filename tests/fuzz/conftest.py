@@ -2,7 +2,8 @@
 the one assertion every fuzz test makes.
 
 ``ZEROSERVE_FUZZ_EXAMPLES`` sets the examples per test (CI: ``CI_EXAMPLES``); a long
-campaign runs, for example, ``ZEROSERVE_FUZZ_EXAMPLES=100000 pytest tests/fuzz``.
+campaign runs, for example, ``ZEROSERVE_FUZZ_EXAMPLES=100000 pytest tests/fuzz``. The
+llama.cpp engine's tests (``test_fuzz_engine.py``) take ``ZEROSERVE_FUZZ_ENGINE_EXAMPLES``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if OPENAI_TESTS not in sys.path:
 
 from openai_servers import ServerThread  # noqa: E402
 
+from zeroserve.app.engine_relay import engine_relays  # noqa: E402
 from zeroserve.models.echo import EchoModel  # noqa: E402
 from zeroserve.runtime import ModelConfig, RuntimeOptions  # noqa: E402
 
@@ -39,6 +41,13 @@ SERVER_DEADLINE_S = 60.0
 REQUEST_TIMEOUT_S = 120.0
 # After a response, the server's leases and tickets are back within this long.
 IDLE_WAIT_S = 30.0
+# The engine fuzz runs the real model on each valid example (a second or more on a busy
+# two-core machine), so it has its own count: ``ZEROSERVE_FUZZ_ENGINE_EXAMPLES``, CI
+# ``CI_ENGINE_EXAMPLES``. Each request lives at most ENGINE_TIMEOUT_S (the model's own
+# option; a 504 past it).
+CI_ENGINE_EXAMPLES = 10
+ENGINE_EXAMPLES = int(os.environ.get("ZEROSERVE_FUZZ_ENGINE_EXAMPLES", CI_ENGINE_EXAMPLES))
+ENGINE_TIMEOUT_S = 10.0
 
 settings.register_profile(
     "zeroserve-fuzz",
@@ -94,7 +103,9 @@ class Target:
             workers = all(
                 m.workers.busy == 0 and m.workers.streams == 0 for m in stats.models.values()
             )
-            return queues and workers and stats.arena.leases == 0 and stats.channels.open == 0
+            engines = all(r.active == 0 and r.queued == 0 for r in engine_relays(engine).values())
+            idle = stats.arena.leases == 0 and stats.channels.open == 0
+            return queues and workers and engines and idle
 
         return self.server.call(read())
 
@@ -103,10 +114,26 @@ class Target:
 # suite into other suites' tests.
 @pytest.fixture(scope="module")
 def target() -> Iterator[Target]:
-    configs = {
-        "echo": ModelConfig("echo", EchoModel),
-        "echo-thread": ModelConfig("echo-thread", EchoModel, executor="thread"),
-    }
+    yield from _serve(
+        {
+            "echo": ModelConfig("echo", EchoModel),
+            "echo-thread": ModelConfig("echo-thread", EchoModel, executor="thread"),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def engine_target() -> Iterator[Target]:
+    """The built-in ``smollm2`` on its llama.cpp engine (the engine's own decoders and
+    relay). A small context and the model's own ``timeout``: a generation the fuzzer
+    left unbounded ends in seconds, with a 504."""
+    from zeroserve.models.llamacpp import SmolLM2Model
+
+    options = {"parallel": 2, "n_ctx": 256, "alias": "smollm2", "timeout": ENGINE_TIMEOUT_S}
+    yield from _serve({"smollm2": ModelConfig("smollm2", SmolLM2Model, options=options)})
+
+
+def _serve(configs: dict[str, ModelConfig]) -> Iterator[Target]:
     srv = ServerThread(configs, runtime=RuntimeOptions(default_deadline_s=SERVER_DEADLINE_S))
     srv.start()
     errors = _Errors()

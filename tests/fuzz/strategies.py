@@ -18,15 +18,17 @@ from zeroserve.app import limits as lim
 # Integers at and around every boundary the server has, plus the int64 / uint64 edges.
 EDGE_INTS = [
     0, 1, -1, 2, 4, 5, 16, 20, 64, 128, 129, 2048, 2049,
-    lim.MAX_TOKENS, lim.MAX_TOKENS + 1, lim.MAX_DIMENSIONS, lim.MAX_DIMENSIONS + 1,
+    lim.MAX_OUTPUT_TOKENS + 1, lim.MAX_TOKENS, lim.MAX_TOKENS + 1,
+    lim.MAX_DIMENSIONS, lim.MAX_DIMENSIONS + 1,
     2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**59, 2**62, 2**63 - 1, 2**63, 2**64 - 1, 2**64,
     -(2**63), -(2**63) - 1, 10**26, -(10**26), 10**400,
 ]  # fmt: skip
 
 ints = st.one_of(st.sampled_from(EDGE_INTS), st.integers(-(2**70), 2**70), st.integers(-3, 70))
 # Counts that stay cheap for the echo model (so examples run fast), or that are out of
-# every range (a valid but huge ``max_tokens`` x ``n`` is slow work, not hostile input).
-OUT_OF_RANGE = [v for v in EDGE_INTS if v < 0 or v > lim.MAX_TOKENS]
+# every range or budget (a valid but huge ``max_tokens`` x ``n`` is slow work, not hostile
+# input).
+OUT_OF_RANGE = [v for v in EDGE_INTS if v < 0 or v > lim.MAX_OUTPUT_TOKENS]
 small_ints = st.one_of(st.integers(0, 8), st.sampled_from(OUT_OF_RANGE))
 floats = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False),
@@ -63,6 +65,32 @@ def optional_fields(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[
     return st.fixed_dictionaries({}, optional=fields)
 
 
+def near_valid(
+    required: dict[str, st.SearchStrategy[Any]],
+    optional: dict[str, st.SearchStrategy[Any]],
+    wild: dict[str, st.SearchStrategy[Any]],
+    never_null: frozenset[str] = frozenset(),
+) -> st.SearchStrategy[dict[str, Any]]:
+    """A valid document (it reaches the model: generation, streaming, encoding), or one
+    with exactly one field made hostile (``wild``, or any JSON; never null for the keys
+    in ``never_null``, where null means unbounded work). With every field drawn hostile
+    at once, nearly every document is refused by its first bad field and the code behind
+    the decoder is never reached."""
+    valid = st.fixed_dictionaries(required, optional=optional)
+
+    @st.composite
+    def one_off(draw: st.DrawFn) -> dict[str, Any]:
+        doc = draw(valid)
+        key = draw(st.sampled_from(sorted(wild)))
+        value = st.one_of(wild[key], json_value)
+        if key in never_null:
+            value = value.filter(lambda v: v is not None)
+        doc[key] = draw(value)
+        return doc
+
+    return st.one_of(valid, one_off())
+
+
 def _messages() -> st.SearchStrategy[Any]:
     role = st.sampled_from(["system", "developer", "user", "assistant", "tool", "robot"])
     part = optional_fields(type=hostile(st.sampled_from(["text", "image_url"])), text=hostile(text))
@@ -86,24 +114,124 @@ _sampling = {
     "stream_options": hostile(optional_fields(include_usage=hostile(st.booleans()))),
 }
 _models = st.sampled_from(["echo", "echo-thread", "nope", ""])
+_served = st.sampled_from(["echo", "echo-thread"])
+# Valid values of the fields every generating route shares (kept cheap for echo).
+_valid_sampling = {
+    "stop": st.one_of(text, st.lists(text, max_size=lim.MAX_STOP)),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0, 1),
+    "seed": st.integers(lim.SEED_MIN, lim.SEED_MAX),
+    "n": st.integers(1, 3),
+    "stream": st.booleans(),
+    "stream_options": optional_fields(include_usage=st.booleans()),
+}
+_valid_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "developer", "user", "assistant"]), "content": text}
+)
+
+# JSON schemas (tool parameters, response_format): near-valid, wrong-typed or recursive.
+_schema = st.recursive(
+    optional_fields(
+        type=hostile(st.sampled_from(["object", "string", "integer", "array", "null", "x"])),
+        enum=st.lists(json_leaf, max_size=3),
+        pattern=hostile(st.sampled_from(["^a+$", "(", "[", "\\", "a{99999}"])),
+    ),
+    lambda inner: optional_fields(
+        type=st.just("object"),
+        properties=st.dictionaries(text, inner, max_size=3),
+        required=hostile(st.lists(text, max_size=3)),
+        items=hostile(inner),
+        additionalProperties=hostile(st.booleans()),
+        anyOf=st.lists(inner, max_size=2),
+    ),
+    max_leaves=8,
+)
+_function = optional_fields(
+    name=hostile(st.sampled_from(["get_weather", "", "a b", "x" * 65, "ünï"])),
+    description=hostile(text),
+    parameters=hostile(_schema),
+    strict=hostile(st.booleans()),
+)
+_tool = optional_fields(
+    type=hostile(st.sampled_from(["function", "code_interpreter"])), function=hostile(_function)
+)
+_ONE_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+_tools = st.one_of(st.lists(hostile(_tool), max_size=3), st.just([_ONE_TOOL] * (lim.MAX_TOOLS + 1)))
+_tool_choice = st.one_of(
+    st.sampled_from(["auto", "none", "required", "any"]),
+    optional_fields(
+        type=hostile(st.just("function")),
+        function=hostile(optional_fields(name=hostile(st.sampled_from(["f", "get_weather", ""])))),
+    ),
+)
+_response_format = optional_fields(
+    type=hostile(st.sampled_from(["text", "json_object", "json_schema", "xml"])),
+    json_schema=hostile(
+        optional_fields(name=hostile(text), schema=hostile(_schema), strict=hostile(st.booleans()))
+    ),
+)
+_chat_extra = {
+    "tools": hostile(_tools),
+    "tool_choice": hostile(_tool_choice),
+    "parallel_tool_calls": hostile(st.booleans()),
+    "response_format": hostile(_response_format),
+    "top_logprobs": hostile(small_ints),
+    "logit_bias": hostile(st.dictionaries(st.one_of(text, ints.map(str)), floats, max_size=4)),
+    "user": hostile(text),
+}
+# Sometimes a parameter no API has (refused by name); rarely, so the rest gets through.
+_unknown = st.one_of(
+    st.just({}), st.just({}), st.just({}), st.fixed_dictionaries({"frobnicate": json_value})
+)
+
+
+def _with_unknown(doc: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.builds(lambda d, extra: {**d, **extra}, doc, _unknown)
+
+
+def _chat_wild(models: st.SearchStrategy[str]) -> dict[str, st.SearchStrategy[Any]]:
+    return {
+        "model": models,
+        "messages": _messages(),
+        "max_tokens": small_ints,
+        "max_completion_tokens": small_ints,
+        "logprobs": st.booleans(),
+        **_sampling,
+        **_chat_extra,
+    }
 
 
 def chat_bodies() -> st.SearchStrategy[Any]:
-    doc = st.fixed_dictionaries(
-        {},
-        optional={
-            "model": hostile(_models),
-            "messages": _messages(),
-            "max_tokens": hostile(small_ints),
-            "max_completion_tokens": hostile(small_ints),
-            "logprobs": hostile(st.booleans()),
-            **_sampling,
+    wild = _chat_wild(_models)
+    doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
+    valid = near_valid(
+        {"model": _served, "messages": st.lists(_valid_message, min_size=1, max_size=3)},
+        {
+            "max_tokens": st.integers(1, 8),
+            "max_completion_tokens": st.integers(1, 8),
+            "logprobs": st.just(False),  # echo has none to give
+            "user": text,
+            **_valid_sampling,
         },
+        wild,
     )
-    return documents(doc)
+    return documents(_with_unknown(st.one_of(valid, doc)))
 
 
-def completion_bodies() -> st.SearchStrategy[Any]:
+# The SDKs' timeout headers (seconds): valid, tiny, malformed (ignored, never a 400).
+sdk_timeouts = st.fixed_dictionaries(
+    {},
+    optional={
+        "x-stainless-timeout": st.one_of(
+            st.sampled_from(["600", "0.001", "0", "-1", "nan", "inf", "1e400", "soon", ""]),
+            floats.map(str),
+        ),
+        "x-stainless-read-timeout": st.sampled_from(["60", "0.000001", "abc", "-0"]),
+    },
+)
+
+
+def _completion_wild(models: st.SearchStrategy[str]) -> dict[str, st.SearchStrategy[Any]]:
     prompt = st.one_of(
         text,
         st.lists(text, max_size=4),
@@ -111,20 +239,95 @@ def completion_bodies() -> st.SearchStrategy[Any]:
         st.lists(st.lists(ints, max_size=3), max_size=3),
         st.just(["a"] * (lim.MAX_PROMPTS + 1)),
     )
-    doc = st.fixed_dictionaries(
-        {},
-        optional={
-            "model": hostile(_models),
-            "prompt": hostile(prompt),
-            "max_tokens": hostile(small_ints),
-            "echo": hostile(st.booleans()),
-            "logprobs": hostile(small_ints),
-            "best_of": hostile(small_ints),
-            "suffix": hostile(text),
-            **_sampling,
-        },
+    return {
+        "model": models,
+        "prompt": prompt,
+        "max_tokens": small_ints,
+        "echo": st.booleans(),
+        "logprobs": small_ints,
+        "best_of": small_ints,
+        "suffix": text,
+        **_sampling,
+    }
+
+
+def completion_bodies() -> st.SearchStrategy[Any]:
+    wild = _completion_wild(_models)
+    doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
+    valid = near_valid(
+        {"model": _served, "prompt": st.one_of(text, st.lists(text, min_size=1, max_size=3))},
+        {"max_tokens": st.integers(0, 8), "echo": st.booleans(), **_valid_sampling},
+        wild,
     )
-    return documents(doc)
+    return documents(st.one_of(valid, doc))
+
+
+# -- the llama.cpp engine's own decoders (``smollm2``) ------------------------------------
+# Valid requests run the real model, so they ask for one or two tokens and choices, and
+# always say how many (an absent or null ``max_tokens`` generates to the end of the
+# context; a bigger one than the context is refused).
+_TOKEN_KEYS = frozenset({"max_tokens", "max_completion_tokens"})
+_engine_models = st.sampled_from(["smollm2", "smollm2", "nope"])
+_valid_schema = st.sampled_from(
+    [
+        {"type": "object"},
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+        {"type": "string", "enum": ["x", "y"]},
+    ]
+)
+_engine_sampling = {
+    **_valid_sampling,
+    "n": st.integers(1, 2),
+    "logit_bias": st.dictionaries(st.integers(0, 49151).map(str), st.floats(-100, 100), max_size=2),
+}
+
+
+def engine_chat_bodies() -> st.SearchStrategy[Any]:
+    wild = _chat_wild(_engine_models)
+    doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
+    tool = st.builds(
+        lambda schema: {"type": "function", "function": {"name": "f", "parameters": schema}},
+        _valid_schema,
+    )
+    valid = near_valid(
+        {
+            "model": st.just("smollm2"),
+            "messages": st.lists(_valid_message, min_size=1, max_size=2),
+            "max_tokens": st.integers(1, 2),
+        },
+        {
+            **_engine_sampling,
+            "logprobs": st.booleans(),
+            "top_logprobs": st.integers(0, 3),
+            "response_format": st.one_of(
+                st.just({"type": "json_object"}),
+                st.builds(
+                    lambda schema: {
+                        "type": "json_schema",
+                        "json_schema": {"name": "s", "schema": schema},
+                    },
+                    _valid_schema,
+                ),
+            ),
+            "tools": st.lists(tool, min_size=1, max_size=2),
+            "tool_choice": st.sampled_from(["auto", "none", "required"]),
+        },
+        wild,
+        _TOKEN_KEYS,
+    )
+    return documents(_with_unknown(st.one_of(valid, valid, doc)))
+
+
+def engine_completion_bodies() -> st.SearchStrategy[Any]:
+    wild = _completion_wild(_engine_models)
+    doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
+    valid = near_valid(
+        {"model": st.just("smollm2"), "prompt": text, "max_tokens": st.integers(0, 2)},
+        {**_engine_sampling, "logprobs": st.integers(0, 3)},
+        wild,
+        _TOKEN_KEYS,
+    )
+    return documents(st.one_of(valid, valid, doc))
 
 
 def embedding_bodies() -> st.SearchStrategy[Any]:
@@ -134,16 +337,23 @@ def embedding_bodies() -> st.SearchStrategy[Any]:
         st.lists(ints, max_size=4),
         st.sampled_from([[""] * lim.MAX_EMBEDDING_INPUTS, [""] * (lim.MAX_EMBEDDING_INPUTS + 1)]),
     )
-    doc = st.fixed_dictionaries(
-        {},
-        optional={
-            "model": hostile(_models),
-            "input": hostile(inputs),
-            "encoding_format": hostile(st.sampled_from(["float", "base64", "int8"])),
-            "dimensions": hostile(small_ints),
+    wild = {
+        "model": _models,
+        "input": inputs,
+        "encoding_format": st.sampled_from(["float", "base64", "int8"]),
+        "dimensions": small_ints,
+        "user": text,
+    }
+    doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
+    valid = near_valid(
+        {"model": _served, "input": st.one_of(text, st.lists(text, min_size=1, max_size=4))},
+        {
+            "encoding_format": st.sampled_from(["float", "base64"]),
+            "dimensions": st.integers(1, 64),
         },
+        wild,
     )
-    return documents(doc)
+    return documents(st.one_of(valid, doc))
 
 
 def documents(doc: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[bytes]:
@@ -251,10 +461,73 @@ def v2_blob(draw: st.DrawFn, datatype: Any, shape: Any) -> bytes:
     return draw(st.binary(max_size=64))
 
 
+_WIDTHS = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2,
+           "UINT32": 4, "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8}  # fmt: skip
+_INT_RANGES = {"UINT8": (0, 2**8 - 1), "INT8": (-(2**7), 2**7 - 1),
+               "UINT16": (0, 2**16 - 1), "INT16": (-(2**15), 2**15 - 1),
+               "UINT32": (0, 2**32 - 1), "INT32": (-(2**31), 2**31 - 1),
+               "UINT64": (0, 2**64 - 1), "INT64": (-(2**63), 2**63 - 1)}  # fmt: skip
+
+
+@st.composite
+def v2_valid_input(draw: st.DrawFn, index: int, binary: bool) -> tuple[dict[str, Any], bytes]:
+    """A well-formed V2 input (JSON data, or binary with its exact ``binary_data_size``
+    and BYTES framing), so a body reaches the model and the response encoder."""
+    datatype = draw(st.sampled_from([*_WIDTHS, "BYTES"]))
+    shape = draw(st.lists(st.integers(0, 3), max_size=3))
+    count = 1
+    for d in shape:
+        count *= d
+    doc: dict[str, Any] = {"name": f"x{index}", "datatype": datatype, "shape": shape}
+    if binary and draw(st.booleans()):
+        if datatype == "BYTES":
+            items = draw(st.lists(st.binary(max_size=8), min_size=count, max_size=count))
+            blob = b"".join(struct.pack("<I", len(e)) + e for e in items)
+        else:
+            n = count * _WIDTHS[datatype]
+            blob = draw(st.binary(min_size=n, max_size=n))
+        doc["parameters"] = {"binary_data_size": len(blob)}
+        return doc, blob
+    leaf: st.SearchStrategy[Any]
+    if datatype == "BYTES":
+        leaf = text
+    elif datatype == "BOOL":
+        leaf = st.booleans()
+    elif datatype.startswith("FP"):
+        leaf = st.floats(-1e4, 1e4)
+    else:
+        leaf = st.integers(*_INT_RANGES[datatype])
+    doc["data"] = draw(st.lists(leaf, min_size=count, max_size=count))
+    return doc, b""
+
+
+def _v2_valid_extra(names: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+    output = st.fixed_dictionaries(
+        {"name": st.sampled_from(names)},
+        optional={"parameters": optional_fields(binary_data=st.booleans())},
+    )
+    return optional_fields(
+        id=text,
+        parameters=optional_fields(binary_data_output=st.booleans()),
+        outputs=st.lists(output, max_size=2, unique_by=lambda o: o["name"]),
+    )
+
+
+@st.composite
+def _v2_valid(draw: st.DrawFn, binary: bool) -> tuple[dict[str, Any], bytes]:
+    pairs = [draw(v2_valid_input(i, binary)) for i in range(draw(st.integers(1, 3)))]
+    doc: dict[str, Any] = {"inputs": [p[0] for p in pairs]}
+    doc.update(draw(_v2_valid_extra([p[0]["name"] for p in pairs])))
+    return doc, b"".join(p[1] for p in pairs)
+
+
 @st.composite
 def v2_json_bodies(draw: st.DrawFn) -> bytes:
-    if draw(st.integers(0, 5)) == 0:
+    kind = draw(st.integers(0, 5))
+    if kind == 0:
         return draw(documents(st.fixed_dictionaries({}, optional={"inputs": json_value})))
+    if kind <= 2:  # near-valid: reaches the model and the response encoder
+        return json.dumps(draw(_v2_valid(binary=False))[0]).encode()
     inputs = [draw(v2_input(binary=False))[0] for _ in range(draw(st.integers(0, 3)))]
     doc: dict[str, Any] = {"inputs": inputs}
     doc.update(draw(_v2_extra()))
@@ -280,6 +553,10 @@ def _v2_extra() -> st.SearchStrategy[dict[str, Any]]:
 @st.composite
 def v2_binary_bodies(draw: st.DrawFn) -> tuple[bytes, str]:
     """A binary-extension body and its Inference-Header-Content-Length header value."""
+    if draw(st.integers(0, 2)) == 0:  # well-formed: the binary path to the model and back
+        valid, data = draw(_v2_valid(binary=True))
+        head = json.dumps(valid).encode()
+        return head + data, str(len(head))
     pairs = [draw(v2_input(binary=True)) for _ in range(draw(st.integers(0, 3)))]
     doc: dict[str, Any] = {"inputs": [p[0] for p in pairs]}
     doc.update(draw(_v2_extra()))

@@ -38,7 +38,7 @@ class App:
         self.readiness = ops.Readiness()
         self.router = Router()
         ops.register(self.router, engine, self.readiness, metrics_view)
-        raw.register(self.router, engine)
+        raw.register(self.router, engine, self.limits)
         # Remote models' relays, made now so their upstream metrics show from the start.
         self.relays = relays(engine)
         self.engine_relays = engine_relays(engine)  # llamacpp models: their slot metrics

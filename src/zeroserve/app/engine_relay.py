@@ -34,11 +34,13 @@ the call cannot be stopped, so its slot is held until the engine returns).
 A chat with no system message gets the model's default system prompt (``system_prompt``
 option), spliced into the body's ``messages`` at its byte offset (``value_spans``).
 
-Limits checked before a slot is taken: ``max_tokens`` beyond the slot's context, and a
-prompt too long for it (``context_length_exceeded``). The prompt check is exact only when
-it has to be: a prompt whose UTF-8 bytes (an upper bound of its tokens for byte-level
-BPE vocabularies) plus the template's overhead fit is accepted at once; otherwise the
-engine's own tokenizer counts it, through the locked side port.
+Limits checked before a slot is taken: the generic path's counts (``n``, stop strings,
+``n`` x ``max_tokens`` within the output-token budget, app/limits.py), ``max_tokens``
+beyond the slot's context, and a prompt too long for it (``context_length_exceeded``).
+The prompt check is exact only when it has to be: a prompt whose UTF-8 bytes (an upper
+bound of its tokens for byte-level BPE vocabularies) plus the template's overhead fit is
+accepted at once; otherwise the engine's own tokenizer counts it, through the locked
+side port.
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ from .. import metrics
 from ..errors import CapabilityError, DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
+from .deadlines import openai_timeout
 from .engine_responses import ResponsesAnswer, decode_request, translate
 from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
-from .limits import ApiLimits, check_count
+from .limits import ApiLimits, check_count, check_output_tokens
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
 from .relay._rewrite import model_spans, value_spans
@@ -113,10 +116,28 @@ class EngineStatistics:
     aborted: int  # streams stopped early (disconnect, deadline, slow reader)
 
 
-def _check_choices(n: int | None, stop: str | list[str] | None, limits: ApiLimits) -> None:
+def _client_deadline(req: Request, deadline: float, *, stream: bool) -> float:
+    """``deadline`` (loop time) shortened to the client's own timeout, the SDK headers
+    the generic OpenAI path honours too (app/deadlines.py); known once the body says
+    whether it streams."""
+    client = openai_timeout(req, stream=stream)
+    if client is None:
+        return deadline
+    return min(deadline, asyncio.get_running_loop().time() + client)
+
+
+def _check_choices(
+    n: int | None,
+    stop: str | list[str] | None,
+    limits: ApiLimits,
+    max_tokens: int | None,
+    max_tokens_param: str = "max_tokens",
+) -> None:
     """The count limits of the generic path (app/limits.py), for the engine's requests:
-    each choice is one engine request, so ``n`` bounds the work one body can start."""
+    each choice is one engine request, so ``n`` bounds the work one body can start, and
+    ``n`` x ``max_tokens`` the request's output-token budget."""
     check_count(n or 1, limits.n, "n", "choices")
+    check_output_tokens(n or 1, max_tokens, limits, max_tokens_param)
     stops = [stop] if isinstance(stop, str) else (stop or [])
     check_count(len(stops), limits.stop, "stop", "stop sequences")
 
@@ -148,16 +169,18 @@ class EngineRelay:
     ) -> Coroutine[Any, Any, Response | StreamResponse]:
         """Check a chat request and start answering it (an awaitable of the response)."""
         body = s.decode(s.engine_chat_decoder, req.body)
+        deadline = _client_deadline(req, deadline, stream=bool(body.stream))
         check_count(len(body.messages), limits.messages, "messages", "messages")
-        _check_choices(body.n, body.stop, limits)
-        if body.top_logprobs and not body.logprobs:
-            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-        plan = plan_tools(body, self.model)
         max_tokens = (
             body.max_completion_tokens
             if body.max_completion_tokens is not None
             else body.max_tokens
         )
+        param = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+        _check_choices(body.n, body.stop, limits, max_tokens, param)
+        if body.top_logprobs and not body.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        plan = plan_tools(body, self.model)
         texts = [_message_text(m) for m in body.messages]
         extra = len(bytes(body.tools)) if s.given(body.tools) else 0
         bound = sum(len(t.encode()) for t in texts) + extra
@@ -194,7 +217,8 @@ class EngineRelay:
         self, req: Request, ticket: Any, deadline: float, limits: ApiLimits
     ) -> Coroutine[Any, Any, Response | StreamResponse]:
         body = s.decode(s.engine_completion_decoder, req.body)
-        _check_choices(body.n, body.stop, limits)
+        deadline = _client_deadline(req, deadline, stream=bool(body.stream))
+        _check_choices(body.n, body.stop, limits, body.max_tokens)
         for name, bad in (
             ("echo", bool(body.echo)),
             ("best_of", body.best_of is not None and body.best_of > 1),
@@ -230,8 +254,10 @@ class EngineRelay:
         """A Responses API request (``app/engine_responses.py``): translated to a chat
         completion, answered in the Responses shapes."""
         body = decode_request(req.body)
+        deadline = _client_deadline(req, deadline, stream=bool(body.stream))
         if not isinstance(body.input, str):
             check_count(len(body.input), limits.messages, "input", "input items")
+        check_output_tokens(1, body.max_output_tokens, limits, "max_output_tokens")
         t = translate(body, self.model.alias, self.model.system_prompt)
         metrics.count_copy("engine_body", len(t.body))
         bound = t.bound + TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(t.messages)
@@ -260,6 +286,7 @@ class EngineRelay:
         the body goes to ``Server.handle_embeddings`` as bytes and its answer, already
         OpenAI's shape, comes back as it is."""
         body = s.decode(s.engine_embedding_decoder, req.body)
+        deadline = _client_deadline(req, deadline, stream=False)
         if not self.model.embedding:
             raise CapabilityError(
                 f"model {self.name!r} was started without embeddings; "

@@ -26,9 +26,12 @@ import msgspec
 from ..errors import RequestError
 
 # -- ranges (fixed) ---------------------------------------------------------------------
-# Largest ``max_tokens`` (and ``max_completion_tokens``, raw ``?max_tokens=``). The longest
-# context windows served today are about 10 M tokens; 2^24 is above any of them and far
-# inside a C int, so no model's arithmetic on it overflows.
+# Largest ``max_tokens`` (and ``max_completion_tokens``, raw ``?max_tokens=``) any code
+# below may be handed: the longest context windows served today are about 10 M tokens;
+# 2^24 is above any of them and far inside a C int, so no model's arithmetic on it
+# overflows. This is representability, not policy: how many tokens a request may ask
+# for is ``ApiLimits.output_tokens`` (MAX_OUTPUT_TOKENS below), which is configurable up
+# to this bound and no further.
 MAX_TOKENS = 1 << 24
 # ``seed`` is a signed 64-bit integer, as OpenAI documents it (numpy's generators and C
 # samplers take 64 bits; a bigger Python int raises ``OverflowError`` in them).
@@ -75,8 +78,10 @@ MAX_N = 128
 # Generations one request starts (prompts x n): each holds a ticket and a stream, so
 # this bounds one request's share of a model's queue; equal to MAX_N.
 MAX_GENERATIONS = 128
-# Tokens one request may ask to generate in all (generations x max_tokens): 2^22 tokens
-# is about 16 MiB of text, the size of our largest whole (non-streamed) response.
+# Tokens one request may ask to generate in all (generations x max_tokens), on every
+# route that generates (OpenAI chat and completions, a llama.cpp engine's, raw streams):
+# 2^22 tokens is about 16 MiB of text, the size of our largest whole (non-streamed)
+# response. Policy, so configurable, but never above MAX_TOKENS (the range).
 MAX_OUTPUT_TOKENS = 1 << 22
 # V2 input and output tensors per request. Models declare a handful; 1,024 is beyond any
 # real model and bounds the per-tensor work (validation, descriptors) of one request.
@@ -107,6 +112,8 @@ class ApiLimits:
         for name, value in asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"api limit {name!r} must be a positive integer")
+        if self.output_tokens > MAX_TOKENS:
+            raise ValueError(f"api limit 'output_tokens' must be at most {MAX_TOKENS}")
 
 
 def check_count(count: int, limit: int, param: str, what: str) -> None:
@@ -116,6 +123,20 @@ def check_count(count: int, limit: int, param: str, what: str) -> None:
             f"too many {what}: at most {limit} are accepted",
             param=param,
             code="limit_exceeded",
+        )
+
+
+def check_output_tokens(
+    generations: int, max_tokens: int | None, limits: ApiLimits, param: str = "max_tokens"
+) -> None:
+    """Raise a 400 naming ``param`` when ``generations`` x ``max_tokens`` exceeds the
+    request's output-token budget (``limits.output_tokens``)."""
+    if max_tokens is not None:
+        check_count(
+            generations * max_tokens,
+            limits.output_tokens,
+            param,
+            f"output tokens (generations x {param})",
         )
 
 

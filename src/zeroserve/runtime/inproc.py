@@ -11,8 +11,16 @@ Strategy
   the GIL (numpy, onnxruntime, torch). A sync generator is stepped one ``next()`` per
   pool call, and only once the channel has room, so a slow consumer stops the model
   instead of buffering its output. A lock serialises ``next()`` and ``close()`` so an
-  abort that lands mid-step closes the generator right after that step. Async methods of
-  a model on the ``thread`` executor run on the loop (they do not need a thread).
+  abort that lands mid-step closes the generator right after that step (the close is
+  queued only once the step returned, so a hung step holds one thread, not two). Async
+  methods of a model on the ``thread`` executor run on the loop (they do not need a
+  thread).
+* Hung work (``thread``): a thread cannot be killed, so work abandoned by its requests
+  (a batch, or a stream's step) keeps its thread until it returns; still running
+  ``hang_grace_s`` past its deadline it is counted ``stuck``. A stuck batch holds its
+  slot; a stuck step holds one of the pool's threads. The model has capacity while a
+  slot that is not stuck has a thread that is not stuck (docs/architecture.md, "Hung
+  work").
 
 Invariants
 ----------
@@ -128,16 +136,19 @@ class _PullProducer(Producer):
 
 
 class _Slot:
-    """One of the ``workers`` batch slots while taken. ``running``: the pool thread's
-    future of the call on it (thread executor), so a slot whose call was abandoned stays
-    taken until that thread returns."""
+    """Work on a pool thread that may outlive its requests: one of the ``workers`` batch
+    slots while taken (``step`` false), or a stream's step whose stream ended while it
+    ran (``step`` true). ``running``: the pool thread's future of the call (thread
+    executor), so a slot whose call was abandoned stays taken until that thread
+    returns."""
 
-    __slots__ = ("deadline_at", "running", "stuck")
+    __slots__ = ("deadline_at", "running", "step", "stuck")
 
-    def __init__(self) -> None:
+    def __init__(self, *, step: bool = False) -> None:
         self.running: concurrent.futures.Future[Any] | None = None
         self.deadline_at: float | None = None
         self.stuck = False
+        self.step = step
 
 
 class InProcessExecutor(Executor):
@@ -145,8 +156,10 @@ class InProcessExecutor(Executor):
 
     Hung work (thread): a thread cannot be killed. A slot whose call was abandoned (its
     requests expired or went away) stays taken until the call's thread returns; if that
-    is ``hang_grace_s`` past the call's deadline the slot is counted ``stuck``. With every
-    slot stuck the model has no capacity: ``ready()`` is false and admission answers 503.
+    is ``hang_grace_s`` past the call's deadline the slot is counted ``stuck``. A stream
+    step still running when its stream ended is watched the same way, and once stuck it
+    holds one of the pool's threads. With no slot that is not stuck, or no thread left
+    for one, the model has no capacity: ``ready()`` is false and admission answers 503.
     """
 
     kind = "inline"
@@ -166,8 +179,11 @@ class InProcessExecutor(Executor):
         self.yield_every = max(1, yield_every)
         self.hang_grace_s = hang_grace_s
         self._slots = asyncio.Semaphore(spec.workers)
+        # Pool threads (thread executor): ``workers`` for batches plus the stream threads.
+        self._threads = spec.workers
         self._busy = 0
-        self._stuck = 0
+        self._stuck = 0  # stuck batch slots (each holds a slot and a thread)
+        self._stuck_steps = 0  # stuck stream steps (each holds a thread)
         self._streams = 0
         self._ready = False
         self._async_infer: bool | None = None  # known after the first infer_now
@@ -188,7 +204,15 @@ class InProcessExecutor(Executor):
         return self._ready and self.has_capacity()
 
     def has_capacity(self) -> bool:
-        return self._stuck < self.spec.workers
+        return self._capacity() > 0
+
+    def _capacity(self) -> int:
+        """Batches that could run now: slots not stuck, each needing a pool thread that
+        is not stuck either."""
+        free_slots = self.spec.workers - self._stuck
+        if self.pool is None:
+            return free_slots
+        return max(0, min(free_slots, self._threads - self._stuck - self._stuck_steps))
 
     async def aclose(self) -> None:
         self._ready = False
@@ -223,34 +247,56 @@ class InProcessExecutor(Executor):
             self._free(s)
             return
         # Abandoned while its thread runs: the slot stays taken until the thread returns.
+        self._watch(s, running)
+
+    def _watch(self, slot: _Slot, running: concurrent.futures.Future[Any]) -> None:
+        """``slot``'s work was abandoned while its thread runs: free it when the thread
+        returns, and count it stuck if that is not by its deadline + the hang grace."""
         loop = asyncio.get_running_loop()
-        running.add_done_callback(lambda _: loop.call_soon_threadsafe(self._free, s))
-        if s.deadline_at is not None:
-            loop.call_at(s.deadline_at + self.hang_grace_s, self._hung, s)
+
+        def returned(_: concurrent.futures.Future[Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(self._free, slot)
+            except RuntimeError:  # the loop is closed: the engine is gone
+                pass
+
+        running.add_done_callback(returned)
+        if slot.deadline_at is not None:
+            loop.call_at(slot.deadline_at + self.hang_grace_s, self._hung, slot)
 
     def _hung(self, slot: _Slot) -> None:
         if slot.running is None or slot.running.done() or slot.stuck:
             return
         slot.stuck = True
-        self._stuck += 1
+        if slot.step:
+            self._stuck_steps += 1
+        else:
+            self._stuck += 1
         log.warning(
-            "model %r: a %s call ran %.1f s past its deadline; its thread is stuck "
-            "(%d of %d slots stuck)",
+            "model %r: a %s %s ran %.1f s past its deadline; its thread is stuck "
+            "(%d of %d slots and %d of %d threads stuck)",
             self.spec.name,
             self.kind,
+            "stream step" if slot.step else "call",
             self.hang_grace_s,
             self._stuck,
             self.spec.workers,
+            self._stuck + self._stuck_steps,
+            self._threads,
         )
 
     def _free(self, slot: _Slot) -> None:
         if slot.stuck:
             slot.stuck = False
-            self._stuck -= 1
-            log.warning("model %r: a stuck call returned; its slot is free again", self.spec.name)
+            if slot.step:
+                self._stuck_steps -= 1
+            else:
+                self._stuck -= 1
+            log.warning("model %r: a stuck call returned; its thread is free again", self.spec.name)
         slot.running = None
-        self._busy -= 1
-        self._slots.release()
+        if not slot.step:
+            self._busy -= 1
+            self._slots.release()
 
     async def infer(
         self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
@@ -341,7 +387,9 @@ class InProcessExecutor(Executor):
                 return _DoneProducer()
             if hasattr(it, "__next__"):
                 return self._pulled(cast(Iterator[Any], it), channel)
-        task = asyncio.get_running_loop().create_task(self._pump(req, channel, it, on_start))
+        task = asyncio.get_running_loop().create_task(
+            self._pump(req, channel, it, on_start, deadline_at)
+        )
         return _TaskProducer(task)
 
     def _pulled(self, gen: Iterator[Any], channel: Channel) -> Producer:
@@ -377,6 +425,7 @@ class InProcessExecutor(Executor):
         channel: Channel,
         it: Any = None,
         on_start: Callable[[], None] | None = None,
+        deadline_at: float | None = None,
     ) -> None:
         assert self.model is not None
         self._streams += 1
@@ -398,7 +447,7 @@ class InProcessExecutor(Executor):
             elif self.pool is None:
                 result = await self._pump_inline(iter(it), channel)
             else:
-                result = await self._pump_thread(iter(it), channel)
+                result = await self._pump_thread(iter(it), channel, deadline_at)
             channel.close(result=result)
         except asyncio.CancelledError:
             channel.close()
@@ -430,31 +479,45 @@ class InProcessExecutor(Executor):
             if close is not None:
                 close()
 
-    async def _pump_thread(self, gen: Iterator[Any], channel: Channel) -> Any:
-        """Step ``gen`` in the pool into ``channel``; returns the generator's return value."""
-        assert self.pool is not None
-        loop = asyncio.get_running_loop()
+    async def _pump_thread(
+        self, gen: Iterator[Any], channel: Channel, deadline_at: float | None
+    ) -> Any:
+        """Step ``gen`` in the pool into ``channel``; returns the generator's return value.
+        A step still running when the stream ends (aborted, expired) is watched like an
+        abandoned batch (``_watch``), and the generator is closed once it returned."""
+        pool = self.pool
+        assert pool is not None
         stepper = ThreadStepper(gen)
+        step: concurrent.futures.Future[Any] | None = None
         try:
             while True:
                 await channel.wait_writable()
-                piece = await loop.run_in_executor(self.pool, stepper.step)
+                step = pool.submit(stepper.step)
+                piece = await asyncio.wrap_future(step)
                 if piece is ThreadStepper.END:
                     return stepper.result
                 await channel.send(piece)
         finally:
-            stepper.close_in(self.pool)
+            if step is None or step.done():
+                stepper.close_in(pool)
+            else:
+                # Closing now would take a second thread to wait on the step's lock.
+                step.add_done_callback(lambda _: stepper.close_in(pool))
+                held = _Slot(step=True)
+                held.running = step
+                held.deadline_at = deadline_at
+                self._watch(held, step)
 
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(
             executor=self.kind,
             workers=self.spec.workers,
-            ready=self.spec.workers - self._stuck if self._ready else 0,
+            ready=self._capacity() if self._ready else 0,
             busy=self._busy,
             streams=self._streams,
             restarts=0,
             crashes=0,
-            stuck=self._stuck,
+            stuck=self._stuck + self._stuck_steps,
         )
 
 
@@ -479,6 +542,7 @@ class ThreadExecutor(InProcessExecutor):
         )
         # Slots bound concurrent batches to ``workers``; the extra threads serve stream
         # steps (one short ``next()`` each) so streams never queue behind a long batch.
+        self._threads = spec.workers + STREAM_THREADS
         self.pool = ThreadPoolExecutor(
-            max_workers=spec.workers + STREAM_THREADS, thread_name_prefix=f"zeroserve-{spec.name}"
+            max_workers=self._threads, thread_name_prefix=f"zeroserve-{spec.name}"
         )

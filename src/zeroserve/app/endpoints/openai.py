@@ -46,7 +46,7 @@ from ...runtime import Engine, ModelHandle, QueueWatch, Ticket
 from ..deadlines import openai_timeout
 from ..engine_relay import engine_for_request
 from ..engine_tools import release_ticket
-from ..limits import SEED_SPACE, ApiLimits, check_count
+from ..limits import SEED_SPACE, ApiLimits, check_count, check_output_tokens
 from ..openai import schemas as s
 from ..openai.generation import Generation, count_tokens
 from ..openai.params import refuse_unsupported
@@ -192,19 +192,14 @@ class _OpenAI:
         top_p: float | None,
         seed: int | None,
         deadline: float,
+        max_tokens_param: str = "max_tokens",
     ) -> tuple[list[_Job], int]:
         """One job per (prompt, choice), indexed as OpenAI does (prompt-major); and the
         prompt tokens of the request (each prompt counted once)."""
         limits = self.limits
         check_count(n, limits.n, "n", "choices")
         check_count(len(prompts) * n, limits.generations, "n", "generations (prompts x n)")
-        if max_tokens is not None:
-            check_count(
-                len(prompts) * n * max_tokens,
-                limits.output_tokens,
-                "max_tokens",
-                "output tokens (prompts x n x max_tokens)",
-            )
+        check_output_tokens(len(prompts) * n, max_tokens, limits, max_tokens_param)
         meta = handle.model
         counts = [count_tokens(meta, p) for p in prompts]
         ctx = meta.context_length
@@ -338,7 +333,10 @@ class _OpenAI:
             return None
         relay, handle = found
         ticket = handle.admit()  # Overloaded: 429 with Retry-After
-        deadline = asyncio.get_running_loop().time() + relay.model.timeout
+        # The engine's own timeout, capped by the model's limit (--request-timeout or its
+        # deadline_s); the relay shortens it to the client's (the SDK headers).
+        limit = min(relay.model.timeout, handle.spec.deadline_s)
+        deadline = asyncio.get_running_loop().time() + limit
         try:
             if kind == "chat":
                 return relay.chat(req, ticket, deadline, self.limits)
@@ -424,6 +422,12 @@ class _OpenAI:
             top_p=body.top_p,
             seed=body.seed,
             deadline=handle.deadline(openai_timeout(req, stream=bool(body.stream))),
+            max_tokens_param=(
+                "max_completion_tokens"
+                if isinstance(body, s.ChatCompletionRequest)
+                and body.max_completion_tokens is not None
+                else "max_tokens"
+            ),
         )
         if edge is not None:
             edge.model = handle.name

@@ -23,7 +23,7 @@ from ...models.base import GenerateRequest
 from ...runtime import Engine, InferResult, ModelHandle
 from ...runtime.channel import POLICIES
 from ..deadlines import raw_timeout
-from ..limits import MAX_TOKENS
+from ..limits import ApiLimits, check_output_tokens
 from ..relay import relay_for
 from ..request import Request
 from ..response import EVENT_STREAM, OCTET, HandlerResult, Response, StreamResponse
@@ -32,7 +32,9 @@ from ..router import Router
 _TRUE = frozenset(("1", "true", "yes"))
 
 
-def register(router: Router, engine: Engine) -> None:
+def register(router: Router, engine: Engine, limits: ApiLimits | None = None) -> None:
+    api_limits = limits or ApiLimits()
+
     def on_head(req: Request) -> None:
         raw_timeout(req)  # a malformed timeout is a 400 at the head
         req.admit(engine.model(req.params["model"]))
@@ -49,7 +51,7 @@ def register(router: Router, engine: Engine) -> None:
         if want_stream:
             if "generate" not in caps:
                 raise CapabilityError(f"model {handle.name!r} cannot stream")
-            gen = GenerateRequest(raw=req.body, max_tokens=_max_tokens(req))
+            gen = GenerateRequest(raw=req.body, max_tokens=_max_tokens(req, api_limits))
             policy = req.query.get("policy", "block")
             if policy not in POLICIES:
                 raise RequestError(f"policy must be one of {', '.join(POLICIES)}", param="policy")
@@ -83,7 +85,9 @@ def _response(handle: ModelHandle, result: InferResult) -> Response:
     return Response(200, [view], content_type=OCTET, release=[result.release])
 
 
-def _max_tokens(req: Request) -> int | None:
+def _max_tokens(req: Request, limits: ApiLimits) -> int | None:
+    """``?max_tokens=``: a count within the request's output-token budget (one
+    generation; see app/limits.py)."""
     value = req.query.get("max_tokens")
     if value is None:
         return None
@@ -91,6 +95,7 @@ def _max_tokens(req: Request) -> int | None:
         n = int(value)
     except ValueError:
         raise RequestError("max_tokens must be an integer", param="max_tokens") from None
-    if n < 0 or n > MAX_TOKENS:
-        raise RequestError(f"max_tokens must be between 0 and {MAX_TOKENS}", param="max_tokens")
+    if n < 0:
+        raise RequestError("max_tokens must not be negative", param="max_tokens")
+    check_output_tokens(1, n, limits)
     return n
