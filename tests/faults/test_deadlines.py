@@ -86,6 +86,26 @@ def test_stainless_timeout_header_ends_a_stream_with_an_error_event(
     assert server.in_flight("slowstart") == 0
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_stream_whose_deadline_passed_before_it_started_is_a_504(
+    server: ServerThread, path: str
+) -> None:
+    # A stream's first choice starts in the I/O callback that completed the request; a
+    # deadline already past there (a tiny SDK timeout) is the 504 answer, not a dropped
+    # connection and a leaked ticket (found by the long fuzz campaign).
+    body: dict[str, Any] = {"model": "echo", "stream": True, "max_tokens": 4}
+    body.update({"messages": MESSAGES} if "chat" in path else {"prompt": "x"})
+    for _ in range(3):  # the connection and the server keep serving
+        r = httpx.post(
+            server.url + path,
+            json=body,
+            headers={"x-stainless-timeout": "1e-300"},
+            timeout=CLIENT_WAIT_S,
+        )
+        openai_504(r)
+    assert server.in_flight("echo") == 0
+
+
 def test_read_timeout_header_does_not_cut_a_stream(server: ServerThread) -> None:
     # A read timeout restarts with every piece the client receives: it is not a deadline
     # for a whole stream (only X-Stainless-Timeout is).

@@ -144,6 +144,10 @@ class ChoiceStream:
         self._live: Generation | None = None
         self._begun = False  # the first choice was started
         self._opened = False  # ... and its opening chunks returned by receive_batch_nowait
+        # Why the first choice could not start in receive_batch_nowait (for example its
+        # deadline had passed): raised by the first ``__anext__``, so the server answers it
+        # as the error response it is, not from inside its I/O callback.
+        self._start_error: Exception | None = None
         self._gen: AsyncGenerator[Any] = self._run()
 
     def __aiter__(self) -> ChoiceStream:
@@ -171,7 +175,11 @@ class ChoiceStream:
             if self._begun or not self.starters:
                 return []
             self._begun = True
-            live = self._live = self.starters[0]()
+            try:
+                live = self._live = self.starters[0]()
+            except Exception as exc:  # the starter released its ticket; see _start_error
+                self._start_error = exc
+                return []
             texts = live.take_ready(max_items)
             if not texts:
                 return []  # ``_run`` awaits the first piece of the choice started here
@@ -188,6 +196,8 @@ class ChoiceStream:
         chunks = self.chunks
         completion_tokens = 0
         last = len(self.starters) - 1
+        if self._start_error is not None:
+            raise self._start_error
         for i, start in enumerate(self.starters):
             # The first choice may have been started (and opened) by receive_batch_nowait.
             gen = self._live if i == 0 and self._live is not None else start()
