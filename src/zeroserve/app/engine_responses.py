@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import msgspec
 
 from ..errors import RequestError, ZeroserveError
+from .engine_answers import collect
 from .engine_tools import GeneratedPieces
 from .openai import responses as r
 from .openai import schemas as s
@@ -216,8 +217,8 @@ class ResponsesAnswer:
         return r.OutputMessage(id=self.item_id, status=status, content=[r.OutputText(text=text)])
 
     @staticmethod
-    def _usage(usage: s.Usage | None, timings: s.EngineTimings | None) -> r.ResponseUsage:
-        u = usage or s.Usage(0, 0, 0)
+    def _usage(usage: s.EngineUsage | None, timings: s.EngineTimings | None) -> r.ResponseUsage:
+        u = usage or s.EngineUsage()
         cached = timings.cache_n if timings is not None else 0
         return r.ResponseUsage(
             input_tokens=u.prompt_tokens,
@@ -232,28 +233,15 @@ class ResponsesAnswer:
     ) -> Response | StreamResponse:
         model = run.model
         if not stream:
-            parts: list[str] = []
-            reason = "stop"
-            usage: s.Usage | None = None
-            chunk: bytes | None = first
-            try:
-                while chunk is not None:
-                    data = s.engine_chunk_decoder.decode(run.check(chunk))
-                    usage = data.usage or usage
-                    for c in data.choices:
-                        if c.delta is not None and c.delta.content:
-                            parts.append(c.delta.content)
-                        reason = c.finish_reason or reason
-                    chunk = await run.next_chunk()
-            finally:
-                run.close()  # a deadline, an engine error or the client gone: stop the slot
-            cut = reason == "length"
+            # A deadline, an engine error or the client gone: ``collect`` stops the slot.
+            answer = await collect(run, first)
+            cut = answer.finish_reason == "length"
             status = "incomplete" if cut else "completed"
             out = self._snapshot(
                 model,
                 status,
-                [self._message("".join(parts), status)],
-                self._usage(usage, run.timings),
+                [self._message(answer.text, status)],
+                self._usage(answer.usage, run.timings),
                 incomplete=cut,
             )
             return Response(200, [_encode(out)], content_type=JSON)
@@ -307,7 +295,7 @@ class ResponsesAnswer:
         )
         parts: list[str] = []
         reason = "stop"
-        usage: s.Usage | None = None
+        usage: s.EngineUsage | None = None
         chunk: bytes | None = first
         try:
             while chunk is not None:

@@ -465,22 +465,63 @@ class EngineTimings(Struct, kw_only=True):
     predicted_n: int = 0  # tokens generated
 
 
+class EngineFunctionDelta(Struct, kw_only=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class EngineToolCallDelta(Struct, kw_only=True):
+    """A fragment of a native tool call: the first names it, the rest add arguments."""
+
+    index: int = 0
+    id: str | None = None
+    type: str | None = None
+    function: EngineFunctionDelta | None = None
+
+
 class EngineDelta(Struct, kw_only=True):
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[EngineToolCallDelta] | None = None
+
+
+class EngineLogprobs(Struct, kw_only=True):
+    content: list[msgspec.Raw] | None = None  # one entry per token, kept as it came
 
 
 class EngineChunkChoice(Struct, kw_only=True):
     index: int = 0
-    delta: EngineDelta | None = None
-    message: EngineDelta | None = None
+    delta: EngineDelta | None = None  # chat
+    text: str | None = None  # completions
+    logprobs: EngineLogprobs | None = None
     finish_reason: str | None = None
 
 
-class EngineChunk(Struct, kw_only=True):
-    """The fields of an engine chunk (or whole answer) that zeroserve ever reads."""
+class PromptTokensDetails(Struct, kw_only=True):
+    cached_tokens: int = 0
 
+
+class EngineUsage(Struct, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    def plain(self) -> Usage:
+        """The three counts OpenAI's ``usage`` always has."""
+        return Usage(
+            self.prompt_tokens, self.completion_tokens, self.prompt_tokens + self.completion_tokens
+        )
+
+
+class EngineChunk(Struct, kw_only=True):
+    """The fields of an engine chunk that zeroserve ever reads."""
+
+    id: str = ""
+    created: int = 0
+    system_fingerprint: str | None = None
     choices: list[EngineChunkChoice] = []
-    usage: Usage | None = None
+    usage: EngineUsage | None = None
     timings: EngineTimings | None = None
 
 
