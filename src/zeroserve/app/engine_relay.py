@@ -529,6 +529,9 @@ class _Run:
         self._timer: asyncio.TimerHandle | None = None
         self.timer = GenerationTimer(relay.name)
         self.on_tokens: Callable[[int], None] | None = None  # the edge's token count
+        # Whether ``on_tokens`` counts the prompt too (once per request: the first of
+        # ``n`` choices, as the answer's ``usage`` counts it).
+        self.count_prompt = True
         self.timings: s.EngineTimings | None = None
         self._thread_done: asyncio.Future[None] | None = None
 
@@ -714,7 +717,9 @@ class _Run:
         if self.on_tokens is not None:
             used = self.timer.count
             if timings is not None:
-                used = timings.cache_n + timings.prompt_n + timings.predicted_n
+                used = timings.predicted_n
+                if self.count_prompt:
+                    used += timings.cache_n + timings.prompt_n
             self.on_tokens(used)
         if timings is None:
             self.timer.observe()
@@ -815,14 +820,14 @@ async def run_choices(
     payloads = _choice_payloads(payload, n, seed)
     if not stream:
 
-        async def one(p: bytes) -> Collected:
+        async def one(j: int, p: bytes) -> Collected:
             run = _Run(relay, deadline, None)
-            run.on_tokens = on_tokens
+            run.on_tokens, run.count_prompt = on_tokens, j == 0
             return await collect(run, await run.begin(p, chat=chat))
 
         try:
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(one(p)) for p in payloads]
+                tasks = [tg.create_task(one(j, p)) for j, p in enumerate(payloads)]
         except ExceptionGroup as group:
             raise group.exceptions[0] from None
         finally:
@@ -852,7 +857,7 @@ async def _stream_choices(
     try:
         for j, p in enumerate(payloads):
             run = _Run(relay, deadline, None)
-            run.on_tokens = on_tokens
+            run.on_tokens, run.count_prompt = on_tokens, j == 0
             resp = await run.start(p, chat=chat, stream=True)
             assert isinstance(resp, StreamResponse)
             index = b'"index":%d' % j
