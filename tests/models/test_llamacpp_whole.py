@@ -181,9 +181,12 @@ def test_an_expired_whole_answer_frees_its_slot(
 ) -> None:
     aborted = _metric(llm.url, "zeroserve_engine_aborted")
     # The SDK's own timeout is the request's deadline (app/deadlines.py).
-    with openai.OpenAI(
-        base_url=llm.url + "/v1", api_key="unused", max_retries=0, timeout=2.0
-    ) as client, pytest.raises(openai.InternalServerError) as info:
+    with (
+        openai.OpenAI(
+            base_url=llm.url + "/v1", api_key="unused", max_retries=0, timeout=2.0
+        ) as client,
+        pytest.raises(openai.InternalServerError) as info,
+    ):
         client.post(
             path,
             body={"model": "one", "max_tokens": LONG_TOKENS, **ENDLESS, **body},

@@ -23,7 +23,9 @@ chunks are bounded in bytes (``coalesce_cap_bytes``, the channels' coalesce cap)
 pending chunk goes out in one write when the client is ready (they coalesce into one
 ``writelines``), and past the cap the stream is aborted (``StreamAborted``) and its slot
 freed. Cancellation: a client disconnect, the deadline or ``aclose()`` set a flag that
-makes the engine callback return ``True``, which stops the slot at its next token.
+makes the engine callback return ``True``, which stops the slot at its next token. A
+whole answer is asked of the engine as a stream too (its whole-answer callback would
+come only at the end) and assembled by :mod:`.engine_answers`.
 
 The same slots serve ``/v1/responses`` (translated to a chat completion by
 :mod:`.engine_responses`, its chunks turned into Responses events by the plan it gives

@@ -18,7 +18,8 @@ translated here, once, into a chat completion for ``handle_chat_completions``:
 
 The engine's answer comes back as chat chunks (streamed from the engine even for a whole
 answer, so that a deadline or a client that leaves stops the slot at the next token);
-each is decoded once, with msgspec, and turned into OpenAI's Responses shapes: a whole ``response`` object, or the stream's
+each is decoded once, with msgspec, and turned into OpenAI's Responses shapes: a whole
+``response`` object (from the answer ``engine_answers.collect`` assembles), or the stream's
 events in OpenAI's exact order and format (``event: <type>`` and ``data: <json>``,
 ``sequence_number`` from 0): ``response.created``, ``response.in_progress``,
 ``response.output_item.added``, ``response.content_part.added``, one
@@ -99,10 +100,9 @@ def translate(req: r.ResponsesRequest, alias: str, system_prompt: str | None) ->
             messages.append({"role": _ROLES.get(item.role, item.role), "content": _text(item, i)})
     if system_prompt is not None and not any(m["role"] == "system" for m in messages):
         messages.insert(0, {"role": "system", "content": system_prompt})
-    # Always streamed from the engine, whole answers too: each chunk's callback can stop
-    # the slot, so a client that leaves or a deadline that passes frees it at the next
-    # token (a whole engine answer has no callback until it is complete). The usage
-    # comes in the last chunk.
+    # Streamed from the engine, whole answers too, as every engine request is
+    # (app/engine_answers.py: each chunk's callback can stop the slot). The usage comes
+    # in the last chunk.
     out: dict[str, Any] = {
         "model": alias,
         "messages": messages,
