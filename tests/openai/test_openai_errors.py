@@ -10,6 +10,7 @@ from openai_servers import ServerThread
 from openai_test_models import CLOSED
 
 import openai
+from zeroserve.app.openai.schemas import MAX_ECHOED_MESSAGE_CHARS, MAX_ECHOED_PARAM_CHARS
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -130,6 +131,21 @@ def test_error_bodies_never_echo_input(server: ServerThread) -> None:
             r = post(server, path, body)
             assert r.status_code in (400, 404)
             assert secret not in r.text
+
+
+@pytest.mark.parametrize("key", ["k" * 5000, "a`b" * 2000, "x" * MAX_ECHOED_PARAM_CHARS])
+def test_an_unknown_parameter_is_named_within_a_bound(server: ServerThread, key: str) -> None:
+    """A parameter's name is the client's input: the 400 names it, cut to a bound."""
+    r = post(server, CHAT, {"model": "tinyllm", "messages": MESSAGES, key: 1})
+    assert r.status_code == 400
+    err = error_of(r)
+    param = err["param"]
+    assert len(param) <= MAX_ECHOED_PARAM_CHARS
+    if len(key) <= MAX_ECHOED_PARAM_CHARS:
+        assert param == key  # a name within the bound is shown whole
+    else:
+        assert param.endswith("\u2026") and key.startswith(param[:-1])
+    assert len(r.content) < 2 * MAX_ECHOED_PARAM_CHARS + MAX_ECHOED_MESSAGE_CHARS + 200
 
 
 def test_wrong_method_is_405(server: ServerThread) -> None:

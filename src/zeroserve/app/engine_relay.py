@@ -23,7 +23,9 @@ chunks are bounded in bytes (``coalesce_cap_bytes``, the channels' coalesce cap)
 pending chunk goes out in one write when the client is ready (they coalesce into one
 ``writelines``), and past the cap the stream is aborted (``StreamAborted``) and its slot
 freed. Cancellation: a client disconnect, the deadline or ``aclose()`` set a flag that
-makes the engine callback return ``True``, which stops the slot at its next token.
+makes the engine callback return ``True``, which stops the slot at its next token. A
+whole answer is asked of the engine as a stream too (its whole-answer callback would
+come only at the end) and assembled by :mod:`.engine_answers`.
 
 The same slots serve ``/v1/responses`` (translated to a chat completion by
 :mod:`.engine_responses`, its chunks turned into Responses events by the plan it gives
@@ -62,6 +64,7 @@ from ..errors import CapabilityError, DeadlineExceeded, RequestError, ZeroserveE
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
 from .deadlines import openai_timeout
+from .engine_answers import Collected, collect, streamed, whole_answer
 from .engine_responses import ResponsesAnswer, decode_request, translate
 from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
 from .limits import ApiLimits, check_count, check_output_tokens
@@ -379,15 +382,19 @@ class EngineRelay:
             names = ("max_tokens", "messages" if messages is not None else "prompt")
         try:
             await self._check_context(max_tokens, bound, messages, prompt, deadline, names)
+            if not stream:  # streamed from the engine all the same (app/engine_answers.py)
+                payload = streamed(payload)
+            edge = req.edge
+            on_tokens = None
+            if edge is not None:  # an API key's token quota: debited as each run ends
+                edge.model = self.name
+                on_tokens = edge.count_tokens
             if n > 1:
                 return await run_choices(
-                    self, payload, n, seed, chat, stream, deadline, ticket, plan
+                    self, payload, n, seed, chat, stream, deadline, ticket, on_tokens
                 )
             run = _Run(self, deadline, ticket, plan=plan, error_param=error_param)
-            edge = req.edge
-            if edge is not None:  # an API key's token quota: debited when the run ends
-                edge.model = self.name
-                run.on_tokens = edge.count_tokens
+            run.on_tokens = on_tokens
             return await run.start(payload, chat=chat, stream=stream)
         except BaseException:
             release_ticket(ticket)
@@ -524,6 +531,9 @@ class _Run:
         self._timer: asyncio.TimerHandle | None = None
         self.timer = GenerationTimer(relay.name)
         self.on_tokens: Callable[[int], None] | None = None  # the edge's token count
+        # Whether ``on_tokens`` counts the prompt too (once per request: the first of
+        # ``n`` choices, as the answer's ``usage`` counts it).
+        self.count_prompt = True
         self.timings: s.EngineTimings | None = None
         self._thread_done: asyncio.Future[None] | None = None
 
@@ -584,6 +594,20 @@ class _Run:
 
     # -- loop side -------------------------------------------------------------------------
     async def start(self, payload: bytes, *, chat: bool, stream: bool) -> Response | StreamResponse:
+        """Answer with the engine's chunks: relayed (a stream), made by the plan, or
+        assembled into one whole answer (``payload`` then asks the engine for a stream:
+        ``engine_answers.streamed``)."""
+        first = await self.begin(payload, chat=chat)
+        if self.plan is not None:
+            return await self.plan.respond(self, first, chat=chat, stream=stream)
+        if not stream:
+            answer = await collect(self, first)
+            return Response(200, [whole_answer([answer], self.model, chat=chat)], content_type=JSON)
+        return StreamResponse(_Pieces(self, first), framing="sse")
+
+    async def begin(self, payload: bytes, *, chat: bool) -> bytes:
+        """Take a slot, start the engine call in a pool thread and return its first
+        chunk (checked); on any failure the call is closed."""
         relay = self.relay
         await relay.acquire(self.deadline)
         self._slot = True
@@ -595,17 +619,10 @@ class _Run:
             first = await self.next_chunk()
             if first is None:
                 raise ZeroserveError("the engine returned no answer")
-            first = self.check(first)
+            return self.check(first)
         except BaseException:
             self.close()
             raise
-        if self.plan is not None:
-            return await self.plan.respond(self, first, chat=chat, stream=stream)
-        if not stream:
-            self.complete = True  # a whole answer is one chunk
-            self.close()
-            return Response(200, [first], content_type=JSON)
-        return StreamResponse(_Pieces(self, first), framing="sse")
 
     def check(self, chunk: bytes) -> bytes:
         """Raise the engine's error chunk as a zeroserve error; read the final chunk's
@@ -702,7 +719,9 @@ class _Run:
         if self.on_tokens is not None:
             used = self.timer.count
             if timings is not None:
-                used = timings.cache_n + timings.prompt_n + timings.predicted_n
+                used = timings.predicted_n
+                if self.count_prompt:
+                    used += timings.cache_n + timings.prompt_n
             self.on_tokens(used)
         if timings is None:
             self.timer.observe()
@@ -796,56 +815,51 @@ async def run_choices(
     stream: bool,
     deadline: float,
     ticket: Any,
-    plan: Plan | None,
+    on_tokens: Callable[[int], None] | None,
 ) -> Response | StreamResponse:
+    """``n`` choices, one engine request each; ``on_tokens`` (the edge's token count) is
+    given each run's tokens as it ends."""
     payloads = _choice_payloads(payload, n, seed)
     if not stream:
 
-        async def one(p: bytes) -> Any:
+        async def one(j: int, p: bytes) -> Collected:
             run = _Run(relay, deadline, None)
-            resp = await run.start(p, chat=chat, stream=False)
-            assert isinstance(resp, Response)
-            return msgspec.json.decode(bytes(resp.body[0]))
+            run.on_tokens, run.count_prompt = on_tokens, j == 0
+            return await collect(run, await run.begin(p, chat=chat))
 
         try:
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(one(p)) for p in payloads]
+                tasks = [tg.create_task(one(j, p)) for j, p in enumerate(payloads)]
         except ExceptionGroup as group:
             raise group.exceptions[0] from None
         finally:
             release_ticket(ticket)
         answers = [t.result() for t in tasks]
-        merged = answers[0]
-        choices = []
-        totals = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        for j, a in enumerate(answers):
-            for c in a.get("choices", []):
-                c["index"] = j
-                choices.append(c)
-            u = a.get("usage") or {}
-            for k in totals:
-                totals[k] += int(u.get(k, 0)) if k != "prompt_tokens" or j == 0 else 0
-        totals["total_tokens"] = totals["prompt_tokens"] + totals["completion_tokens"]
-        merged["choices"] = choices
-        merged["usage"] = totals
-        merged.pop("timings", None)
-        return Response(200, [_encode(merged)], content_type=JSON)
+        body = whole_answer(answers, relay.name, chat=chat)
+        return Response(200, [body], content_type=JSON)
     return StreamResponse(
         GeneratedPieces(
-            _stream_choices(relay, payloads, chat, deadline, ticket), lambda: release_ticket(ticket)
+            _stream_choices(relay, payloads, chat, deadline, ticket, on_tokens),
+            lambda: release_ticket(ticket),
         ),
         framing="sse",
     )
 
 
 async def _stream_choices(
-    relay: EngineRelay, payloads: list[bytes], chat: bool, deadline: float, ticket: Any
+    relay: EngineRelay,
+    payloads: list[bytes],
+    chat: bool,
+    deadline: float,
+    ticket: Any,
+    on_tokens: Callable[[int], None] | None,
 ) -> AsyncGenerator[bytes, None]:
     prompt = completion = 0
     last_usage: Any = None
     try:
         for j, p in enumerate(payloads):
             run = _Run(relay, deadline, None)
+            run.on_tokens, run.count_prompt = on_tokens, j == 0
             resp = await run.start(p, chat=chat, stream=True)
             assert isinstance(resp, StreamResponse)
             index = b'"index":%d' % j

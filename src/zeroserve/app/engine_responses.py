@@ -18,7 +18,8 @@ translated here, once, into a chat completion for ``handle_chat_completions``:
 
 The engine's answer comes back as chat chunks (streamed from the engine even for a whole
 answer, so that a deadline or a client that leaves stops the slot at the next token);
-each is decoded once, with msgspec, and turned into OpenAI's Responses shapes: a whole ``response`` object, or the stream's
+each is decoded once, with msgspec, and turned into OpenAI's Responses shapes: a whole
+``response`` object (from the answer ``engine_answers.collect`` assembles), or the stream's
 events in OpenAI's exact order and format (``event: <type>`` and ``data: <json>``,
 ``sequence_number`` from 0): ``response.created``, ``response.in_progress``,
 ``response.output_item.added``, ``response.content_part.added``, one
@@ -38,6 +39,7 @@ from typing import Any, Protocol
 import msgspec
 
 from ..errors import RequestError, ZeroserveError
+from .engine_answers import collect
 from .engine_tools import GeneratedPieces
 from .openai import responses as r
 from .openai import schemas as s
@@ -98,10 +100,9 @@ def translate(req: r.ResponsesRequest, alias: str, system_prompt: str | None) ->
             messages.append({"role": _ROLES.get(item.role, item.role), "content": _text(item, i)})
     if system_prompt is not None and not any(m["role"] == "system" for m in messages):
         messages.insert(0, {"role": "system", "content": system_prompt})
-    # Always streamed from the engine, whole answers too: each chunk's callback can stop
-    # the slot, so a client that leaves or a deadline that passes frees it at the next
-    # token (a whole engine answer has no callback until it is complete). The usage
-    # comes in the last chunk.
+    # Streamed from the engine, whole answers too, as every engine request is
+    # (app/engine_answers.py: each chunk's callback can stop the slot). The usage comes
+    # in the last chunk.
     out: dict[str, Any] = {
         "model": alias,
         "messages": messages,
@@ -216,8 +217,8 @@ class ResponsesAnswer:
         return r.OutputMessage(id=self.item_id, status=status, content=[r.OutputText(text=text)])
 
     @staticmethod
-    def _usage(usage: s.Usage | None, timings: s.EngineTimings | None) -> r.ResponseUsage:
-        u = usage or s.Usage(0, 0, 0)
+    def _usage(usage: s.EngineUsage | None, timings: s.EngineTimings | None) -> r.ResponseUsage:
+        u = usage or s.EngineUsage()
         cached = timings.cache_n if timings is not None else 0
         return r.ResponseUsage(
             input_tokens=u.prompt_tokens,
@@ -232,28 +233,15 @@ class ResponsesAnswer:
     ) -> Response | StreamResponse:
         model = run.model
         if not stream:
-            parts: list[str] = []
-            reason = "stop"
-            usage: s.Usage | None = None
-            chunk: bytes | None = first
-            try:
-                while chunk is not None:
-                    data = s.engine_chunk_decoder.decode(run.check(chunk))
-                    usage = data.usage or usage
-                    for c in data.choices:
-                        if c.delta is not None and c.delta.content:
-                            parts.append(c.delta.content)
-                        reason = c.finish_reason or reason
-                    chunk = await run.next_chunk()
-            finally:
-                run.close()  # a deadline, an engine error or the client gone: stop the slot
-            cut = reason == "length"
+            # A deadline, an engine error or the client gone: ``collect`` stops the slot.
+            answer = await collect(run, first)
+            cut = answer.finish_reason == "length"
             status = "incomplete" if cut else "completed"
             out = self._snapshot(
                 model,
                 status,
-                [self._message("".join(parts), status)],
-                self._usage(usage, run.timings),
+                [self._message(answer.text, status)],
+                self._usage(answer.usage, run.timings),
                 incomplete=cut,
             )
             return Response(200, [_encode(out)], content_type=JSON)
@@ -307,7 +295,7 @@ class ResponsesAnswer:
         )
         parts: list[str] = []
         reason = "stop"
-        usage: s.Usage | None = None
+        usage: s.EngineUsage | None = None
         chunk: bytes | None = first
         try:
             while chunk is not None:

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import msgspec
 
 from ..errors import RequestError, ZeroserveError
+from .engine_answers import collect
 from .openai import schemas as s
 from .response import JSON, Response, StreamResponse
 
@@ -59,9 +60,7 @@ class ToolEngine(Protocol):
 
 
 class EngineCall(Protocol):
-    """What a forced tool call needs of one engine call (``engine_relay._Run``)."""
-
-    complete: bool
+    """What a tool answer needs of one engine call (``engine_relay._Run``)."""
 
     @property
     def model(self) -> str: ...
@@ -301,14 +300,10 @@ class ForcedTool(_ToolAnswer):
     ) -> Response | StreamResponse:
         model = run.model
         if not stream:
-            run.complete = True
-            run.close()
-            answer = s.engine_chunk_decoder.decode(first)
-            choice = answer.choices[0] if answer.choices else None
-            content = (choice.message.content if choice and choice.message else None) or ""
-            reason = choice.finish_reason if choice else "stop"
-            name, args = self._call(content)
-            usage = answer.usage or s.Usage(0, 0, 0)
+            answer = await collect(run, first)
+            reason = answer.finish_reason or "stop"
+            name, args = self._call(answer.text)
+            usage = answer.usage.plain() if answer.usage is not None else s.Usage(0, 0, 0)
             msg = s.ToolMessage(
                 "assistant",
                 None,
@@ -343,7 +338,7 @@ class ForcedTool(_ToolAnswer):
         yield self._chunk(model, head, None, usage_default)
         parts: list[str] = []
         reason = "stop"
-        usage: s.Usage | None = None
+        usage: s.EngineUsage | None = None
         chunk: bytes | None = first
         while chunk is not None:
             data = s.engine_chunk_decoder.decode(run.check(chunk))
@@ -370,7 +365,7 @@ class ForcedTool(_ToolAnswer):
             model, s.ToolDelta(), "tool_calls" if reason != "length" else "length", usage_default
         )
         if self.include_usage and usage is not None:
-            yield self._usage_chunk(model, usage)
+            yield self._usage_chunk(model, usage.plain())
         yield b"[DONE]"
 
 
@@ -464,12 +459,9 @@ class AutoTool(_ToolAnswer):
     ) -> Response | StreamResponse:
         model = run.model
         if not stream:
-            run.complete = True
-            run.close()
-            answer = s.engine_chunk_decoder.decode(first)
-            choice = answer.choices[0] if answer.choices else None
-            content = (choice.message.content if choice and choice.message else None) or ""
-            reason = (choice.finish_reason if choice else None) or "stop"
+            answer = await collect(run, first)
+            content = answer.text
+            reason = answer.finish_reason or "stop"
             calls = self.calls(content)
             if calls is not None:
                 msg = s.ToolMessage("assistant", None, calls)
@@ -482,7 +474,7 @@ class AutoTool(_ToolAnswer):
                 self.created,
                 model,
                 [s.ToolChoiceOut(0, msg, None, reason)],
-                answer.usage or s.Usage(0, 0, 0),
+                answer.usage.plain() if answer.usage is not None else s.Usage(0, 0, 0),
             )
             return Response(200, [_encode(out)], content_type=JSON)
         return StreamResponse(
@@ -497,7 +489,7 @@ class AutoTool(_ToolAnswer):
         held: list[str] = []  # text before the first non-space character, or a call
         is_call: bool | None = None
         reason = "stop"
-        usage: s.Usage | None = None
+        usage: s.EngineUsage | None = None
         chunk: bytes | None = first
         while chunk is not None:
             data = s.engine_chunk_decoder.decode(run.check(chunk))
@@ -539,7 +531,7 @@ class AutoTool(_ToolAnswer):
                 yield self._chunk(model, s.ToolDelta(content=content), None, usage_default)
         yield self._chunk(model, s.ToolDelta(), reason, usage_default)
         if self.include_usage and usage is not None:
-            yield self._usage_chunk(model, usage)
+            yield self._usage_chunk(model, usage.plain())
         yield b"[DONE]"
 
 

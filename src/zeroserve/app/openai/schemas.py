@@ -142,6 +142,13 @@ embedding_decoder = msgspec.json.Decoder(EmbeddingRequest)
 T = TypeVar("T")
 
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+# Characters of a parameter's name (or path) an error echoes, in ``param`` and the
+# message: a name is the client's own input and may be of any length; 64 shows any
+# real parameter's path whole. Longer ones are cut and end with an ellipsis.
+MAX_ECHOED_PARAM_CHARS = 64
+# Characters of the decoder's own message kept (its messages are one short sentence;
+# this bounds one that would quote the input).
+MAX_ECHOED_MESSAGE_CHARS = 200
 _QUOTED = re.compile(r"'.*'", re.DOTALL)
 
 
@@ -172,7 +179,7 @@ def _split_path(text: str) -> tuple[str, str | None]:
         param = m.group("path") or None
         text = text[: m.start()]
     text = _QUOTED.sub("(value not shown)", text)
-    unknown = re.fullmatch(r"Object contains unknown field `([^`]*)`", text)
+    unknown = re.fullmatch(r"Object contains unknown field `(.*)`", text, re.DOTALL)
     if unknown is not None:
         # A forbid_unknown_fields schema: the serving model cannot honour this parameter.
         param = f"{param}.{unknown.group(1)}" if param else unknown.group(1)
@@ -181,7 +188,14 @@ def _split_path(text: str) -> tuple[str, str | None]:
     if missing is not None:
         param = f"{param}.{missing.group(1)}" if param else missing.group(1)
         text = "a required parameter is missing"
-    return text, param
+    if param is not None:
+        param = _clip(param, MAX_ECHOED_PARAM_CHARS)
+    return _clip(text, MAX_ECHOED_MESSAGE_CHARS), param
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the last an ellipsis when it was longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -465,22 +479,63 @@ class EngineTimings(Struct, kw_only=True):
     predicted_n: int = 0  # tokens generated
 
 
+class EngineFunctionDelta(Struct, kw_only=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class EngineToolCallDelta(Struct, kw_only=True):
+    """A fragment of a native tool call: the first names it, the rest add arguments."""
+
+    index: int = 0
+    id: str | None = None
+    type: str | None = None
+    function: EngineFunctionDelta | None = None
+
+
 class EngineDelta(Struct, kw_only=True):
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[EngineToolCallDelta] | None = None
+
+
+class EngineLogprobs(Struct, kw_only=True):
+    content: list[msgspec.Raw] | None = None  # one entry per token, kept as it came
 
 
 class EngineChunkChoice(Struct, kw_only=True):
     index: int = 0
-    delta: EngineDelta | None = None
-    message: EngineDelta | None = None
+    delta: EngineDelta | None = None  # chat
+    text: str | None = None  # completions
+    logprobs: EngineLogprobs | None = None
     finish_reason: str | None = None
 
 
-class EngineChunk(Struct, kw_only=True):
-    """The fields of an engine chunk (or whole answer) that zeroserve ever reads."""
+class PromptTokensDetails(Struct, kw_only=True):
+    cached_tokens: int = 0
 
+
+class EngineUsage(Struct, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    def plain(self) -> Usage:
+        """The three counts OpenAI's ``usage`` always has."""
+        return Usage(
+            self.prompt_tokens, self.completion_tokens, self.prompt_tokens + self.completion_tokens
+        )
+
+
+class EngineChunk(Struct, kw_only=True):
+    """The fields of an engine chunk that zeroserve ever reads."""
+
+    id: str = ""
+    created: int = 0
+    system_fingerprint: str | None = None
     choices: list[EngineChunkChoice] = []
-    usage: Usage | None = None
+    usage: EngineUsage | None = None
     timings: EngineTimings | None = None
 
 
