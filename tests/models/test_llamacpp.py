@@ -530,6 +530,14 @@ def test_stop_strings(client: openai.OpenAI) -> None:
             "context_length_exceeded",
         ),
         ({"tool_choice": "required"}, "tool_choice", "invalid_request"),
+        # A conversation the chat template refuses (two assistant messages at the end),
+        # long enough to be checked against the context through the engine's template
+        # first: that refusal is the client's 400, not a 500 (found by the fuzz campaign).
+        (
+            {"messages": [{"role": "assistant", "content": "hello " * 400}] * 2},
+            "messages",
+            "invalid_request",
+        ),
         # The generic path's count limits hold for the engine too (app/limits.py).
         ({"n": 10**6}, "n", "limit_exceeded"),
         ({"stop": ["x"] * 1000}, "stop", "limit_exceeded"),

@@ -464,9 +464,14 @@ class EngineRelay:
             raise DeadlineExceeded("counting the prompt's tokens took too long") from None
         status_line, _, rest = data.partition(b"\r\n")
         _, _, payload = rest.partition(b"\r\n\r\n")
-        if b" 200 " not in status_line + b" ":
-            raise ZeroserveError("the engine could not count the prompt's tokens")
-        return payload
+        if b" 200 " in status_line + b" ":
+            return payload
+        if b" 4" in status_line:  # the engine refused the conversation itself: the client's
+            raise RequestError(  # fault (e.g. two assistant messages at the end), not ours
+                f"the model's chat template refused the request: {_engine_message(payload)}",
+                param="messages" if path == "/apply-template" else "prompt",
+            )
+        raise ZeroserveError("the engine could not count the prompt's tokens")
 
     # -- slots -----------------------------------------------------------------------------
     async def acquire(self, deadline: float) -> None:
@@ -960,3 +965,28 @@ __all__ = [
     "engine_relay_for",
     "engine_relays",
 ]
+
+
+# At most this much of an engine's refusal is repeated to the client (its messages are
+# one short sentence; the bound keeps an echo of client input short too).
+MAX_ENGINE_MESSAGE_CHARS = 200
+
+
+class _EngineError(msgspec.Struct):
+    message: str = ""
+
+
+class _EngineRefusal(msgspec.Struct):
+    error: _EngineError | str = ""
+
+
+def _engine_message(payload: bytes) -> str:
+    """The message of llama.cpp's ``{"error": {"message": ...}}`` answer, bounded."""
+    try:
+        err = msgspec.json.decode(payload, type=_EngineRefusal).error
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return "no reason given"
+    text = err if isinstance(err, str) else err.message
+    if len(text) > MAX_ENGINE_MESSAGE_CHARS:
+        text = text[: MAX_ENGINE_MESSAGE_CHARS - 1] + "…"
+    return text or "no reason given"
