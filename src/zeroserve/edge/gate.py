@@ -170,8 +170,10 @@ class Edge:
         if tracing is None and opts.tracing:
             tracing = Tracing()
         self.tracing = tracing
-        # Whether finish() has anything to do (a lease, a log line, a span).
-        self.needs_end = bool(self.keys or self.access_log or self.tracing)
+        # Whether finish() has anything to do (a lease, a log line, a span), and whether it
+        # writes a record (a log line or a span); with keys alone it only drops the lease.
+        self.records = bool(self.access_log or self.tracing)
+        self.needs_end = bool(self.keys) or self.records
         if self._quotas:
             metrics.register_source("api_key", self.statistics, counters=_KEY_COUNTERS, label="key")
 
@@ -243,9 +245,7 @@ class Edge:
         and write the access-log record. Called once per context."""
         if not self.needs_end:
             return
-        lease, ctx.lease = ctx.lease, None
-        if lease is not None:
-            lease.release()
+        self.release_lease(ctx)
         if self.access_log is None and ctx.trace is None:
             return
         outcome = ctx.failed or end.outcome or outcome_of(ctx.status)
@@ -281,6 +281,14 @@ class Edge:
                     tokens=ctx.tokens or None,
                 )
             )
+
+    def release_lease(self, ctx: EdgeContext) -> None:
+        """Drop the request's hold on its key's concurrency: all ``finish`` does when the
+        edge writes no record (keys without an access log or tracing), which the server
+        calls directly then, without building an ``EdgeEnd``."""
+        lease, ctx.lease = ctx.lease, None
+        if lease is not None:
+            lease.release()
 
     def quota(self, name: str) -> KeyQuota:
         return self._quotas[name]

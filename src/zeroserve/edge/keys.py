@@ -130,6 +130,11 @@ def parse_credential(auth: bytes | None, other: bytes | None) -> bytes:
     """The credential from an ``Authorization`` value, else an ``api-key`` /
     ``x-api-key`` value; ``Unauthorized`` if neither is there or it is malformed."""
     if auth is not None:
+        if auth.startswith(b"Bearer ") and len(auth) > _BEARER_LEN and auth[-1] > 32 < auth[7]:
+            credential = auth[_BEARER_LEN:]  # the SDKs' exact form: nothing to strip
+            if len(credential) > MAX_CREDENTIAL_BYTES:
+                raise Unauthorized("invalid API key")
+            return credential
         value = auth.strip()
         if len(value) <= _BEARER_LEN or value[:_BEARER_LEN].lower() != _BEARER:
             raise Unauthorized("the Authorization header must be 'Bearer <API key>'")

@@ -463,10 +463,14 @@ class HttpProtocol(asyncio.BufferedProtocol):
         """The current request ended: the edge releases its quota lease and logs it."""
         ctx, self._ctx = self._ctx, None
         head, self._head = self._head, None
-        if ctx is None or not self.edge.needs_end:
+        edge = self.edge
+        if ctx is None or not edge.needs_end:
+            return
+        if not edge.records:  # keys alone: only the quota lease to drop
+            edge.release_lease(ctx)
             return
         method, path = (head.method, head.path) if head is not None else ("", "")
-        self.edge.finish(ctx, EdgeEnd(method, path, outcome, bytes_in))
+        edge.finish(ctx, EdgeEnd(method, path, outcome, bytes_in))
 
     # -- server hooks ---------------------------------------------------------------------------
     def check_timeout(self, now: float) -> None:
