@@ -67,14 +67,17 @@ class _Errors(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.records: list[logging.LogRecord] = []
-        self.lock = threading.Lock()
+        # Not ``self.lock``: that is logging.Handler's own, held by ``handle()`` around
+        # ``emit()``; replacing it with a plain Lock made every ERROR record deadlock the
+        # server thread, so a 500 showed as a hang instead of as the failure it is.
+        self._guard = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        with self.lock:
+        with self._guard:
             self.records.append(record)
 
     def take(self) -> list[str]:
-        with self.lock:
+        with self._guard:
             out = [self.format(r) for r in self.records]
             self.records.clear()
         return out

@@ -295,7 +295,14 @@ def _json_tensor(data: Any, datatype: str, shape: list[int], count: int, name: s
         and (raw.min() < 0 or raw.max() > 1)
     ):
         raise RequestError(f"input {_q(name)}: BOOL data must be true/false (or 0/1)")
-    arr = raw.astype(dtype).reshape(shape)
+    try:
+        # A number the float type cannot hold would become inf (numpy only warns): refused.
+        with np.errstate(over="raise", invalid="raise"):
+            arr = raw.astype(dtype).reshape(shape)
+    except FloatingPointError:
+        raise RequestError(
+            f"input {_q(name)}: 'data' has values out of range for {datatype}"
+        ) from None
     metrics.count_copy("kserve_json_in", arr.nbytes)
     return arr
 
