@@ -63,7 +63,11 @@
   async function loadModels() {
     let res;
     try { res = await api("/v1/models"); } catch (e) { setState("offline", "bad"); return; }
-    if (!res.ok) { setState("models: HTTP " + res.status, "bad"); return; }
+    if (!res.ok) {
+      // 401 reads the same whichever of the page's first requests answers last.
+      setState(res.status === 401 ? "API key needed" : "models: HTTP " + res.status, "bad");
+      return;
+    }
     const body = await res.json();
     const sel = $("model");
     const previous = sel.value;
