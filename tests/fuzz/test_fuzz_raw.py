@@ -9,11 +9,18 @@ from tests.fuzz import strategies as fs
 from tests.fuzz.checks import assert_answer
 from tests.fuzz.conftest import Target
 
+
+def _sendable(value: str) -> bool:
+    """A header value the client can put on the wire (h11 refuses surrounding whitespace
+    and control characters; raw bytes on the socket are the h1 tests' job)."""
+    return value == value.strip(" \t") and all(" " <= c <= "~" for c in value)
+
+
 _HEADERS = st.fixed_dictionaries(
     {},
     optional={
         "accept": st.sampled_from(["text/event-stream", "*/*", "application/octet-stream"]),
-        "request-timeout": st.one_of(fs._query_value, st.just("1")),
+        "request-timeout": st.one_of(fs._query_value.filter(_sendable), st.just("1")),
     },
 )
 
