@@ -64,6 +64,20 @@ class HangThreadModel(Model):
         return [dict(inputs) for inputs in batch]
 
 
+class HangEagerThreadModel(Model):
+    """Generation on the thread executor by a plain function (not a generator): its work,
+    which a prompt of ``hang`` blocks until ``RELEASE`` is set, happens in the call,
+    before the first piece."""
+
+    executor = "thread"
+    workers = 2
+
+    def generate(self, req: GenerateRequest) -> Iterator[str]:
+        if req.prompt == "hang":
+            RELEASE.wait(HANG_LIMIT_S)
+        return iter(["first", " done"])
+
+
 class HangStreamThreadModel(Model):
     """Generation on the thread executor: yields ``"first"``, then a prompt of ``hang``
     blocks that step's thread until ``RELEASE`` is set; any other prompt ends at once."""

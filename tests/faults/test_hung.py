@@ -42,6 +42,7 @@ def hung_server() -> Iterator[ServerThread]:
         "hang-thread": ModelConfig("hang-thread", fm.HangThreadModel),
         "hang-proc": ModelConfig("hang-proc", fm.HangProcessModel),
         "hang-stream": ModelConfig("hang-stream", fm.HangStreamThreadModel),
+        "hang-eager": ModelConfig("hang-eager", fm.HangEagerThreadModel),
     }
     srv = ServerThread(
         configs, runtime=RuntimeOptions(default_deadline_s=30.0, hang_grace_s=HANG_GRACE_S)
@@ -228,6 +229,37 @@ def test_worker_crash_mid_batch(hung_server: ServerThread) -> None:
 
 
 # -- hung stream steps ------------------------------------------------------------------------
+def test_thread_generate_that_hangs_in_its_call_leaves_the_loop_free(
+    hung_server: ServerThread,
+) -> None:
+    """A plain ``generate`` does its work in the call; on the thread executor that call is
+    the stream's first step, on a pool thread: a hang there is watched like a hung step,
+    and the loop keeps serving."""
+    srv = hung_server
+    model = "hang-eager"
+    assert complete_stream(srv, model, "ok") == (200, "first done", None)
+    with (
+        httpx.Client(base_url=srv.url, timeout=CLIENT_WAIT_S) as client,
+        client.stream(
+            "POST",
+            "/v1/completions",
+            json={"model": model, "prompt": "hang", "stream": True},
+            headers=HANG_SDK_TIMEOUT,
+        ) as hanging,
+    ):
+        # Answered while the call hangs: the loop is not the thread it hangs on.
+        assert client.get("/health").status_code == 200
+        # No piece came before the deadline: a 504 in OpenAI's format.
+        hanging.read()
+        assert hanging.status_code == 504, hanging.text
+        assert json.loads(hanging.text)["error"]["code"] == "deadline_exceeded"
+    wait_for("the hung call counted stuck", lambda: stats(srv, model).workers.stuck == 1)
+    assert complete_stream(srv, model, "ok") == (200, "first done", None)
+    fm.RELEASE.set()
+    wait_for("its thread freed", lambda: idle(srv, model))
+    fm.RELEASE.clear()
+
+
 def test_thread_stream_steps_hung_until_the_pool_is_exhausted(hung_server: ServerThread) -> None:
     srv = hung_server
     model = "hang-stream"

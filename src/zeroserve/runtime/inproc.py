@@ -433,7 +433,14 @@ class InProcessExecutor(Executor):
             on_start()
         try:
             if it is None:
-                it = self.model.generate(req)
+                generate = self.model.generate
+                if self.pool is not None and _plain_function(generate):
+                    # Its work happens in the call, before the first piece: on a pool
+                    # thread, as the first step, not on the loop (a hang there would
+                    # stop the server; as a step it is watched like any other).
+                    it = _called_in_first_step(generate, req)
+                else:
+                    it = generate(req)
             it = await maybe_await(it)
             result: Any = None
             if hasattr(it, "__anext__"):
@@ -546,3 +553,26 @@ class ThreadExecutor(InProcessExecutor):
         self.pool = ThreadPoolExecutor(
             max_workers=self._threads, thread_name_prefix=f"zeroserve-{spec.name}"
         )
+
+
+def _plain_function(fn: Callable[..., Any]) -> bool:
+    """Neither a generator nor a coroutine function: calling it runs its body."""
+    return not (
+        inspect.isgeneratorfunction(fn)
+        or inspect.iscoroutinefunction(fn)
+        or inspect.isasyncgenfunction(fn)
+    )
+
+
+def _called_in_first_step(
+    generate: Callable[[GenerateRequest], Any], req: GenerateRequest
+) -> Generator[Any, None, Any]:
+    """A plain ``generate``, called by the first ``next()`` (a pool thread's step): its
+    pieces, and the return value of the sync iterator it returns."""
+    it = generate(req)
+    if not hasattr(it, "__next__") and not hasattr(it, "__iter__"):
+        raise TypeError(
+            "generate on the thread executor must be a generator, an async generator, "
+            f"or return a sync iterable, not {type(it).__name__}"
+        )
+    return (yield from iter(it))
