@@ -295,6 +295,24 @@ def test_tokens_per_minute_are_debited_by_streams() -> None:
         server.stop()
 
 
+def test_tokens_per_minute_are_debited_by_raw_streams() -> None:
+    """A raw stream's pieces are its tokens (``max_tokens`` bounds them): a key's token
+    quota cannot be bypassed through ``/v1/raw``."""
+    clock = ManualClock()
+    server = quota_server(clock, tokens_per_minute=60)
+    try:
+        auth = {"authorization": f"Bearer {ALICE}"}
+        url = server.url + "/v1/raw/echo?stream=1&max_tokens=100"
+        r = httpx.post(url, content=b"a b", headers=auth)
+        assert r.status_code == 200 and r.content == b"ab" * 50  # 100 pieces: 100 of 60
+        refused = httpx.post(url, content=b"a", headers=auth)
+        assert refused.status_code == 429
+        assert refused.headers["retry-after-ms"] == "41000"  # 40 in debt + 1, at 1 token/s
+        assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+    finally:
+        server.stop()
+
+
 def test_concurrency_429_until_the_stream_ends() -> None:
     clock = ManualClock()
     server = quota_server(clock, max_concurrent=1)
@@ -344,6 +362,32 @@ def test_access_log_has_one_line_per_request_and_never_a_key(
     assert rec["outcome"] == "done" and rec["tokens"] == 7  # 2 prompt + 5 completion
     assert rec["ttft_s"] >= 0 and rec["bytes_out"] > 0 and rec["bytes_in"] > 0
     assert any(x["status"] == 401 and x["outcome"] == "rejected" and "key" not in x for x in lines)
+
+
+def test_access_log_counts_a_raw_streams_pieces_as_tokens(
+    keyed: EdgeServer, log_stream: LogSink
+) -> None:
+    ids = {"*/*": "raw-chunked-1", "text/event-stream": "raw-sse-1"}
+    for accept, request_id in ids.items():
+        r = httpx.post(
+            keyed.url + "/v1/raw/echo?stream=1&max_tokens=9",
+            content=b"x y z",
+            headers={
+                "authorization": f"Bearer {BOB}",
+                "x-request-id": request_id,
+                "accept": accept,
+            },
+        )
+        assert r.status_code == 200
+    for request_id in ids.values():
+        text = log_stream.wait_for_text(f'"{request_id}"'.encode())
+        rec = next(json.loads(x) for x in text.splitlines() if request_id.encode() in x)
+        assert (rec["tokens"], rec["outcome"], rec["model"], rec["key"]) == (
+            9,
+            "done",
+            "echo",
+            "bob",
+        )
 
 
 def test_a_client_that_leaves_mid_stream_is_logged_as_gone(

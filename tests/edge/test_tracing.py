@@ -394,3 +394,30 @@ def test_each_choice_of_an_openai_request_gets_its_own_queue_span(
     parents = [phases.get(q.parent.span_id) if q.parent is not None else None for q in queues]
     assert "execution" in parents and set(parents) <= {"execution", "stream"}
     assert all(_attr(q, "zeroserve.started") is True for q in queues)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_engine_requests_wait_for_a_slot_in_a_queue_span(
+    spans: tuple[TracerProvider, Recorder], n: int
+) -> None:
+    """The llama.cpp engine schedules its own slots: each engine request's wait for one
+    (one per choice) is a ``queue`` span inside execution."""
+    pytest.importorskip("xllamacpp")
+    from zeroserve.models.llamacpp import SmolLM2Model
+
+    provider, recorder = spans
+    options = {"parallel": 1, "n_ctx": 256, "alias": "smollm2"}
+    server = traced(provider, {"smollm2": ModelConfig("smollm2", SmolLM2Model, options=options)})
+    try:
+        body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 2, "n": n, "seed": 1}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=SPANS_TIMEOUT_S)
+        assert r.status_code == 200 and len(r.json()["choices"]) == n
+        got = recorder.wait_for(3 + n)
+    finally:
+        server.stop()
+    by_name = {s.name: s for s in got}
+    root = by_name["POST /v1/completions"]
+    assert _children(got, root) == ["admission", "execution"]
+    assert _children(got, by_name["execution"]) == ["queue"] * n
+    for queue in (s for s in got if s.name == "queue"):
+        assert queue.attributes is not None and queue.attributes["zeroserve.started"] is True

@@ -60,6 +60,7 @@ from typing import Any
 import msgspec
 
 from .. import metrics
+from ..edge.tracing import RequestTrace
 from ..errors import CapabilityError, DeadlineExceeded, RequestError, ZeroserveError
 from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
@@ -306,7 +307,7 @@ class EngineRelay:
         self.requests += 1
         loop = asyncio.get_running_loop()
         try:
-            await self.acquire(deadline)
+            await self.acquire(deadline, req.edge.trace if req.edge is not None else None)
             # The engine call cannot be stopped once it runs: the slot stays taken until
             # its thread returns, even when the client has gone or the deadline passed.
             fut = loop.run_in_executor(self.pool, self._embed_call, payload)
@@ -386,15 +387,17 @@ class EngineRelay:
                 payload = streamed(payload)
             edge = req.edge
             on_tokens = None
+            trace = None
             if edge is not None:  # an API key's token quota: debited as each run ends
                 edge.model = self.name
                 on_tokens = edge.count_tokens
+                trace = edge.trace
             if n > 1:
                 return await run_choices(
-                    self, payload, n, seed, chat, stream, deadline, ticket, on_tokens
+                    self, payload, n, seed, chat, stream, deadline, ticket, on_tokens, trace
                 )
             run = _Run(self, deadline, ticket, plan=plan, error_param=error_param)
-            run.on_tokens = on_tokens
+            run.on_tokens, run.trace = on_tokens, trace
             return await run.start(payload, chat=chat, stream=stream)
         except BaseException:
             release_ticket(ticket)
@@ -474,11 +477,15 @@ class EngineRelay:
         raise ZeroserveError("the engine could not count the prompt's tokens")
 
     # -- slots -----------------------------------------------------------------------------
-    async def acquire(self, deadline: float) -> None:
-        """Wait for a free engine slot (on the loop; never in a thread)."""
+    async def acquire(self, deadline: float, trace: RequestTrace | None = None) -> None:
+        """Wait for a free engine slot (on the loop; never in a thread). ``trace``: the
+        wait is the request's ``queue`` span (one per engine request, so per choice)."""
         if self._free is None:
             self._free = asyncio.Semaphore(self.slots)
         loop = asyncio.get_running_loop()
+        watch = trace.queue_watch() if trace is not None else None
+        if watch is not None:
+            watch.queued()
         self.queued += 1
         try:
             async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
@@ -490,6 +497,8 @@ class EngineRelay:
         finally:
             self.queued -= 1
         self.active += 1
+        if watch is not None:
+            watch.started()
 
     def release(self) -> None:
         self.active -= 1
@@ -536,6 +545,7 @@ class _Run:
         self._timer: asyncio.TimerHandle | None = None
         self.timer = GenerationTimer(relay.name)
         self.on_tokens: Callable[[int], None] | None = None  # the edge's token count
+        self.trace: RequestTrace | None = None  # the request's spans (its queue wait)
         # Whether ``on_tokens`` counts the prompt too (once per request: the first of
         # ``n`` choices, as the answer's ``usage`` counts it).
         self.count_prompt = True
@@ -614,7 +624,7 @@ class _Run:
         """Take a slot, start the engine call in a pool thread and return its first
         chunk (checked); on any failure the call is closed."""
         relay = self.relay
-        await relay.acquire(self.deadline)
+        await relay.acquire(self.deadline, self.trace)
         self._slot = True
         self._timer = self.loop.call_at(self.deadline, self._expire)
         fut = self.loop.run_in_executor(relay.pool, self._call, payload, chat)
@@ -821,15 +831,17 @@ async def run_choices(
     deadline: float,
     ticket: Any,
     on_tokens: Callable[[int], None] | None,
+    trace: RequestTrace | None = None,
 ) -> Response | StreamResponse:
     """``n`` choices, one engine request each; ``on_tokens`` (the edge's token count) is
-    given each run's tokens as it ends."""
+    given each run's tokens as it ends; each run's slot wait is a ``queue`` span of
+    ``trace``."""
     payloads = _choice_payloads(payload, n, seed)
     if not stream:
 
         async def one(j: int, p: bytes) -> Collected:
             run = _Run(relay, deadline, None)
-            run.on_tokens, run.count_prompt = on_tokens, j == 0
+            run.on_tokens, run.count_prompt, run.trace = on_tokens, j == 0, trace
             return await collect(run, await run.begin(p, chat=chat))
 
         try:
@@ -844,7 +856,7 @@ async def run_choices(
         return Response(200, [body], content_type=JSON)
     return StreamResponse(
         GeneratedPieces(
-            _stream_choices(relay, payloads, chat, deadline, ticket, on_tokens),
+            _stream_choices(relay, payloads, chat, deadline, ticket, on_tokens, trace),
             lambda: release_ticket(ticket),
         ),
         framing="sse",
@@ -858,13 +870,14 @@ async def _stream_choices(
     deadline: float,
     ticket: Any,
     on_tokens: Callable[[int], None] | None,
+    trace: RequestTrace | None,
 ) -> AsyncGenerator[bytes, None]:
     prompt = completion = 0
     last_usage: Any = None
     try:
         for j, p in enumerate(payloads):
             run = _Run(relay, deadline, None)
-            run.on_tokens, run.count_prompt = on_tokens, j == 0
+            run.on_tokens, run.count_prompt, run.trace = on_tokens, j == 0, trace
             resp = await run.start(p, chat=chat, stream=True)
             assert isinstance(resp, StreamResponse)
             index = b'"index":%d' % j

@@ -77,9 +77,12 @@ class StreamResponse:
     """A streamed response. ``pieces`` yields buffers (or lists of buffers, sent as one
     write); ``framing`` is ``"chunked"`` (raw pieces) or ``"sse"`` (one ``data:`` event
     per piece; the piece must not contain the event terminator). ``pieces.aclose()`` is
-    awaited when the stream ends for any reason, including a client disconnect."""
+    awaited when the stream ends for any reason, including a client disconnect.
+    ``counts_pieces``: each piece is one of the model's tokens (the raw API's streams,
+    which ``max_tokens`` bounds by pieces), so the edge counts the pieces sent as tokens
+    (a key's tokens-per-minute, the access log); other streams count their own tokens."""
 
-    __slots__ = ("framing", "headers", "pieces", "status")
+    __slots__ = ("counts_pieces", "framing", "headers", "pieces", "status")
 
     def __init__(
         self,
@@ -89,8 +92,10 @@ class StreamResponse:
         status: int = 200,
         content_type: bytes | None = None,
         headers: Headers | None = None,
+        counts_pieces: bool = False,
     ) -> None:
         self.pieces = pieces
+        self.counts_pieces = counts_pieces
         self.framing = framing
         self.status = status
         self.headers: Headers = headers if headers is not None else []

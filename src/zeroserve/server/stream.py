@@ -64,6 +64,7 @@ class StreamWriter:
     """Writes the streamed bodies of one connection, one at a time."""
 
     __slots__ = (
+        "_counted",
         "_ctx",
         "_flush_scheduled",
         "_server",
@@ -89,6 +90,9 @@ class StreamWriter:
         self.framer = StreamFramer()
         self._flush_scheduled = False
         self._ctx: EdgeContext | None = None  # the stream's request, as the edge sees it
+        # The edge that counts this stream's pieces as tokens (a raw stream with a key's
+        # token quota, an access log or tracing), else None.
+        self._counted: EdgeContext | None = None
 
     def start(self, req: Request, resp: StreamResponse) -> bool:
         """Send the head and the first pieces now, from the I/O callback that completed
@@ -105,12 +109,15 @@ class StreamWriter:
         self.framer.begin(head, chunked=conn.chunked_out, sse=resp.framing == "sse")
         if conn.body_allowed:
             self.framer.add(ready)
+            if self._counted is not None:
+                self._counted.count_tokens(len(ready))
         self.flush()
         self.turns.charge(clock() - began)  # never deferred; the old streams yield to it
         return True
 
     def _head(self, req: Request, resp: StreamResponse, has_piece: bool) -> bytes:
         ctx = self._ctx = req.edge
+        self._counted = ctx if ctx is not None and ctx.counting and resp.counts_pieces else None
         headers = resp.headers if ctx is None else ctx.response_headers(resp.headers)
         head = self.conn.start_response(
             resp.status, headers, content_length=None, draining=self._server.draining
@@ -191,6 +198,8 @@ class StreamWriter:
         ready = [first]
         ready += it.receive_batch_nowait(STREAM_BATCH_PIECES - 1)
         framer.add(ready)
+        if self._counted is not None:
+            self._counted.count_tokens(len(ready))
         self.flush()
         return await self._rest(it)
 
@@ -201,6 +210,7 @@ class StreamWriter:
         batch = it.receive_batch_nowait
         turns = self.turns
         clock = turns.clock
+        counted = self._counted
         granted = False  # this batch already waited for its turn
         while True:
             try:
@@ -219,6 +229,8 @@ class StreamWriter:
             ready = [piece]
             ready += batch(STREAM_BATCH_PIECES - 1 - framer.pieces)
             framer.add(ready)
+            if counted is not None:
+                counted.count_tokens(len(ready))
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 self.loop.call_soon(self.flush)

@@ -56,7 +56,7 @@ def register(router: Router, engine: Engine, limits: ApiLimits | None = None) ->
             if policy not in POLICIES:
                 raise RequestError(f"policy must be one of {', '.join(POLICIES)}", param="policy")
             stream = handle.generate(req.take_ticket(), gen, deadline=deadline, policy=policy)
-            return StreamResponse(stream, framing="sse" if sse else "chunked")
+            return StreamResponse(stream, framing="sse" if sse else "chunked", counts_pieces=True)
         if "infer" not in caps:
             raise CapabilityError(f"model {handle.name!r} has no raw inference")
         inputs = {"raw": np.frombuffer(req.body, dtype=np.uint8)}
