@@ -190,11 +190,11 @@ class Relay:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.timeout
         body: list[Buffer] = [req.body] if len(req.body) else []
-        model = self.options.upstream_model if rewrite else None
+        model = (self.options.upstream_model or None) if rewrite else None
         edge = req.edge
         ask_usage = edge is not None and edge.counting and path in _USAGE_ROUTES
         strip = False
-        if body and (model or ask_usage):
+        if body and (model is not None or ask_usage):
             rewritten = rewrite_body(req.body, model=model, ask_usage=ask_usage)
             if rewritten.body is not None:
                 body, strip = rewritten.body, rewritten.asked_usage

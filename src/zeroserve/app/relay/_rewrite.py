@@ -178,7 +178,7 @@ _decode_options = msgspec.json.Decoder(dict[str, msgspec.Raw] | None).decode
 def rewrite_body(body: memoryview, *, model: str | None, ask_usage: bool) -> Rewritten:
     """``body`` with every top-level ``"model"`` string set to ``model`` (if given) and,
     with ``ask_usage``, a stream that did not ask for its usage asking for it."""
-    names: tuple[str, ...] = ("model",) if model else ()
+    names: tuple[str, ...] = ("model",) if model is not None else ()
     if ask_usage:
         names += ("stream", "stream_options")
     if not names:
@@ -187,7 +187,7 @@ def rewrite_body(body: memoryview, *, model: str | None, ask_usage: bool) -> Rew
     if spans is None:
         return _UNCHANGED
     edits: list[tuple[int, int, bytes]] = []
-    if model:
+    if model is not None:
         value = msgspec.json.encode(model)
         edits += [(a, b, value) for a, b in spans["model"] if body[a] == _QUOTE]
     asked = False
