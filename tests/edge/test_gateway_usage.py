@@ -210,8 +210,11 @@ GATE_TIMEOUT_S = 30.0
 class PacedUpstream:
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
-        self.gate = threading.Event()
+        self.gate = threading.Event()  # the second half of the usage chunk may go
+        self.end_gate = threading.Event()  # the end of the body may go (after [DONE])
+        self.end_gate.set()
         self.usage = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+        self.chunked = True  # else the body ends when the connection closes
         paced = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -253,13 +256,11 @@ class PacedUpstream:
         asked = bool((body.get("stream_options") or {}).get("include_usage"))
         sse, usage = self.events(asked)
         w = handler.wfile
-        w.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n"
-        )
+        framing = b"transfer-encoding: chunked" if self.chunked else b"connection: close"
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n%s\r\n\r\n" % framing)
 
         def chunk(data: bytes) -> None:
-            w.write(b"%x\r\n%s\r\n" % (len(data), data))
+            w.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
             w.flush()
 
         if usage is None:
@@ -270,10 +271,16 @@ class PacedUpstream:
             self.gate.wait(GATE_TIMEOUT_S)
             chunk(usage[cut:])
         chunk(b"data: [DONE]\n\n")
-        w.write(b"0\r\n\r\n")
-        w.flush()
+        self.end_gate.wait(GATE_TIMEOUT_S)
+        if self.chunked:
+            w.write(b"0\r\n\r\n")
+            w.flush()
+        else:
+            handler.close_connection = True
 
     def stop(self) -> None:
+        self.gate.set()
+        self.end_gate.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(GATE_TIMEOUT_S)
@@ -342,6 +349,57 @@ def test_only_a_counting_edge_changes_the_body(paced: PacedUpstream) -> None:
         assert sent == json.loads(body)
     finally:
         counting.stop()
+
+
+def test_a_client_that_leaves_at_done_has_spent_its_tokens(paced: PacedUpstream) -> None:
+    # The upstream holds its body's end back: the client has [DONE] and goes (as the
+    # openai SDK does) while the relayed stream is still open.
+    paced.gate.set()
+    paced.end_gate.clear()
+    clock = ManualClock()
+    sink = LogSink()
+    key = ApiKey("user", KEY.encode(), KeyLimits(tokens_per_minute=600))
+    edge = Edge(EdgeOptions(keys=(key,)), access_log=AccessLog(stream=sink), clock=clock)
+    server = paced_gateway(paced, edge)
+    try:
+        with httpx.stream(
+            "POST",
+            server.url + "/v1/chat/completions",
+            json={"model": "f", "stream": True, "messages": [{"role": "user", "content": "x"}]},
+            headers={"authorization": f"Bearer {KEY}", "x-request-id": "leaves"},
+        ) as r:
+            seen = b""
+            for part in r.iter_bytes():
+                seen += part
+                if seen.endswith(b"data: [DONE]\n\n"):
+                    break
+        assert b'"choices": []' not in seen
+        rec = record(sink, "leaves")
+        assert rec["outcome"] == "client_gone"
+        assert rec["tokens"] == paced.usage["total_tokens"]
+        assert server.edge.statistics()["user"].tokens == paced.usage["total_tokens"]
+    finally:
+        paced.end_gate.set()
+        server.stop()
+
+
+def test_a_stream_read_to_its_close_loses_its_usage_chunk_too(paced: PacedUpstream) -> None:
+    # Without a length or chunks the relay reads the body to its end, then answers.
+    paced.chunked = False
+    paced.gate.set()
+    sink = LogSink()
+    server = paced_gateway(paced, Edge(access_log=AccessLog(stream=sink)))
+    try:
+        got = list(
+            server.client().completions.create(
+                model="f", prompt="x", stream=True, extra_headers={"x-request-id": "closed"}
+            )
+        )
+        assert len(got) == len(paced.events(asked=True)[0])
+        assert all(c.choices for c in got)
+        assert record(sink, "closed")["tokens"] == paced.usage["total_tokens"]
+    finally:
+        server.stop()
 
 
 # -- the scanner, on reads cut anywhere -----------------------------------------------------

@@ -8,6 +8,8 @@ import json
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zeroserve import metrics
 from zeroserve.app.relay._rewrite import rewrite_body
@@ -120,6 +122,57 @@ def test_the_model_and_the_usage_are_rewritten_in_one_body() -> None:
 def test_other_bodies_are_sent_as_they_came(body: bytes) -> None:
     out = rewrite_body(memoryview(body), model=None, ask_usage=True)
     assert out.body is None and not out.asked_usage
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+stream_values = st.sampled_from([True, False, None, "true", 1])
+options_values = st.one_of(
+    st.none(),
+    st.dictionaries(st.text(max_size=6), json_values, max_size=3),
+    st.sampled_from(["x", 3, [True]]),
+)
+flags = st.sampled_from([True, False, None, 1, "yes"])
+MISSING = object()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+    st.one_of(st.just(MISSING), stream_values),
+    st.one_of(st.just(MISSING), options_values),
+    st.one_of(st.just(MISSING), flags),
+)
+def test_the_rewrite_asks_exactly_when_a_stream_did_not(
+    obj: dict[str, object], stream: object, options: object, flag: object
+) -> None:
+    obj = {k: v for k, v in obj.items() if k not in ("stream", "stream_options")}
+    if stream is not MISSING:
+        obj["stream"] = stream
+    if options is not MISSING:
+        if isinstance(options, dict) and flag is not MISSING:
+            options = {**options, "include_usage": flag}
+        obj["stream_options"] = options
+    body = msgspec.json.encode(obj)
+    out = rewrite_body(memoryview(body), model=None, ask_usage=True)
+    opts = obj.get("stream_options")
+    asked = opts.get("include_usage") if isinstance(opts, dict) else None
+    should = (
+        obj.get("stream") is True
+        and (opts is None or isinstance(opts, dict))
+        and asked in (None, False)
+        and not (isinstance(asked, int) and not isinstance(asked, bool))
+    )
+    assert out.asked_usage == should and (out.body is not None) == should
+    if should:
+        sent = msgspec.json.decode(joined(out.body))
+        want = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+        assert sent == {**obj, "stream_options": want}
 
 
 # -- the stream -------------------------------------------------------------------------

@@ -18,8 +18,10 @@ The answer keeps the upstream's status, end-to-end headers and body bytes:
 
 The access log and a key's token quota see a relayed request's model (this remote
 model's name) and its tokens as the upstream's own ``usage`` reports them (``_usage.py``),
-counted when the response is over; only JSON and event-stream answers are read for it,
-and only when the edge uses the count. A streamed chat or completion that did not ask
+counted as soon as it is read, before the bytes after it are relayed (so a client that
+leaves at ``[DONE]`` has spent them; a larger cumulative report later counts only the
+difference); only JSON and event-stream answers are read for it, and only when the edge
+uses the count. A streamed chat or completion that did not ask
 for ``stream_options.include_usage`` is sent asking for it (``_rewrite.rewrite_body``),
 and the usage chunk the client did not ask for is taken out of its stream
 (``_strip.UsageChunkFilter``); every other request is relayed as before, unscanned.
@@ -359,7 +361,7 @@ class _Pieces:
     """The stream's pieces: each is every upstream read pending (one client write). A
     :class:`~zeroserve.app.response.PieceStream`; it owns the request's ticket."""
 
-    __slots__ = ("edge", "events", "ex", "failed", "relay", "ticket", "up", "usage")
+    __slots__ = ("counted", "edge", "events", "ex", "failed", "relay", "ticket", "up", "usage")
 
     def __init__(
         self, relay: Relay, up: Upstream, ex: Exchange[UpstreamConnection], ticket: Ticket | None
@@ -372,6 +374,7 @@ class _Pieces:
         # The upstream's usage, read from the pieces when the edge counts tokens.
         self.usage: UsageScanner | None = None
         self.edge: EdgeContext | None = None
+        self.counted = 0  # the tokens of the usage read so far, counted already
         # Takes out the usage chunk asked for on the client's behalf (None: pass all).
         self.events: UsageChunkFilter | None = None
 
@@ -400,6 +403,7 @@ class _Pieces:
             if usage is not None:
                 for view in batch:
                     usage.feed(view)
+                self._count(usage)
             if events is None:
                 return batch
             batch = events.feed(batch)
@@ -425,9 +429,14 @@ class _Pieces:
         ticket, self.ticket = self.ticket, None
         if ticket is not None:
             ticket.release()
-        usage, self.usage = self.usage, None
-        if usage is not None and usage.tokens is not None and self.edge is not None:
-            self.edge.count_tokens(usage.tokens)
+        self.usage = None
+
+    def _count(self, usage: UsageScanner) -> None:
+        """Count the usage read so far (the increase of a cumulative one)."""
+        tokens = usage.tokens
+        if tokens is not None and tokens > self.counted and self.edge is not None:
+            self.edge.count_tokens(tokens - self.counted)
+            self.counted = tokens
 
 
 def _reports_usage(content_type: bytes | None) -> bool:
