@@ -72,6 +72,11 @@ def run(parts: list[bytes], batch: int = 1) -> tuple[bytes, UsageChunkFilter, in
             {"continuous_usage_stats": True, "include_usage": True},
         ),
         (b'{"stream":false,"stream":true}', {"include_usage": True}),
+        # Strings that end in an escaped backslash, or hold escaped quotes and keys.
+        (
+            b'{"p":"a\\\\","stream":true,"q":"\\",\\"stream_options\\":1","stream_options":null}',
+            {"include_usage": True},
+        ),
     ],
 )
 def test_a_stream_that_did_not_ask_is_sent_asking_for_its_usage(

@@ -3,8 +3,11 @@
 Strategy
 --------
 A small scanner walks the top-level object only: keys are matched, values are skipped
-with compiled regular expressions (strings in one ``re`` call each, however long, so a
-64 KB prompt costs one C-level scan), nested objects and arrays by bracket depth. The
+with compiled regular expressions, nested objects and arrays by bracket depth. A string
+value is skipped by searching for its next ``"`` (a literal search, which ``re`` runs at
+memchr-like speed: ~23 us for a 64 KB prompt, where the ``[^"\\]*`` of a string regex
+takes ~20 times longer); only when that quote follows a backslash is the whole string
+matched by the regex (linear, in C: never worse than the regex alone). The
 spans of top-level ``"model"`` string values are replaced by building a buffer list
 ``[prefix view, new value, suffix view]``: the body itself is never copied or parsed
 into Python objects. Anything that is not a JSON object leaves the body untouched (the
@@ -22,6 +25,7 @@ That re-encoded object is the only copy of the client's bytes (site
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import NamedTuple
 
@@ -38,6 +42,8 @@ _SCALAR = re.compile(rb"[^,}\]\s]+")  # number, true, false, null (checked upstr
 _STRUCT = re.compile(rb'["\[\]{}]')
 _OPEN = frozenset(b"[{")
 _QUOTE = 0x22
+_BACKSLASH = 0x5C
+_QUOTE_SEARCH = re.compile(rb'"')
 
 
 def model_spans(body: Buffer) -> list[tuple[int, int]] | None:
@@ -63,7 +69,7 @@ def top_level_spans(
 ) -> dict[str, list[tuple[int, int]]] | None:
     """Spans of the values of each top-level key in ``names`` (in one pass), or None if
     ``body`` is not a JSON object the scanner can walk."""
-    plain = {msgspec.json.encode(name): name for name in names}
+    plain = _keys(names)
     spans: dict[str, list[tuple[int, int]]] = {name: [] for name in names}
     n = len(body)
     i = _WS.match(body, 0).end()  # type: ignore[union-attr]
@@ -103,13 +109,17 @@ def top_level_spans(
             return None
 
 
+@functools.lru_cache(maxsize=32)  # the callers' constant key tuples
+def _keys(names: tuple[str, ...]) -> dict[bytes, str]:
+    return {msgspec.json.encode(name): name for name in names}
+
+
 def _skip_value(body: Buffer, i: int, n: int) -> int:
     if i >= n:
         return -1
     c = body[i]
     if c == _QUOTE:
-        m = _STRING.match(body, i)
-        return -1 if m is None else m.end()
+        return _string_end(body, i)
     if c in _OPEN:
         depth = 0
         while True:
@@ -118,10 +128,9 @@ def _skip_value(body: Buffer, i: int, n: int) -> int:
                 return -1
             ch = body[m.start()]
             if ch == _QUOTE:
-                s = _STRING.match(body, m.start())
-                if s is None:
+                i = _string_end(body, m.start())
+                if i < 0:
                     return -1
-                i = s.end()
                 continue
             i = m.end()
             depth += 1 if ch in _OPEN else -1
@@ -129,6 +138,18 @@ def _skip_value(body: Buffer, i: int, n: int) -> int:
                 return i
     m = _SCALAR.match(body, i)
     return -1 if m is None else m.end()
+
+
+def _string_end(body: Buffer, i: int) -> int:
+    """The end of the JSON string that begins at ``body[i]`` (a ``"``), or -1."""
+    m = _QUOTE_SEARCH.search(body, i + 1)
+    if m is None:
+        return -1
+    q = m.start()
+    if body[q - 1] != _BACKSLASH:
+        return q + 1  # the common case: no escaped quote before the end
+    s = _STRING.match(body, i)  # escapes: the regex, linear and in C as well
+    return -1 if s is None else s.end()
 
 
 def _decode(token: bytes) -> str | None:
