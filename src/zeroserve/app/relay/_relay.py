@@ -21,10 +21,10 @@ model's name) and its tokens as the upstream's own ``usage`` reports them (``_us
 counted as soon as it is read, before the bytes after it are relayed (so a client that
 leaves at ``[DONE]`` has spent them; a larger cumulative report later counts only the
 difference); only JSON and event-stream answers are read for it, and only when the edge
-uses the count. A streamed chat or completion that did not ask
-for ``stream_options.include_usage`` is sent asking for it (``_rewrite.rewrite_body``),
-and the usage chunk the client did not ask for is taken out of its stream
-(``_strip.UsageChunkFilter``); every other request is relayed as before, unscanned.
+uses the count. While it does, a streamed chat or completion that did not ask for
+``stream_options.include_usage`` is sent asking for it (``_rewrite.rewrite_body``), and
+the usage chunk its client did not ask for is taken out of its stream
+(``_strip.UsageChunkFilter``); every other body and stream is relayed as it came.
 
 The admission ticket is held until the response is over. A client disconnect cancels
 the handler or the stream, which aborts the upstream connection at once.
