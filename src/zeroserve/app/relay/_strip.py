@@ -22,7 +22,8 @@ as it must, in place:
   bounded by ``USAGE_EVENT_MAX_BYTES``: past that the event cannot be a usage chunk, so
   what is held goes out and the rest of that event passes through unlooked-at;
 * an event held across views is joined (copied, at most ``USAGE_EVENT_MAX_BYTES``, site
-  ``relay_events``) to be judged; events within one view never are.
+  ``relay_events``) to be judged; events within one view never are (but a candidate's
+  several ``data:`` lines, joined as SSE joins them, same site).
 
 An event ends at a blank line (``\\n\\n``, or ``\\r\\n\\r\\n`` and its mixes); the last two
 bytes seen are kept as integers, so an end cut by a read is found without a copy. A
@@ -82,7 +83,11 @@ def is_usage_chunk(event: bytes | memoryview) -> bool:
             data.append(line[6:] if len(line) > 5 and line[5] == 0x20 else line[5:])
     if pos < n or not data:
         return False
-    payload = data[0] if len(data) == 1 else b"\n".join(data)
+    if len(data) == 1:
+        payload = data[0]
+    else:  # one event's data lines, joined as SSE joins them (rare: OpenAI sends one)
+        payload = b"\n".join(data)
+        metrics.count_copy("relay_events", len(payload))
     try:
         chunk = _decode_chunk(payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
