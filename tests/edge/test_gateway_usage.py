@@ -1,16 +1,24 @@
 """A relayed request's model and tokens in the gateway's access log and key quota, read
 from a real upstream's own ``usage`` (a zeroserve server behind the gateway), for
-answers and streams; and the usage scanner on reads cut anywhere."""
+answers and streams; a stream that did not ask for its usage asks for it through the
+gateway and never sees the usage chunk (a zeroserve upstream, and one that writes in
+pieces); and the usage scanner on reads cut anywhere."""
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+import httpx
 import pytest
+from openai.types.chat import ChatCompletionChunk
 from tests.edge.servers import EdgeServer, LogSink, ManualClock
 
 import openai
+from zeroserve import metrics
 from zeroserve.app.relay._usage import UsageScanner
 from zeroserve.edge import AccessLog, Edge, EdgeOptions
 from zeroserve.edge.keys import ApiKey, KeyLimits
@@ -87,24 +95,6 @@ def test_a_relayed_stream_logs_the_usage_its_last_chunk_reports(
     assert isinstance(rec["ttft_s"], float)
 
 
-def test_a_relayed_stream_without_usage_logs_no_tokens(
-    logged: tuple[EdgeServer, LogSink],
-) -> None:
-    server, sink = logged
-    chunks = list(
-        server.client().completions.create(
-            model="g",
-            prompt="a b",
-            max_tokens=3,
-            stream=True,
-            extra_headers={"x-request-id": "relay-no-usage"},
-        )
-    )
-    assert chunks and all(c.usage is None for c in chunks)
-    rec = record(sink, "relay-no-usage")
-    assert rec["model"] == "g" and rec["status"] == 200 and "tokens" not in rec
-
-
 def test_relayed_tokens_count_against_the_keys_tokens_per_minute(
     upstream: EdgeServer,
 ) -> None:
@@ -120,6 +110,294 @@ def test_relayed_tokens_count_against_the_keys_tokens_per_minute(
             client.completions.create(model="g", prompt="a", max_tokens=1)
         assert int(info.value.response.headers["retry-after"]) > 0
         assert server.edge.statistics()["user"].tokens == r.usage.total_tokens
+    finally:
+        server.stop()
+
+
+# -- streams that did not ask for their usage ---------------------------------------------
+def dump(chunks: list[Any]) -> list[dict[str, Any]]:
+    """The chunks as the SDK read them, without what differs between two requests."""
+    return [c.model_dump(exclude={"id", "created"}) for c in chunks]
+
+
+def stream(
+    client: openai.OpenAI, kind: str, model: str, max_tokens: int = 6, **kw: Any
+) -> list[Any]:
+    if kind == "chat":
+        return list(
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "one two three four"}],
+                max_tokens=max_tokens,
+                stream=True,
+                **kw,
+            )
+        )
+    return list(
+        client.completions.create(
+            model=model, prompt="a b c d e", max_tokens=max_tokens, stream=True, **kw
+        )
+    )
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_a_stream_that_did_not_ask_is_counted_and_gets_no_usage_chunk(
+    upstream: EdgeServer, logged: tuple[EdgeServer, LogSink], kind: str
+) -> None:
+    server, sink = logged
+    direct = stream(upstream.client(), kind, "echo")
+    asked = stream(upstream.client(), kind, "echo", stream_options={"include_usage": True})
+    usage = asked[-1].usage
+    assert usage is not None and asked[-1].choices == []
+    relayed = stream(server.client(), kind, "g", extra_headers={"x-request-id": f"hide-{kind}"})
+    # The upstream's chunks, but its usage chunk: none the client did not ask for.
+    assert dump(relayed) == dump(direct) and len(relayed) == len(asked) - 1
+    assert all(c.choices and c.usage is None for c in relayed)
+    rec = record(sink, f"hide-{kind}")
+    assert rec["model"] == "g" and rec["status"] == 200 and rec["outcome"] == "done"
+    assert rec["tokens"] == usage.total_tokens
+
+
+def test_a_stream_that_asked_gets_its_usage_chunk_as_before(
+    upstream: EdgeServer, logged: tuple[EdgeServer, LogSink]
+) -> None:
+    server, sink = logged
+    options = {"stream_options": {"include_usage": True}}
+    direct = stream(upstream.client(), "chat", "echo", **options)
+    relayed = stream(server.client(), "chat", "g", extra_headers={"x-request-id": "ask"}, **options)
+    assert dump(relayed) == dump(direct)
+    last = relayed[-1]
+    assert last.choices == [] and last.usage is not None
+    assert record(sink, "ask")["tokens"] == last.usage.total_tokens
+
+
+def test_a_stream_that_did_not_ask_spends_the_keys_tokens_per_minute(
+    upstream: EdgeServer,
+) -> None:
+    clock = ManualClock()
+    # 15 tokens a minute refill one every 4 s (exactly: no rounding in the wait).
+    key = ApiKey("user", KEY.encode(), KeyLimits(tokens_per_minute=15))
+    server = gateway(upstream, Edge(EdgeOptions(keys=(key,)), clock=clock))
+    try:
+        options = {"include_usage": True}
+        asked = stream(upstream.client(), "chat", "echo", 16, stream_options=options)
+        assert asked[-1].usage is not None
+        spent = asked[-1].usage.total_tokens
+        assert spent > 15
+        client = server.client(KEY)
+        relayed = stream(client, "chat", "g", 16)
+        assert all(c.choices for c in relayed)
+        assert server.edge.statistics()["user"].tokens == spent
+        with pytest.raises(openai.RateLimitError) as info:
+            stream(client, "completion", "g")
+        # In debt by spent - 15, and 1 more to admit: (spent - 14) tokens at 4 s each.
+        h = info.value.response.headers
+        assert h["retry-after"] == str(4 * (spent - 14))
+        assert h["retry-after-ms"] == str(4000 * (spent - 14))
+        assert h["x-ratelimit-remaining-tokens"] == "0"
+        clock.now += 4 * (spent - 14)
+        assert all(c.choices for c in stream(client, "completion", "g"))
+    finally:
+        server.stop()
+
+
+# An OpenAI-style upstream that writes a stream in pieces: the usage chunk only when the
+# request asked for it, cut inside ``"choices": []``, its second half written only once
+# the test has read the chunks before it through the gateway (a read of its own).
+GATE_TIMEOUT_S = 30.0
+
+
+class PacedUpstream:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.gate = threading.Event()  # the second half of the usage chunk may go
+        self.end_gate = threading.Event()  # the end of the body may go (after [DONE])
+        self.end_gate.set()
+        self.usage = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+        self.chunked = True  # else the body ends when the connection closes
+        paced = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                paced.bodies.append(body)
+                paced.answer(self, json.loads(body))
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def events(self, asked: bool) -> tuple[list[bytes], bytes | None]:
+        base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        extra = {"usage": None} if asked else {}
+        deltas = [{"role": "assistant", "content": ""}, {"content": "hi"}, {"content": " there"}]
+        chunks = [
+            {**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}], **extra}
+            for d in deltas
+        ]
+        chunks.append(
+            {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], **extra}
+        )
+        usage = {**base, "choices": [], "usage": self.usage}
+        sse = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
+        return sse, (b"data: " + json.dumps(usage).encode() + b"\n\n") if asked else None
+
+    def answer(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        asked = bool((body.get("stream_options") or {}).get("include_usage"))
+        sse, usage = self.events(asked)
+        w = handler.wfile
+        framing = b"transfer-encoding: chunked" if self.chunked else b"connection: close"
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n%s\r\n\r\n" % framing)
+
+        def chunk(data: bytes) -> None:
+            w.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
+            w.flush()
+
+        if usage is None:
+            chunk(b"".join(sse))
+        else:
+            cut = usage.index(b'"choices"') + 5
+            chunk(b"".join(sse) + usage[:cut])
+            self.gate.wait(GATE_TIMEOUT_S)
+            chunk(usage[cut:])
+        chunk(b"data: [DONE]\n\n")
+        self.end_gate.wait(GATE_TIMEOUT_S)
+        if self.chunked:
+            w.write(b"0\r\n\r\n")
+            w.flush()
+        else:
+            handler.close_connection = True
+
+    def stop(self) -> None:
+        self.gate.set()
+        self.end_gate.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(GATE_TIMEOUT_S)
+
+
+@pytest.fixture
+def paced() -> Iterator[PacedUpstream]:
+    up = PacedUpstream()
+    yield up
+    up.stop()
+
+
+def paced_gateway(up: PacedUpstream, edge: Edge) -> EdgeServer:
+    spec = parse_spec(f"f=remote:{up.url}/v1")
+    configs = {"f": ModelConfig("f", spec.load_class(), options=spec.options, **spec.runtime)}
+    return EdgeServer(configs, edge).start()
+
+
+def test_a_usage_chunk_cut_across_reads_is_still_counted_and_dropped(
+    paced: PacedUpstream,
+) -> None:
+    sink = LogSink()
+    server = paced_gateway(paced, Edge(access_log=AccessLog(stream=sink)))
+    try:
+        before = metrics.copied_bytes("relay_events")
+        got = []
+        for c in server.client().chat.completions.create(
+            model="f",
+            messages=[{"role": "user", "content": "hello"}],
+            stream=True,
+            extra_headers={"x-request-id": "paced"},
+        ):
+            got.append(c)
+            if c.choices[0].finish_reason is not None:
+                paced.gate.set()  # only now the rest of the usage chunk is written
+        sent = json.loads(paced.bodies[-1])
+        assert sent["stream_options"] == {"include_usage": True}
+        sse, _ = paced.events(asked=True)
+        expected = [ChatCompletionChunk.model_validate_json(e[len(b"data: ") :]) for e in sse]
+        assert [c.model_dump() for c in got] == [e.model_dump() for e in expected]
+        assert record(sink, "paced")["tokens"] == paced.usage["total_tokens"]
+        # Its first part was held back as a view, then joined once whole (a copy).
+        assert metrics.copied_bytes("relay_events") > before
+    finally:
+        server.stop()
+
+
+def test_only_a_counting_edge_changes_the_body(paced: PacedUpstream) -> None:
+    body = b'{"model":"f","stream":true,"messages":[{"role":"user","content":"x"}]}'
+    headers = {"content-type": "application/json"}
+    paced.gate.set()
+    plain = paced_gateway(paced, Edge())
+    try:
+        r = httpx.post(plain.url + "/v1/chat/completions", content=body, headers=headers)
+        assert r.status_code == 200 and b'"choices": []' not in r.content
+        assert paced.bodies[-1] == body  # no keys, no log: the client's bytes, as they came
+    finally:
+        plain.stop()
+    counting = paced_gateway(paced, Edge(access_log=AccessLog(stream=LogSink())))
+    try:
+        r = httpx.post(counting.url + "/v1/chat/completions", content=body, headers=headers)
+        assert r.status_code == 200 and b'"choices": []' not in r.content
+        assert b'"usage": {' not in r.content and r.content.endswith(b"data: [DONE]\n\n")
+        sent = json.loads(paced.bodies[-1])
+        assert sent.pop("stream_options") == {"include_usage": True}
+        assert sent == json.loads(body)
+    finally:
+        counting.stop()
+
+
+def test_a_client_that_leaves_at_done_has_spent_its_tokens(paced: PacedUpstream) -> None:
+    # The upstream holds its body's end back: the client has [DONE] and goes (as the
+    # openai SDK does) while the relayed stream is still open.
+    paced.gate.set()
+    paced.end_gate.clear()
+    clock = ManualClock()
+    sink = LogSink()
+    key = ApiKey("user", KEY.encode(), KeyLimits(tokens_per_minute=600))
+    edge = Edge(EdgeOptions(keys=(key,)), access_log=AccessLog(stream=sink), clock=clock)
+    server = paced_gateway(paced, edge)
+    try:
+        with httpx.stream(
+            "POST",
+            server.url + "/v1/chat/completions",
+            json={"model": "f", "stream": True, "messages": [{"role": "user", "content": "x"}]},
+            headers={"authorization": f"Bearer {KEY}", "x-request-id": "leaves"},
+        ) as r:
+            seen = b""
+            for part in r.iter_bytes():
+                seen += part
+                if seen.endswith(b"data: [DONE]\n\n"):
+                    break
+        assert b'"choices": []' not in seen
+        rec = record(sink, "leaves")
+        assert rec["outcome"] == "client_gone"
+        assert rec["tokens"] == paced.usage["total_tokens"]
+        assert server.edge.statistics()["user"].tokens == paced.usage["total_tokens"]
+    finally:
+        paced.end_gate.set()
+        server.stop()
+
+
+def test_a_stream_read_to_its_close_loses_its_usage_chunk_too(paced: PacedUpstream) -> None:
+    # Without a length or chunks the relay reads the body to its end, then answers.
+    paced.chunked = False
+    paced.gate.set()
+    sink = LogSink()
+    server = paced_gateway(paced, Edge(access_log=AccessLog(stream=sink)))
+    try:
+        got = list(
+            server.client().completions.create(
+                model="f", prompt="x", stream=True, extra_headers={"x-request-id": "closed"}
+            )
+        )
+        assert len(got) == len(paced.events(asked=True)[0])
+        assert all(c.choices for c in got)
+        assert record(sink, "closed")["tokens"] == paced.usage["total_tokens"]
     finally:
         server.stop()
 

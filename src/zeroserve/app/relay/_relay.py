@@ -18,8 +18,13 @@ The answer keeps the upstream's status, end-to-end headers and body bytes:
 
 The access log and a key's token quota see a relayed request's model (this remote
 model's name) and its tokens as the upstream's own ``usage`` reports them (``_usage.py``),
-counted when the response is over; only JSON and event-stream answers are read for it,
-and only when the edge uses the count.
+counted as soon as it is read, before the bytes after it are relayed (so a client that
+leaves at ``[DONE]`` has spent them; a larger cumulative report later counts only the
+difference); only JSON and event-stream answers are read for it, and only when the edge
+uses the count. While it does, a streamed chat or completion that did not ask for
+``stream_options.include_usage`` is sent asking for it (``_rewrite.rewrite_body``), and
+the usage chunk its client did not ask for is taken out of its stream
+(``_strip.UsageChunkFilter``); every other body and stream is relayed as it came.
 
 The admission ticket is held until the response is over. A client disconnect cancels
 the handler or the stream, which aborts the upstream connection at once.
@@ -53,7 +58,8 @@ from ...runtime import Ticket
 from ...upstream import Exchange, Upstream, UpstreamConnection, UpstreamStatistics
 from ..request import Request
 from ..response import Response, StreamResponse
-from ._rewrite import rewrite_model
+from ._rewrite import rewrite_body
+from ._strip import UsageChunkFilter
 from ._usage import UsageScanner
 
 Buffer = bytes | bytearray | memoryview
@@ -62,6 +68,8 @@ Buffer = bytes | bytearray | memoryview
 # are streamed. Chat and embedding answers are a few KiB; 1 MiB keeps the common case
 # one fixed-length write while bounding what a request can hold.
 WHOLE_BODY_MAX_BYTES = 1 << 20
+# The routes whose streams report usage only when asked (``stream_options``).
+_USAGE_ROUTES = frozenset(("/chat/completions", "/completions"))
 # A client's credential headers: meant for this server, not for the upstream.
 _CREDENTIALS = frozenset((b"authorization", b"api-key", b"x-api-key"))
 
@@ -184,16 +192,22 @@ class Relay:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.timeout
         body: list[Buffer] = [req.body] if len(req.body) else []
-        if rewrite and self.options.upstream_model and body:
-            body = rewrite_model(req.body, self.options.upstream_model) or body
+        model = (self.options.upstream_model or None) if rewrite else None
+        edge = req.edge
+        ask_usage = edge is not None and edge.counting and path in _USAGE_ROUTES
+        strip = False
+        if body and (model is not None or ask_usage):
+            rewritten = rewrite_body(req.body, model=model, ask_usage=ask_usage)
+            if rewritten.body is not None:
+                body, strip = rewritten.body, rewritten.asked_usage
         size = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in body)
         query = req.head.query
         extra = self._extra
-        if req.edge is not None:
-            req.edge.model = self.name
+        if edge is not None:
+            edge.model = self.name
             # The id the client sees is the one the upstream logs, and the upstream's
             # spans join this request's trace (these replace the client's own headers).
-            extra = [*extra, *req.edge.upstream_headers()]
+            extra = [*extra, *edge.upstream_headers()]
         tried: list[Upstream] = []
         last: UpstreamError | None = None
         for attempt in range(self.options.retries + 1):
@@ -226,7 +240,7 @@ class Relay:
             else:
                 up.record_success()
             try:
-                return await self._respond(req, up, ex, t0, written, t_head)
+                return await self._respond(req, up, ex, t0, written, t_head, strip)
             except BaseException:
                 ex.finish(False)
                 raise
@@ -244,7 +258,10 @@ class Relay:
         t0: float,
         written: float,
         t_head: float,
+        strip: bool,
     ) -> Response | StreamResponse:
+        """The upstream's answer for the client. ``strip``: the usage was asked for on
+        the client's behalf, so an event stream's usage chunk is taken out."""
         rhead = ex.head.result()
         headers, content_type = response_headers(rhead)
         overhead = self._overhead[up.url.url]
@@ -254,6 +271,7 @@ class Relay:
             if edge is not None and edge.counting and _reports_usage(content_type)
             else None
         )
+        events = UsageChunkFilter() if strip and _is_event_stream(content_type) else None
         whole = rhead.framing is Framing.NONE or (
             rhead.framing is Framing.LENGTH
             and rhead.content_length is not None
@@ -279,6 +297,8 @@ class Relay:
                     usage.feed(view)
                 if usage.tokens is not None:
                     edge.count_tokens(usage.tokens)
+            if events is not None:
+                views = [*events.feed(views), *events.flush()]
             if content_type is not None:
                 headers.append((b"content-type", content_type))
             overhead.observe((written - t0) + (time.perf_counter() - t_end))
@@ -286,6 +306,7 @@ class Relay:
         pieces = _Pieces(self, up, ex, req.take_ticket() if req.has_ticket else None)
         if usage is not None:
             pieces.usage, pieces.edge = usage, edge
+        pieces.events = events
         overhead.observe((written - t0) + (time.perf_counter() - t_head))
         return StreamResponse(
             pieces,
@@ -340,7 +361,7 @@ class _Pieces:
     """The stream's pieces: each is every upstream read pending (one client write). A
     :class:`~zeroserve.app.response.PieceStream`; it owns the request's ticket."""
 
-    __slots__ = ("edge", "ex", "failed", "relay", "ticket", "up", "usage")
+    __slots__ = ("counted", "edge", "events", "ex", "failed", "relay", "ticket", "up", "usage")
 
     def __init__(
         self, relay: Relay, up: Upstream, ex: Exchange[UpstreamConnection], ticket: Ticket | None
@@ -353,26 +374,41 @@ class _Pieces:
         # The upstream's usage, read from the pieces when the edge counts tokens.
         self.usage: UsageScanner | None = None
         self.edge: EdgeContext | None = None
+        self.counted = 0  # the tokens of the usage read so far, counted already
+        # Takes out the usage chunk asked for on the client's behalf (None: pass all).
+        self.events: UsageChunkFilter | None = None
 
     def __aiter__(self) -> _Pieces:
         return self
 
     async def __anext__(self) -> list[memoryview]:
-        try:
-            batch = await self.ex.next_batch()
-        except ZeroserveError as exc:
-            self.failed = True
-            self.up.record_failure()
-            if isinstance(exc, DeadlineExceeded):
-                self.relay.timeouts += 1
-            raise
-        if batch is None:
-            raise StopAsyncIteration
-        usage = self.usage
-        if usage is not None:
-            for view in batch:
-                usage.feed(view)
-        return batch
+        while True:
+            try:
+                batch = await self.ex.next_batch()
+            except ZeroserveError as exc:
+                self.failed = True
+                self.up.record_failure()
+                if isinstance(exc, DeadlineExceeded):
+                    self.relay.timeouts += 1
+                raise
+            events = self.events
+            if batch is None:
+                if events is not None:
+                    self.events = None
+                    rest = events.flush()  # a last event the upstream left unended
+                    if rest:
+                        return rest
+                raise StopAsyncIteration
+            usage = self.usage
+            if usage is not None:
+                for view in batch:
+                    usage.feed(view)
+                self._count(usage)
+            if events is None:
+                return batch
+            batch = events.feed(batch)
+            if batch:  # else all of it is held, or was the usage chunk: read on
+                return batch
 
     def receive_batch_nowait(self, max_items: int) -> list[list[memoryview]]:
         """Nothing: each piece already holds every read that was pending."""
@@ -393,9 +429,14 @@ class _Pieces:
         ticket, self.ticket = self.ticket, None
         if ticket is not None:
             ticket.release()
-        usage, self.usage = self.usage, None
-        if usage is not None and usage.tokens is not None and self.edge is not None:
-            self.edge.count_tokens(usage.tokens)
+        self.usage = None
+
+    def _count(self, usage: UsageScanner) -> None:
+        """Count the usage read so far (the increase of a cumulative one)."""
+        tokens = usage.tokens
+        if tokens is not None and tokens > self.counted and self.edge is not None:
+            self.edge.count_tokens(tokens - self.counted)
+            self.counted = tokens
 
 
 def _reports_usage(content_type: bytes | None) -> bool:
@@ -404,6 +445,10 @@ def _reports_usage(content_type: bytes | None) -> bool:
         return False
     ct = content_type.lower()
     return b"json" in ct or b"event-stream" in ct
+
+
+def _is_event_stream(content_type: bytes | None) -> bool:
+    return content_type is not None and b"event-stream" in content_type.lower()
 
 
 def api_key(options: RemoteOptions) -> str | None:

@@ -9,7 +9,8 @@ chunk (OpenAI sends it in the last chunk when the client asked for
 ``stream_options.include_usage``; some servers repeat a cumulative one on every chunk).
 ``UsageScanner.feed`` searches each relayed buffer in place with one bounded regular
 expression (C speed, no copy of the body) and keeps the last usage seen; the relay
-counts it once, when the response is over. An object split across two reads is joined
+counts it as soon as it is read (a stream's later, larger cumulative one: the
+difference), before the bytes after it reach the client. An object split across two reads is joined
 from a small bounded carry (copied, counted at site ``relay_usage``). An answer without a
 usage (``"usage": null``, a raw model's bytes) counts nothing.
 """
