@@ -27,7 +27,9 @@ from openai.types.responses import (
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
     ResponseOutputMessage,
+    ResponseStreamEvent,
 )
+from pydantic import TypeAdapter
 from tests.conftest import ServerProcess, start_server
 from tests.models.test_llamacpp import _wait_idle
 
@@ -96,6 +98,8 @@ def test_forced_tool_is_a_function_call(client: openai.OpenAI) -> None:
         temperature=0,
     )
     assert r.status == "completed"
+    # Every field the SDK's types require is there (its own parse does not check).
+    openai.types.responses.Response.model_validate(r.model_dump(warnings=False))
     (item,) = r.output
     assert _valid_call(item).name == "get_weather"
     assert r.tool_choice.type == "function" and r.tool_choice.name == "get_weather"  # type: ignore[union-attr]
@@ -156,6 +160,9 @@ def test_forced_tool_streamed_events(client: openai.OpenAI, tools: Any, choice: 
     assert call.name == added.item.name and call.call_id == added.item.call_id
     assert isinstance(completed, ResponseCompletedEvent)
     assert completed.response.output == [call]
+    adapter: Any = TypeAdapter(ResponseStreamEvent)
+    for e in events:  # each event as strictly as the SDK's types describe it
+        adapter.validate_python(e.model_dump(warnings=False))
 
 
 def test_sdk_stream_helper_rebuilds_the_call(client: openai.OpenAI) -> None:

@@ -502,9 +502,12 @@ class ResponsesAnswer:
     def _usage(usage: s.EngineUsage | None, timings: s.EngineTimings | None) -> r.ResponseUsage:
         u = usage or s.EngineUsage()
         cached = timings.cache_n if timings is not None else 0
+        written = timings.prompt_n if timings is not None else 0
         return r.ResponseUsage(
             input_tokens=u.prompt_tokens,
-            input_tokens_details=r.InputTokensDetails(cached_tokens=cached),
+            input_tokens_details=r.InputTokensDetails(
+                cached_tokens=cached, cache_write_tokens=written
+            ),
             output_tokens=u.completion_tokens,
             output_tokens_details=r.OutputTokensDetails(),
             total_tokens=u.prompt_tokens + u.completion_tokens,

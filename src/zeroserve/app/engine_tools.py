@@ -28,6 +28,10 @@ forced path uses (compiled by the engine's own converter), the text is anything 
 does not start with ``{``. An answer that starts with ``{`` is a call and becomes OpenAI's
 ``tool_calls`` (streamed: held until the object is complete, then sent whole, one delta
 per call); any other answer is an ordinary message, streamed as it comes.
+``parallel_tool_calls: false`` (and the Responses API's ``max_tool_calls``) bound the
+call object's ``tool_calls`` by the grammar (``maxItems``). ``/v1/responses`` uses these
+same plans (``engine_responses``: its request translated to a chat request first, the
+plan's ``call``/``calls`` read back into ``function_call`` items).
 
 ``n`` > 1 (``engine_relay.run_choices``): the engine decodes one sequence per request,
 so each choice is its own engine request (with ``seed + j`` when a seed is given). A whole answer runs them concurrently

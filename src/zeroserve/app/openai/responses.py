@@ -248,6 +248,9 @@ class FunctionToolOut(Struct, kw_only=True):
 
 class InputTokensDetails(Struct, kw_only=True):
     cached_tokens: int = 0
+    # The prompt tokens the engine computed and keeps in the slot's prompt cache for
+    # the next request (llama.cpp caches every prompt; the SDK requires the field).
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(Struct, kw_only=True):
