@@ -89,7 +89,6 @@ class FunctionToolIn(Struct, kw_only=True, forbid_unknown_fields=True):
     # Kept as it came: the tool plans decode and compile it (app/engine_tools.py).
     parameters: msgspec.Raw | UnsetType = UNSET
     strict: bool | None = None
-    defer_loading: bool | None = None  # no effect: every tool is loaded
 
 
 class ToolType(Struct, kw_only=True):
