@@ -34,6 +34,7 @@ from tests.conftest import ServerProcess, start_server
 from tests.models.test_llamacpp import _wait_idle
 
 import openai
+from zeroserve.app import limits as lim
 
 pytest.importorskip("xllamacpp")
 
@@ -274,6 +275,11 @@ BAD = [
     ({"tools": [{"type": "function", "name": "f", "nope": 1}]}, "tools[0].nope", None),
     ({"tools": [{"type": "function", "name": "bad name!"}]}, "tools[0].name", None),
     ({"tools": [WEATHER, WEATHER]}, "tools", "unique"),
+    (
+        {"tools": [{"type": "function", "name": f"f{i}"} for i in range(lim.MAX_TOOLS + 1)]},
+        "tools",
+        "too many tools",
+    ),
     ({"tools": [WEATHER], "tool_choice": {"type": "web_search_preview"}}, "tool_choice", None),
     (
         {"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}},
