@@ -263,6 +263,61 @@ def test_auto_answers_a_valid_call_or_text(client: openai.OpenAI) -> None:
                 )
 
 
+def _earlier_call(call_id: str, city: str) -> dict[str, Any]:
+    arguments = json.dumps({"city": city})
+    return {
+        "type": "function_call",
+        "call_id": call_id,
+        "name": "get_weather",
+        "arguments": arguments,
+    }
+
+
+# Earlier turns that called the tool (written into the generic format's call objects for
+# the template): greedy SmolLM2 follows them and calls it again.
+FEW_SHOT_CALLS = [
+    {"role": "user", "content": "What is the weather in London? Use the tool."},
+    _earlier_call("call_1", "London"),
+    {"role": "user", "content": "What is the weather in Rome? Use the tool."},
+    _earlier_call("call_2", "Rome"),
+    {"role": "user", "content": ASK},
+]
+BRIEF_WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather",
+    "parameters": CITY_SCHEMA,
+}
+
+
+def test_auto_calls_in_the_generic_format_whole_and_streamed(client: openai.OpenAI) -> None:
+    """``auto`` where the model does call: the generic format's call object becomes a
+    ``function_call`` item; streamed, it is sent whole once the object is complete."""
+    whole = client.responses.create(
+        model="smollm2",
+        input=FEW_SHOT_CALLS,  # type: ignore[arg-type]
+        tools=[BRIEF_WEATHER],  # type: ignore[list-item]
+        max_output_tokens=40,
+        temperature=0,
+    )
+    assert [o.type for o in whole.output] == ["function_call"], whole.output
+    _valid_call(whole.output[0])
+    events = _stream(client, FEW_SHOT_CALLS, tools=[BRIEF_WEATHER])
+    kinds = [e.type for e in events]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    call = _valid_call(events[-2].item)
+    assert call.arguments == whole.output[0].arguments  # type: ignore[union-attr]
+    assert events[-1].response.output == [call]
+
+
 BAD = [
     ({"tools": [{"type": "web_search"}]}, "tools[0].type", "web_search"),
     ({"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools[0].type", None),
