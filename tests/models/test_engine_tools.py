@@ -59,6 +59,16 @@ def test_auto_plans_the_generic_format(smollm2: SmolLM2Model, choice: str | None
     assert "start: tool_call | text_answer" in grammar and '"get_weather"' in grammar
 
 
+def test_parallel_tool_calls_false_allows_one_call(smollm2: SmolLM2Model) -> None:
+    def grammar(**extra: object) -> str:
+        plan = plan_tools(_body(tools=TOOLS, **extra), smollm2)
+        assert isinstance(plan, AutoTool)
+        return str(msgspec.json.decode(plan.body)["grammar"]).replace(" ", "")
+
+    assert '"maxItems":1' in grammar(parallel_tool_calls=False)
+    assert "maxItems" not in grammar(parallel_tool_calls=True)
+
+
 def test_none_goes_to_the_engine_unchanged(smollm2: SmolLM2Model) -> None:
     assert plan_tools(_body(tools=TOOLS, tool_choice="none"), smollm2) is None
 

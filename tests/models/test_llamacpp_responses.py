@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 from tests.conftest import ServerProcess, start_server
 from tests.models.test_llamacpp import _metric, _wait_idle
 
@@ -83,6 +85,8 @@ def test_whole_answer(client: openai.OpenAI) -> None:
     (item,) = r.output
     assert item.type == "message" and item.role == "assistant" and item.status == "completed"
     assert r.store is False and r.previous_response_id is None
+    # Every field the SDK's types require is there (its own parse does not check).
+    openai.types.responses.Response.model_validate(r.model_dump(warnings=False))
 
 
 def test_instructions_and_message_items(client: openai.OpenAI) -> None:
@@ -130,6 +134,9 @@ def test_stream_events_in_openai_order(client: openai.OpenAI) -> None:
     assert final.response.id == created.response.id
     assert {e.item_id for e in deltas} == {final.response.output[0].id}
     assert final.response.usage is not None and final.response.usage.output_tokens > 0
+    adapter: Any = TypeAdapter(ResponseStreamEvent)
+    for e in events:  # each event as strictly as the SDK's types describe it
+        adapter.validate_python(e.model_dump(warnings=False))
 
 
 def test_sdk_stream_helper_rebuilds_the_answer(client: openai.OpenAI) -> None:
@@ -219,7 +226,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"store": True}, "store"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"background": True}, "background"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"truncation": "auto"}, "truncation"),
@@ -300,7 +307,7 @@ RESPONSES: dict[str, tuple[Any, bool]] = {
     "temperature": (0.5, True),
     "text": ({"format": {"type": "json_object"}}, True),
     "tool_choice": ("required", False),
-    "tools": ([{"type": "function", "name": "f", "parameters": {}}], False),
+    "tools": ([{"type": "function", "name": "f", "parameters": {}}], True),
     "top_logprobs": (2, False),
     "top_p": (0.5, True),
     "truncation": ("auto", False),

@@ -261,8 +261,10 @@ class EngineRelay:
         deadline = _client_deadline(req, deadline, stream=bool(body.stream))
         if not isinstance(body.input, str):
             check_count(len(body.input), limits.messages, "input", "input items")
+        if body.tools is not None:
+            check_count(len(body.tools), limits.tools, "tools", "tools")
         check_output_tokens(1, body.max_output_tokens, limits, "max_output_tokens")
-        t = translate(body, self.model.alias, self.model.system_prompt)
+        t = translate(body, self.model.alias, self.model.system_prompt, self.model)
         metrics.count_copy("engine_body", len(t.body))
         bound = t.bound + TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(t.messages)
         return self._run(
@@ -278,7 +280,7 @@ class EngineRelay:
             bound=bound,
             messages=t.messages,
             prompt=None,
-            plan=ResponsesAnswer(body),
+            plan=ResponsesAnswer(body, t),
             error_param=t.error_param,
             names=("max_output_tokens", "input"),
         )

@@ -28,6 +28,10 @@ forced path uses (compiled by the engine's own converter), the text is anything 
 does not start with ``{``. An answer that starts with ``{`` is a call and becomes OpenAI's
 ``tool_calls`` (streamed: held until the object is complete, then sent whole, one delta
 per call); any other answer is an ordinary message, streamed as it comes.
+``parallel_tool_calls: false`` (and the Responses API's ``max_tool_calls``) bound the
+call object's ``tool_calls`` by the grammar (``maxItems``). ``/v1/responses`` uses these
+same plans (``engine_responses``: its request translated to a chat request first, the
+plan's ``call``/``calls`` read back into ``function_call`` items).
 
 ``n`` > 1 (``engine_relay.run_choices``): the engine decodes one sequence per request,
 so each choice is its own engine request (with ``seed + j`` when a seed is given). A whole answer runs them concurrently
@@ -95,10 +99,13 @@ def check_response_format(raw: msgspec.Raw | msgspec.UnsetType) -> s.ResponseFor
     return fmt
 
 
-def plan_tools(body: s.EngineChatRequest, engine: ToolEngine) -> ForcedTool | AutoTool | None:
+def plan_tools(
+    body: s.EngineChatRequest, engine: ToolEngine, *, max_calls: int | None = None
+) -> ForcedTool | AutoTool | None:
     """Check ``response_format``, ``tools`` and ``tool_choice``; a plan when the answer
     must be a forced tool call or may be one in the generic format, else None (the body
-    goes to the engine as it came)."""
+    goes to the engine as it came). ``max_calls`` bounds the calls of one answer (the
+    Responses API's ``max_tool_calls``); ``parallel_tool_calls: false`` bounds it to 1."""
     fmt = check_response_format(body.response_format)
     choice: Any = None
     if s.given(body.tool_choice):
@@ -135,7 +142,9 @@ def plan_tools(body: s.EngineChatRequest, engine: ToolEngine) -> ForcedTool | Au
             )
         if (body.n or 1) > 1:
             raise RequestError("n > 1 is not supported with tools on this model", param="n")
-        return AutoTool(body, tools, engine)
+        if body.parallel_tool_calls is False:
+            max_calls = 1
+        return AutoTool(body, tools, engine, max_calls)
     if fmt is not None:
         raise RequestError(
             "response_format cannot be combined with a forced tool_choice", param="response_format"
@@ -284,7 +293,7 @@ class ForcedTool(_ToolAnswer):
         self.call_id = "call_" + os.urandom(12).hex()
         self.created = int(time.time())
 
-    def _call(self, content: str) -> tuple[str, str]:
+    def call(self, content: str) -> tuple[str, str]:
         """``(name, arguments)`` of the engine's constrained answer."""
         if self.single is not None:
             return self.single, content
@@ -302,7 +311,7 @@ class ForcedTool(_ToolAnswer):
         if not stream:
             answer = await collect(run, first)
             reason = answer.finish_reason or "stop"
-            name, args = self._call(answer.text)
+            name, args = self.call(answer.text)
             usage = answer.usage.plain() if answer.usage is not None else s.Usage(0, 0, 0)
             msg = s.ToolMessage(
                 "assistant",
@@ -358,7 +367,7 @@ class ForcedTool(_ToolAnswer):
                     reason = c.finish_reason
             chunk = await run.next_chunk()
         if self.single is None:
-            name, args = self._call("".join(parts))
+            name, args = self.call("".join(parts))
             call = s.ToolCallDelta(0, self.call_id, "function", {"name": name, "arguments": args})
             yield self._chunk(model, s.ToolDelta(tool_calls=[call]), None, usage_default)
         yield self._chunk(
@@ -379,12 +388,16 @@ _GENERIC_INSTRUCTIONS = (
 )
 
 
-def generic_grammar(engine: ToolEngine, tools: list[s.Tool]) -> str:
+def generic_grammar(engine: ToolEngine, tools: list[s.Tool], max_calls: int | None = None) -> str:
     """The generic format's grammar: a plain text answer, or a call object whose
-    ``tool_calls`` items match :func:`call_schema` (compiled by the engine's converter)."""
+    ``tool_calls`` items match :func:`call_schema` (compiled by the engine's converter),
+    at most ``max_calls`` of them."""
+    calls: dict[str, Any] = {"type": "array", "minItems": 1, "items": call_schema(tools)}
+    if max_calls is not None:
+        calls["maxItems"] = max_calls
     schema = {
         "type": "object",
-        "properties": {"tool_calls": {"type": "array", "minItems": 1, "items": call_schema(tools)}},
+        "properties": {"tool_calls": calls},
         "required": ["tool_calls"],
     }
     try:
@@ -424,11 +437,17 @@ def _arguments(text: str) -> Any:
 class AutoTool(_ToolAnswer):
     """``tool_choice: "auto"`` on a template without tools: the generic format."""
 
-    def __init__(self, body: s.EngineChatRequest, tools: list[s.Tool], engine: ToolEngine) -> None:
+    def __init__(
+        self,
+        body: s.EngineChatRequest,
+        tools: list[s.Tool],
+        engine: ToolEngine,
+        max_calls: int | None = None,
+    ) -> None:
         self.tools = tools
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         system = _tool_text(tools, _GENERIC_INSTRUCTIONS, "You can call functions.")
-        grammar = generic_grammar(engine, tools)
+        grammar = generic_grammar(engine, tools, max_calls)
         self.body = engine_body(_history_as_text(body), system, {"grammar": grammar})
         self.ident = "chatcmpl-" + os.urandom(12).hex()
         self.call_prefix = "call_" + os.urandom(8).hex()

@@ -4,13 +4,16 @@ Requests are decoded once by a strict schema: unknown fields get a 400 naming th
 for chat (``schemas.py``). Every field of the official SDK's ``responses.create`` is a
 field here, in one of three kinds (docs/architecture.md, "The Responses API"):
 
-* honoured: ``model``, ``input`` (a string, or messages with text parts),
-  ``instructions``, ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``,
-  ``text.format`` (``text``, ``json_object``, ``json_schema``);
+* honoured: ``model``, ``input`` (a string, or items: messages with text parts, and an
+  agent loop's ``function_call`` and ``function_call_output`` items), ``instructions``,
+  ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``, ``text.format``
+  (``text``, ``json_object``, ``json_schema``), ``tools`` of type ``function`` with
+  ``tool_choice``, ``parallel_tool_calls`` and ``max_tool_calls``;
 * refused unless neutral (:data:`STATEFUL` and :func:`refusals`): the server keeps no
   state, so ``previous_response_id``, ``conversation``, ``prompt``, ``background`` and
-  ``store: true`` get a 400 naming them; tools, ``include``, ``reasoning``,
-  ``top_logprobs`` > 0, ``truncation: "auto"`` and the like would change the answer;
+  ``store: true`` get a 400 naming them; ``include``, ``reasoning``, ``top_logprobs`` >
+  0, ``truncation: "auto"``, tools of any other type (``web_search``, ``file_search``,
+  MCP, ...) and the like would change the answer;
 * accepted because they never change the answer: ``metadata``, ``user``,
   ``safety_identifier``, ``service_tier``, ``prompt_cache_key``, ... .
 
@@ -40,15 +43,70 @@ class InputPart(Struct, kw_only=True, forbid_unknown_fields=True):
     logprobs: list[Any] | None = None
 
 
-class InputMessage(Struct, kw_only=True, forbid_unknown_fields=True):
-    """One input item: a message (also an earlier answer's output message sent back)."""
+class InputItem(Struct, kw_only=True, forbid_unknown_fields=True):
+    """One input item: a message (also an earlier answer's output message sent back),
+    or an agent loop's ``function_call`` (an earlier answer's call sent back) and its
+    ``function_call_output``. One Struct for the three (a message may omit ``type``, so
+    the items cannot be a tagged union); ``engine_responses`` checks each type's
+    required fields and refuses any other type, naming the item."""
 
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputPart]
+    type: str = "message"
+    # message
+    role: Literal["user", "assistant", "system", "developer"] | None = None
+    content: str | list[InputPart] | None = None
+    phase: str | None = None
+    # function_call and function_call_output
+    call_id: str | None = None
+    name: str | None = None
+    namespace: str | None = None
+    arguments: str | None = None
+    output: str | list[InputPart] | None = None
+    caller: Any = None
     id: str | None = None
     status: str | None = None
-    phase: str | None = None
+
+
+class ItemType(Struct, kw_only=True):
+    """Only an input item's ``type`` (read when the strict decode failed inside
+    ``input``, so an item of another type is refused by its type)."""
+
+    type: str = "message"
+
+
+class ItemTypes(Struct, kw_only=True):
+    input: str | list[ItemType]
+
+
+item_types_decoder = msgspec.json.Decoder(ItemTypes)
+
+
+class FunctionToolIn(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A function tool as the Responses API writes it (flat, not under ``function``)."""
+
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    # Kept as it came: the tool plans decode and compile it (app/engine_tools.py).
+    parameters: msgspec.Raw | UnsetType = UNSET
+    strict: bool | None = None
+
+
+class ToolType(Struct, kw_only=True):
+    """Only a tool's ``type`` (read first, so another type is refused by name)."""
+
+    type: str
+
+
+class FunctionChoice(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["function"]
+    name: str
+
+
+ToolChoiceIn = Literal["none", "auto", "required"] | FunctionChoice
+
+tool_type_decoder = msgspec.json.Decoder(ToolType)
+function_tool_decoder = msgspec.json.Decoder(FunctionToolIn)
+tool_choice_decoder = msgspec.json.Decoder(ToolChoiceIn)
 
 
 class TextFormat(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -71,7 +129,7 @@ class ResponsesStreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
 
 class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
-    input: str | Annotated[list[InputMessage], Meta(min_length=1)]
+    input: str | Annotated[list[InputItem], Meta(min_length=1)]
     instructions: str | None = None
     max_output_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
@@ -79,11 +137,12 @@ class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     stream: bool | None = False
     stream_options: ResponsesStreamOptions | None = None
     text: TextConfig | None = None
-    # Refused unless neutral (see ``refusals``).
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    # Raw until ``engine_responses`` checks them (each tool's type first).
+    tools: list[msgspec.Raw] | None = None
+    tool_choice: msgspec.Raw | UnsetType = UNSET
     parallel_tool_calls: bool | None = None
-    max_tool_calls: int | None = None
+    max_tool_calls: Annotated[int, Meta(ge=1)] | None = None
+    # Refused unless neutral (see ``refusals``).
     previous_response_id: str | None = None
     conversation: Any = None
     prompt: Any = None
@@ -126,10 +185,6 @@ def refusals(req: ResponsesRequest) -> list[tuple[str, str]]:
         out.append(("store", "this server is stateless: store must be false or absent"))
     if req.background:
         out.append(("background", "background responses need stored state"))
-    if req.tools:
-        out.append(("tools", "tools are not supported on /v1/responses; use /v1/chat/completions"))
-    if req.tool_choice not in (None, "none", "auto"):
-        out.append(("tool_choice", "tool_choice needs tools"))
     if req.include:
         out.append(("include", "no extra output can be included"))
     if req.reasoning is not None:
@@ -160,16 +215,41 @@ class OutputText(Struct, kw_only=True):
     logprobs: list[Any] = []
 
 
-class OutputMessage(Struct, kw_only=True):
+class OutputMessage(Struct, kw_only=True, tag_field="type", tag="message"):
     id: str
-    type: Literal["message"] = "message"
     status: Literal["in_progress", "completed", "incomplete"]
     role: Literal["assistant"] = "assistant"
     content: list[OutputText]
 
 
+class FunctionCallOut(Struct, kw_only=True, tag_field="type", tag="function_call"):
+    """A ``function_call`` output item: the model calls one of the request's tools."""
+
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+OutputItem = OutputMessage | FunctionCallOut
+
+
+class FunctionToolOut(Struct, kw_only=True):
+    """A function tool as the answer echoes it."""
+
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None
+    parameters: msgspec.Raw | None
+    strict: bool | None
+
+
 class InputTokensDetails(Struct, kw_only=True):
     cached_tokens: int = 0
+    # The prompt tokens the engine computed and keeps in the slot's prompt cache for
+    # the next request (llama.cpp caches every prompt; the SDK requires the field).
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(Struct, kw_only=True):
@@ -226,7 +306,7 @@ class ResponseObject(Struct, kw_only=True):
     max_output_tokens: int | None
     max_tool_calls: int | None = None
     model: str
-    output: list[OutputMessage]
+    output: list[OutputItem]
     parallel_tool_calls: bool = True
     previous_response_id: None = None
     prompt_cache_key: str | None = None
@@ -236,8 +316,8 @@ class ResponseObject(Struct, kw_only=True):
     store: bool = False
     temperature: float
     text: TextOut
-    tool_choice: Literal["auto", "none"] = "auto"
-    tools: list[Any] = []
+    tool_choice: Literal["auto", "none", "required"] | FunctionChoice = "auto"
+    tools: list[FunctionToolOut] = []
     top_logprobs: int = 0
     top_p: float
     truncation: Literal["disabled"] = "disabled"
@@ -261,7 +341,7 @@ class OutputItemEvent(Struct, kw_only=True):
     type: str
     sequence_number: int
     output_index: int
-    item: OutputMessage
+    item: OutputItem
 
 
 class ContentPartEvent(Struct, kw_only=True):
@@ -295,6 +375,24 @@ class TextDoneEvent(Struct, kw_only=True):
     logprobs: list[Any] = []
 
 
+class ArgumentsDeltaEvent(Struct, kw_only=True):
+    type: Literal["response.function_call_arguments.delta"] = (
+        "response.function_call_arguments.delta"
+    )
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ArgumentsDoneEvent(Struct, kw_only=True):
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    sequence_number: int
+    item_id: str
+    output_index: int
+    arguments: str
+
+
 class ErrorEvent(Struct, kw_only=True):
     """A failure after the stream began (the status line was already sent)."""
 
@@ -311,6 +409,8 @@ ResponseEvent = (
     | ContentPartEvent
     | TextDeltaEvent
     | TextDoneEvent
+    | ArgumentsDeltaEvent
+    | ArgumentsDoneEvent
     | ErrorEvent
 )
 # The same, as the types /openapi.json describes (untagged: ``type`` is a plain field).
@@ -320,6 +420,8 @@ EVENT_TYPES = (
     ContentPartEvent,
     TextDeltaEvent,
     TextDoneEvent,
+    ArgumentsDeltaEvent,
+    ArgumentsDoneEvent,
     ErrorEvent,
 )
 
