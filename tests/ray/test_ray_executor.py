@@ -57,6 +57,7 @@ def inline_server() -> Iterator[ServerProcess]:
 def ray_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
     near = "executor=ray&num_cpus=0.25"
     stuck = f"started={files / 'started'}&release={files / 'release'}"
+    hang = f"started={files / 'hang-started'}&release={files / 'hang-release'}"
     server = start_server(
         "--model",
         f"echo?{near}",
@@ -70,6 +71,8 @@ def ray_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
         f"stuck=tests.ray.ray_models:Stuck?{near}&max_restarts=4&{stuck}",
         "--model",
         f"tick=tests.ray.ray_models:Ticker?{near}&closed={files / 'closed'}",
+        "--model",
+        f"hang=tests.ray.ray_models:Stuck?{near}&max_restarts=4&{hang}",
         env=ray_cluster.env(),
         timeout=SERVER_START_TIMEOUT_S,
     )
@@ -77,7 +80,7 @@ def ray_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
     assert server.stop() == 0
 
 
-def _metric(server: ServerProcess, name: str, **labels: str) -> float:
+def _metric(server: ServerProcess, name: str, /, **labels: str) -> float:
     text = httpx.get(f"{server.url}/metrics", timeout=CLIENT_TIMEOUT_S).text
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
     total = 0.0
@@ -239,6 +242,35 @@ def test_killed_actor_fails_in_flight_restarts_and_leaks_nothing(
     r = _raw(ray_server.url, "stuck", b"after the restart")
     assert r.status_code == 200 and r.content == b"after the restart"
     assert _metric(ray_server, "zeroserve_arena_used_bytes") == 0
+    assert _metric(ray_server, "zeroserve_arena_leases") == 0
+
+
+def test_actor_hung_past_its_deadline_is_killed_restarted_and_counted(
+    ray_cluster: RayCluster, ray_server: ServerProcess, files: Path
+) -> None:
+    """A call that never returns: 504 at its deadline, then its actor is reclaimed past
+    the hang grace (killed, restarted by Ray, counted), and the model serves again."""
+    reclaimed = _metric(ray_server, "zeroserve_workers_reclaimed_total", name="hang")
+    restarts = _metric(ray_server, "zeroserve_workers_restarts_total", name="hang")
+    r = _raw(ray_server.url, "hang", b"never returns", timeout="0.5")
+    assert r.status_code == 504, r.text
+    assert (files / "hang-started").exists()  # it reached the actor's thread
+    _poll(
+        lambda: (
+            _metric(ray_server, "zeroserve_workers_reclaimed_total", name="hang") == reclaimed + 1
+        ),
+        "the hung actor to be reclaimed",
+    )
+    _poll(
+        lambda: (
+            _metric(ray_server, "zeroserve_workers_restarts_total", name="hang") == restarts + 1
+        ),
+        "its restart",
+    )
+    assert httpx.get(f"{ray_server.url}/ready", timeout=CLIENT_TIMEOUT_S).status_code == 200
+    (files / "hang-release").touch()  # the restarted actor's calls return
+    r = _raw(ray_server.url, "hang", b"after the restart")
+    assert r.status_code == 200 and r.content == b"after the restart"
     assert _metric(ray_server, "zeroserve_arena_leases") == 0
 
 

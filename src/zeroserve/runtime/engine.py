@@ -293,7 +293,7 @@ class Engine:
         metrics.register_source(
             "workers",
             lambda: {n: rt.executor.statistics() for n, rt in models.items()},
-            counters=("restarts", "crashes"),
+            counters=("restarts", "crashes", "reclaimed"),
         )
         metrics.register_source(
             "arena",

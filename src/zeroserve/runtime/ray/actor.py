@@ -151,8 +151,15 @@ class RayWorker:
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if asyncio.iscoroutinefunction(fn):
             return await fn(*args)
-        loop = asyncio.get_running_loop()
-        return await maybe_await(await loop.run_in_executor(self.pool, fn, *args))
+        running = asyncio.wrap_future(self.pool.submit(fn, *args))
+        try:
+            return await maybe_await(await asyncio.shield(running))
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: the call (its Ray task) ends when the thread
+            # returns, so the ingress sees it running and reclaims the actor if it runs
+            # past its deadline plus the hang grace (docs/architecture.md, "Hung work").
+            await asyncio.wait([running])
+            raise
 
     # -- infer, attached ------------------------------------------------------------------
     async def infer(self, rid: int, descs: bytes) -> bytes:

@@ -26,6 +26,11 @@ Faults: a Ray actor error on a call marks that worker down (``ready()`` false, a
 loses its slot), fails its calls with ``WorkerError(503)``, and a recovery task pings
 the actor until Ray has restarted it (``max_restarts``), then marks it up again.
 
+Hung calls: an actor's call whose thread is still running keeps its Ray task pending
+(``RayWorker._call``), even once the caller gave up. A batch or embedding call still
+pending ``hang_grace_s`` past its deadline marks its actor down, which is killed for Ray
+to restart (the crash path above; counted ``reclaimed``, logged with the model's name).
+
 A lost cluster: a watch task probes the GCS and this node's raylet
 (``cluster.reachable``, every ``cluster.PROBE_INTERVAL_S``). While they are gone the
 executor is not ready and has no capacity, so admission answers ``ClusterUnavailable``
@@ -314,6 +319,7 @@ class RayExecutor(Executor):
         self._started = False
         self.restarts = 0
         self.crashes = 0
+        self.reclaimed = 0
         # The cluster watch (see the module doc): whether the cluster answered the last
         # probe, and the open streams.
         self._cluster_up = True
@@ -514,8 +520,10 @@ class RayExecutor(Executor):
             metrics.count_copy("ray_input", arr.nbytes)
         return TensorDesc(lease.offset, arr.nbytes, arr.dtype.str, arr.shape)
 
-    async def _await(self, w: RayWorkerHandle, ref: Any) -> Any:
-        """Await one Ray call on ``w``; cancelling the caller cancels the actor's task."""
+    async def _await(self, w: RayWorkerHandle, ref: Any, deadline_at: float | None = None) -> Any:
+        """Await one Ray call on ``w``; cancelling the caller cancels the actor's task.
+        ``deadline_at`` (loop time): a call still running ``hang_grace_s`` past it, the
+        caller gone, is hung (``_watch_hung``)."""
         import ray
 
         fut = asyncio.ensure_future(ref)
@@ -528,12 +536,50 @@ class RayExecutor(Executor):
                 ray.cancel(ref)
             except Exception:
                 pass
+            if deadline_at is not None and not fut.done():
+                self._watch_hung(w, fut, deadline_at)
             raise
         except BaseException as exc:
             raise self._ray_failure(w, exc) from None
         finally:
             w.outstanding -= 1
             w.tasks.discard(fut)
+
+    def _watch_hung(self, w: RayWorkerHandle, fut: asyncio.Future[Any], deadline_at: float) -> None:
+        """Watch a call its caller abandoned: still running ``hang_grace_s`` past
+        ``deadline_at``, its actor is reclaimed (``_reclaim``)."""
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(deadline_at + self.options.hang_grace_s, self._hung, w, fut)
+
+        def ended(f: asyncio.Future[Any]) -> None:
+            timer.cancel()
+            if not f.cancelled():
+                f.exception()  # retrieved: the caller is gone
+
+        fut.add_done_callback(ended)
+
+    def _hung(self, w: RayWorkerHandle, fut: asyncio.Future[Any]) -> None:
+        if fut.done() or not w.ready or self._closing or not self._cluster_up:
+            return  # returned, or its actor is already down (recovering) or going
+        import ray
+
+        log.warning(
+            "model %r: a call on Ray actor %d is still running %.1f s past its deadline; "
+            "killing the actor for Ray to restart",
+            self.spec.name,
+            w.pid,
+            self.options.hang_grace_s,
+        )
+        self.reclaimed += 1
+        w.ready = False
+        self._notify()
+        try:
+            ray.kill(w.actor, no_restart=False)
+        except Exception:  # already gone: its recovery below still waits for the restart
+            pass
+        task = asyncio.get_running_loop().create_task(self._recover(w))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _race(self, fut: asyncio.Future[Any]) -> Any:
         """``fut``'s result (``fut`` is in a worker's ``tasks``), or ``ClusterUnavailable``
@@ -546,9 +592,6 @@ class RayExecutor(Executor):
                 raise self._unreachable() from None
             raise
 
-    # ``deadline_at``: the Ray executor does not reclaim hung actors by deadline (the
-    # process executor's hang grace); an expired call is cancelled by its handle's timer,
-    # which aborts the actor's work, and a dead actor is restarted by Ray.
     async def infer(
         self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
     ) -> list[InferResult | BaseException]:
@@ -566,28 +609,33 @@ class RayExecutor(Executor):
                 results.append(exc)
         if not arrays:
             return results
-        outs = await self._infer_arrays(w, arrays)
+        outs = await self._infer_arrays(w, arrays, deadline_at)
         for i, out in zip(index, outs, strict=True):
             results[i] = out
         return results
 
     async def _infer_arrays(
-        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
+        self,
+        w: RayWorkerHandle,
+        arrays: list[dict[str, np.ndarray]],
+        deadline_at: float | None = None,
     ) -> list[InferResult]:
         """Run the valid part of a batch on ``slot`` (the Serve executor overrides it)."""
         if w.attached:
-            return await self._infer_attached(w, arrays)
-        return await self._infer_detached(w, arrays)
+            return await self._infer_attached(w, arrays, deadline_at)
+        return await self._infer_detached(w, arrays, deadline_at)
 
     async def _infer_attached(
-        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
+        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]], deadline_at: float | None
     ) -> list[InferResult]:
         leases: list[Lease] = []
         rid = next(self._ids)
         try:
             descs = [{k: self._describe(v, leases) for k, v in item.items()} for item in arrays]
             reply = a.REPLY.decode(
-                await self._await(w, w.actor.infer.remote(rid, msgspec.msgpack.encode(descs)))
+                await self._await(
+                    w, w.actor.infer.remote(rid, msgspec.msgpack.encode(descs)), deadline_at
+                )
             )
             if isinstance(reply, a.NeedAlloc):
                 try:
@@ -634,13 +682,13 @@ class RayExecutor(Executor):
         return InferResult(outputs, held)
 
     async def _infer_detached(
-        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
+        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]], deadline_at: float | None
     ) -> list[InferResult]:
         import ray
 
         metrics.count_copy("ray_put", sum(v.nbytes for item in arrays for v in item.values()))
         ref = await asyncio.get_running_loop().run_in_executor(None, ray.put, arrays)
-        out = await self._await(w, w.actor.infer_arrays.remote(ref))
+        out = await self._await(w, w.actor.infer_arrays.remote(ref), deadline_at)
         if isinstance(out, bytes):
             reply = a.REPLY.decode(out)
             raise _rebuild(reply) if isinstance(reply, a.Fail) else WorkerError("bad reply")
@@ -654,7 +702,7 @@ class RayExecutor(Executor):
         self, slot: Any, texts: list[str], *, deadline_at: float | None = None
     ) -> np.ndarray:
         w: RayWorkerHandle = slot
-        out = await self._await(w, w.actor.embed.remote(texts))
+        out = await self._await(w, w.actor.embed.remote(texts), deadline_at)
         if isinstance(out, bytes):
             reply = a.REPLY.decode(out)
             raise _rebuild(reply) if isinstance(reply, a.Fail) else WorkerError("bad reply")
@@ -681,4 +729,5 @@ class RayExecutor(Executor):
             streams=sum(w.outstanding for w in self.workers),
             restarts=self.restarts,
             crashes=self.crashes,
+            reclaimed=self.reclaimed,
         )

@@ -402,10 +402,13 @@ class RayServeExecutor(RayExecutor):
         self._notify()
 
     # -- work ------------------------------------------------------------------------------
-    async def _await(self, w: RayWorkerHandle, response: Any) -> Any:
+    async def _await(
+        self, w: RayWorkerHandle, response: Any, deadline_at: float | None = None
+    ) -> Any:
         """Await one handle call; cancelling the caller cancels the replica's request.
         It overrides the actor call, so the base's object-store path (``_infer_detached``)
-        and ``embed`` serve deployments too."""
+        and ``embed`` serve deployments too. ``deadline_at`` is not watched: Serve's own
+        health checks replace a replica (no hung-call reclaim here)."""
         fut = asyncio.ensure_future(response)
         w.tasks.add(fut)
         w.outstanding += 1
@@ -429,10 +432,13 @@ class RayServeExecutor(RayExecutor):
             w.tasks.discard(fut)
 
     async def _infer_arrays(
-        self, w: RayWorkerHandle, arrays: list[dict[str, np.ndarray]]
+        self,
+        w: RayWorkerHandle,
+        arrays: list[dict[str, np.ndarray]],
+        deadline_at: float | None = None,
     ) -> list[InferResult]:
         if self.placement.same_node == "never":  # no replica attached: skip the probe
-            return await self._infer_detached(w, arrays)
+            return await self._infer_detached(w, arrays, deadline_at)
         leases: list[Lease] = []
         rid = next(self._ids)
         try:
@@ -441,7 +447,7 @@ class RayServeExecutor(RayExecutor):
                 w, w.actor.infer_once.remote(rid, msgspec.msgpack.encode(descs))
             )
             if out is None:  # a replica on another node: through the object store
-                return await self._infer_detached(w, arrays)
+                return await self._infer_detached(w, arrays, deadline_at)
             raw, extra = out
             reply = a.REPLY.decode(raw)
             if isinstance(reply, a.Fail):
