@@ -330,6 +330,74 @@ def engine_completion_bodies() -> st.SearchStrategy[Any]:
     return documents(st.one_of(valid, valid, doc))
 
 
+_responses_tool = st.builds(
+    lambda name, schema: {"type": "function", "name": name, "parameters": schema},
+    st.sampled_from(["f", "get_weather"]),
+    _valid_schema,
+)
+_responses_item = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "developer", "assistant"]), "content": text},
+        optional={"type": st.just("message")},
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": st.sampled_from(["c1", "c2"]),
+            "name": st.just("f"),
+            "arguments": st.sampled_from(["{}", '{"a": 1}', "{", ""]),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("function_call_output"), "call_id": st.just("c1"), "output": text}
+    ),
+)
+
+
+def engine_responses_bodies() -> st.SearchStrategy[Any]:
+    """``/v1/responses`` on the engine: text or item inputs (messages, the agent loop's
+    ``function_call`` and ``function_call_output``), function tools and every
+    ``tool_choice`` form, near-valid or hostile."""
+    wild = {
+        "model": _engine_models,
+        "input": st.one_of(text, st.lists(json_value, max_size=3)),
+        "instructions": text,
+        "max_output_tokens": small_ints,
+        "tools": st.lists(st.one_of(_responses_tool, json_value), max_size=3),
+        "tool_choice": json_value,
+        "parallel_tool_calls": json_value,
+        "max_tool_calls": ints,
+        "text": json_value,
+        "stream": st.booleans(),
+        "store": json_value,
+        "temperature": floats,
+    }
+    doc = st.fixed_dictionaries({}, optional={k: hostile(v) for k, v in wild.items()})
+    valid = near_valid(
+        {
+            "model": st.just("smollm2"),
+            "input": st.one_of(text, st.lists(_responses_item, min_size=1, max_size=3)),
+            "max_output_tokens": st.integers(16, 18),
+        },
+        {
+            "instructions": text,
+            "stream": st.booleans(),
+            "tools": st.lists(_responses_tool, min_size=1, max_size=2),
+            "tool_choice": st.one_of(
+                st.sampled_from(["auto", "none", "required"]),
+                st.just({"type": "function", "name": "f"}),
+            ),
+            "parallel_tool_calls": st.booleans(),
+            "max_tool_calls": st.integers(1, 2),
+            "text": st.just({"format": {"type": "json_object"}}),
+            "temperature": st.floats(0, 2),
+        },
+        wild,
+        frozenset({"max_output_tokens"}),
+    )
+    return documents(_with_unknown(st.one_of(valid, valid, doc)))
+
+
 def embedding_bodies() -> st.SearchStrategy[Any]:
     inputs = st.one_of(
         text,

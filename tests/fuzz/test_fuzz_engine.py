@@ -1,5 +1,6 @@
 """Hostile bodies for the llama.cpp engine's own decoders and relay (the built-in
-``smollm2``: chat with tools, response_format and logprobs; completions), through the
+``smollm2``: chat with tools, response_format and logprobs; completions; the Responses
+API with function tools and the agent loop's items), through the
 real server: always a 2xx or an OpenAI-format 4xx (a 504 when the model's own timeout
 passed), never a 5xx, nothing left held (tickets, engine slots, leases)."""
 
@@ -32,3 +33,11 @@ def test_engine_completion_bodies(
     engine_target: Target, body: bytes, timeouts: dict[str, str]
 ) -> None:
     _send(engine_target, "/v1/completions", body, timeouts)
+
+
+@settings(max_examples=ENGINE_EXAMPLES)
+@given(body=fs.engine_responses_bodies(), timeouts=fs.sdk_timeouts)
+def test_engine_responses_bodies(
+    engine_target: Target, body: bytes, timeouts: dict[str, str]
+) -> None:
+    _send(engine_target, "/v1/responses", body, timeouts)
