@@ -34,8 +34,13 @@ def assert_answer(t: Target, r: httpx.Response, fmt: Format, *, timed: bool = Fa
         # A stream that failed after its head ends with an error event: it must be one of
         # ours (a 4xx-class or a deadline), never an internal error.
         for line in r.text.splitlines():
-            if line.startswith("data: {") and '"error"' in line:
-                err = json.loads(line[6:])["error"]
+            if not (line.startswith("data: {") and '"error"' in line):
+                continue
+            event = json.loads(line[6:])
+            # Chat and completions: {"error": {...}}; the Responses API: {"type": "error",
+            # "code": ...}. Other events may hold an ``"error": null`` of their own.
+            err = event if event.get("type") == "error" else event.get("error")
+            if isinstance(err, dict):
                 assert err["code"] != "internal_error", err
                 assert timed or err["code"] != "deadline_exceeded", err
     logged = t.errors.take()

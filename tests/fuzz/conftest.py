@@ -29,6 +29,7 @@ from openai_servers import ServerThread  # noqa: E402
 from zeroserve.app.engine_relay import engine_relays  # noqa: E402
 from zeroserve.models.echo import EchoModel  # noqa: E402
 from zeroserve.runtime import ModelConfig, RuntimeOptions  # noqa: E402
+from zeroserve.server.options import KEEPALIVE_TIMEOUT_S  # noqa: E402
 
 # Examples per fuzz test in CI: the whole suite stays well under a minute on two cores.
 CI_EXAMPLES = 150
@@ -39,6 +40,12 @@ EXAMPLES = int(os.environ.get("ZEROSERVE_FUZZ_EXAMPLES", CI_EXAMPLES))
 # shows as a 504 from the server's deadline, not as a stuck test.
 SERVER_DEADLINE_S = 60.0
 REQUEST_TIMEOUT_S = 120.0
+# The client reuses an idle connection only well inside the server's keep-alive timeout.
+# At the same 5 s (httpx's default), a request sent just as the server closes the idle
+# connection gets no answer: the race every HTTP/1.1 client has with its server, which a
+# long campaign hit once (V2 JSON, after 67,000 examples, its process starved of CPU for
+# seconds between two requests; the example passed when replayed).
+CLIENT_KEEPALIVE_S = KEEPALIVE_TIMEOUT_S / 5
 # After a response, the server's leases and tickets are back within this long.
 IDLE_WAIT_S = 30.0
 # The engine fuzz runs the real model on each valid example (a second or more on a busy
@@ -142,7 +149,11 @@ def _serve(configs: dict[str, ModelConfig]) -> Iterator[Target]:
     errors = _Errors()
     logger = logging.getLogger("zeroserve")
     logger.addHandler(errors)
-    client = httpx.Client(base_url=srv.url, timeout=REQUEST_TIMEOUT_S)
+    client = httpx.Client(
+        base_url=srv.url,
+        timeout=REQUEST_TIMEOUT_S,
+        limits=httpx.Limits(keepalive_expiry=CLIENT_KEEPALIVE_S),
+    )
     t = Target(srv, client, errors)
     try:
         yield t
