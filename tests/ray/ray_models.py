@@ -4,6 +4,7 @@ in a process the test did not spawn, so it cannot share an Event with it)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,15 +26,15 @@ class Doubler(Model):
 
 
 class Stuck(Model):
-    """``infer`` touches ``started`` then waits (bounded) for ``release`` to exist;
-    ``generate`` yields one piece then does the same."""
+    """``infer`` writes its process's pid to ``started`` then waits (bounded) for
+    ``release`` to exist; ``generate`` yields one piece then does the same."""
 
     def __init__(self, started: str = "", release: str = "") -> None:
         super().__init__()
         self.started, self.release = Path(started), Path(release)
 
     def _wait(self) -> None:
-        self.started.touch()
+        self.started.write_text(str(os.getpid()))
         deadline = time.monotonic() + WAIT_LIMIT_S
         while not self.release.exists() and time.monotonic() < deadline:
             time.sleep(POLL_S)

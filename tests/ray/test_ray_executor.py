@@ -254,7 +254,7 @@ def test_actor_hung_past_its_deadline_is_killed_restarted_and_counted(
     restarts = _metric(ray_server, "zeroserve_workers_restarts_total", name="hang")
     r = _raw(ray_server.url, "hang", b"never returns", timeout="0.5")
     assert r.status_code == 504, r.text
-    assert (files / "hang-started").exists()  # it reached the actor's thread
+    hung_pid = (files / "hang-started").read_text()  # it reached the actor's thread
     _poll(
         lambda: (
             _metric(ray_server, "zeroserve_workers_reclaimed_total", name="hang") == reclaimed + 1
@@ -271,6 +271,8 @@ def test_actor_hung_past_its_deadline_is_killed_restarted_and_counted(
     (files / "hang-release").touch()  # the restarted actor's calls return
     r = _raw(ray_server.url, "hang", b"after the restart")
     assert r.status_code == 200 and r.content == b"after the restart"
+    # served by the new process (a kill is asynchronous: the hung one answers a while)
+    assert (files / "hang-started").read_text() != hung_pid
     assert _metric(ray_server, "zeroserve_arena_leases") == 0
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -131,6 +132,9 @@ class RayWorker:
         arena: ArenaRef | None,
     ) -> None:
         self.name = name
+        # Which start of this actor answers: Ray restarts an actor under the same handle,
+        # and a kill is asynchronous, so the old process may still answer a first ``hello``.
+        self.instance = uuid.uuid4().hex
         self.view = attach_arena(arena) if arena is not None else None
         self.base = buffer_address(self.view) if self.view is not None else 0
         self.size = len(self.view) if self.view is not None else 0
@@ -144,9 +148,10 @@ class RayWorker:
         self.credits: dict[int, StreamCredit] = {}
         self.aborted: set[int] = set()
 
-    async def hello(self) -> tuple[int, bool]:
-        """This actor's pid, and whether it shares the ingress's arena."""
-        return os.getpid(), self.view is not None
+    async def hello(self) -> tuple[int, bool, str]:
+        """This actor's pid, whether it shares the ingress's arena, and which start of
+        the actor this is (``instance``)."""
+        return os.getpid(), self.view is not None, self.instance
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if asyncio.iscoroutinefunction(fn):

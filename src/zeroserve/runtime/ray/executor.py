@@ -108,13 +108,24 @@ def _rebuild(fail: a.Fail) -> errors.ZeroserveError:
 class RayWorkerHandle:
     """This side of one actor: its handle, state and the calls in flight on it."""
 
-    __slots__ = ("actor", "attached", "busy", "index", "outstanding", "pid", "ready", "tasks")
+    __slots__ = (
+        "actor",
+        "attached",
+        "busy",
+        "index",
+        "instance",
+        "outstanding",
+        "pid",
+        "ready",
+        "tasks",
+    )
 
     def __init__(self, index: int, actor: Any) -> None:
         self.index = index
         self.actor = actor
         self.attached = False
         self.pid = 0
+        self.instance = ""  # which start of the actor answered its last ``hello``
         self.ready = False
         self.busy = False
         self.outstanding = 0
@@ -354,8 +365,8 @@ class RayExecutor(Executor):
             if isinstance(exc, TimeoutError):
                 raise ModelLoadError(spec.name, f"actors did not load in {timeout} s") from exc
             raise ModelLoadError(spec.name, f"{type(exc).__name__}: {exc}") from exc
-        for w, (pid, attached) in zip(self.workers, hellos, strict=True):
-            w.pid, w.attached, w.ready = pid, attached, True
+        for w, (pid, attached, instance) in zip(self.workers, hellos, strict=True):
+            w.pid, w.attached, w.instance, w.ready = pid, attached, instance, True
         self._started = True
         self._start_watch()
         self._notify()
@@ -442,27 +453,40 @@ class RayExecutor(Executor):
             if w.ready and not self._closing:
                 w.ready = False
                 self.crashes += 1
-                task = asyncio.get_running_loop().create_task(self._recover(w))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._start_recovery(w)
             return WorkerError(
                 f"Ray actor {w.pid} of model {self.spec.name!r} died while serving this request",
                 status=503,
             )
         return WorkerError(f"Ray call failed: {type(exc).__name__}", status=500)
 
+    def _start_recovery(self, w: RayWorkerHandle) -> None:
+        """``w`` is down: wait, in a task of this executor's, for Ray to restart it."""
+        task = asyncio.get_running_loop().create_task(self._recover(w))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _recover(self, w: RayWorkerHandle) -> None:
+        """Mark ``w`` up once a new start of its actor answers ``hello``. The start that
+        went down may still answer one (``ray.kill`` is asynchronous): that is not a
+        restart, and calls sent to it would meet its death."""
         import ray.exceptions as rex
 
         delay = self.options.restart_backoff_s
+        gone = w.instance
         while not self._closing:
             try:
-                pid, attached = await asyncio.wait_for(w.actor.hello.remote(), PING_TIMEOUT_S)
+                pid, attached, instance = await asyncio.wait_for(
+                    w.actor.hello.remote(), PING_TIMEOUT_S
+                )
             except (TimeoutError, rex.RayActorError, rex.RaySystemError):
+                instance = gone
+            if instance == gone:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.options.max_restart_backoff_s)
                 continue
-            w.pid, w.attached, w.ready, w.busy = pid, attached, True, False
+            w.pid, w.attached, w.instance = pid, attached, instance
+            w.ready, w.busy = True, False
             self.restarts += 1
             self._notify()
             return
@@ -577,9 +601,7 @@ class RayExecutor(Executor):
             ray.kill(w.actor, no_restart=False)
         except Exception:  # already gone: its recovery below still waits for the restart
             pass
-        task = asyncio.get_running_loop().create_task(self._recover(w))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._start_recovery(w)
 
     async def _race(self, fut: asyncio.Future[Any]) -> Any:
         """``fut``'s result (``fut`` is in a worker's ``tasks``), or ``ClusterUnavailable``

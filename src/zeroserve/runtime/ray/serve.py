@@ -287,7 +287,7 @@ class RayServeExecutor(RayExecutor):
         self._connected = True
         try:
             handle = await asyncio.wait_for(loop.run_in_executor(None, self._deploy), timeout)
-            pid, _ = await asyncio.wait_for(handle.hello.remote(), timeout)
+            pid, _, _ = await asyncio.wait_for(handle.hello.remote(), timeout)
         except BaseException as exc:
             await self.aclose()
             if isinstance(exc, TimeoutError):
