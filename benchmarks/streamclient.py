@@ -1,6 +1,6 @@
 """The harness's bounded asyncio client for OpenAI chat streams (SSE over HTTP/1.1):
 N workers open streams back to back, one fresh connection each, and count content tokens
-and the time to the first one."""
+the time to the first one and the gaps between the next ones."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ STREAM_TIMEOUT_S = 60.0
 
 @dataclass
 class StreamStats:
-    """Tokens and streams inside the window, failures, and the TTFT samples."""
+    """Tokens and streams inside the window, failures, and the TTFT and inter-token
+    samples (a gap is between two content chunks of one stream, as the client read them:
+    chunks that arrive in one read are 0 ms apart)."""
 
     tokens: int = 0
     streams: int = 0
     failures: int = 0
     ttft_ms: list[float] = field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)
     duration_s: float = 0.0
     errors: list[str] = field(default_factory=list)
 
@@ -40,8 +43,8 @@ def count_tokens(event: bytes) -> int:
 
 
 async def _one_stream(port: int, request: bytes, stats: StreamStats, window_end: float) -> None:
-    """One streaming request on a fresh connection: time to the first content token,
-    tokens received before ``window_end``."""
+    """One streaming request on a fresh connection: time to the first content token and
+    between the next ones, tokens received before ``window_end``."""
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection(LOOPBACK, port)
     try:
@@ -52,7 +55,7 @@ async def _one_stream(port: int, request: bytes, stats: StreamStats, window_end:
             raise ConnectionError(f"status {status.decode()}")
         chunked = b"transfer-encoding: chunked" in head.lower()
         buf = b""
-        first = True
+        last = 0.0  # when the previous content chunk arrived; 0 before the first
         while True:
             if chunked:
                 size = int((await reader.readline()).split(b";")[0], 16)
@@ -73,9 +76,12 @@ async def _one_stream(port: int, request: bytes, stats: StreamStats, window_end:
                         continue
                     payload = line[5:].strip()
                     n = count_tokens(payload)
-                    if n and first:
-                        first = False
-                        stats.ttft_ms.append((now - t0) * 1000)
+                    if n:
+                        if last:
+                            stats.itl_ms.append((now - last) * 1000)
+                        else:
+                            stats.ttft_ms.append((now - t0) * 1000)
+                        last = now
                     if now <= window_end:
                         stats.tokens += n
                     if payload == b"[DONE]":

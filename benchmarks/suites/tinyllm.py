@@ -120,14 +120,16 @@ def _section(
         f"`max_tokens` {max_tokens}. Client: this module's asyncio client, one fresh "
         "connection per stream, N streams back to back for the window. Tokens: chunks "
         "with non-empty `delta.content` received inside the window. TTFT: connect to the "
-        "first content chunk. FastAPI runs the same model object "
+        "first content chunk. Inter-token: the gap between two content chunks of a stream as "
+        "the client read them (chunks arriving in one read are 0 ms apart). FastAPI runs the same model object "
         "(`zeroserve.models.tinyllm`) behind a `StreamingResponse` over a sync iterator "
         "(thread pool); zeroserve runs it on its default executor (`process`).",
         *footer(ctx, settings),
         "",
         "| streams | server | tokens/s | vs FastAPI | TTFT p50 ms | TTFT p99 ms "
+        "| inter-token p99 ms "
         f"| /health p99 ms (target ≤{HEALTH_TARGET_MS:g}) | streams done | failures |",
-        "|--:|---|--:|--:|--:|--:|--:|--:|--:|",
+        "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for conc in concs:
         for srv in servers:
@@ -136,18 +138,19 @@ def _section(
                 why = skipped.get(srv.name) or errors.get(srv.name, "no result")
                 lines.append(
                     f"| {conc} | {srv.title} | not measured: "
-                    f"{why.splitlines()[0][:140]} | | | | | | |"
+                    f"{why.splitlines()[0][:140]} | | | | | | | |"
                 )
                 continue
             ratios = [
                 a / b for a, b in zip(tps(conc, srv.name), tps(conc, BASELINE), strict=False) if b
             ]
             ttft = [x for s in runs for x in s.ttft_ms]
+            itl = [x for s in runs for x in s.itl_ms]
             lines.append(
                 f"| {conc} | {srv.title} | {num(median(tps(conc, srv.name)))} "
                 f"| {times(median(ratios) if ratios else math.nan)} "
                 f"| {num(percentile(ttft, 50))} | {num(percentile(ttft, 99))} "
-                f"| {num(percentile(health.get((conc, srv.name), []), 99))} "
+                f"| {num(percentile(itl, 99))} | {num(percentile(health.get((conc, srv.name), []), 99))} "
                 f"| {sum(s.streams for s in runs)} | {sum(s.failures for s in runs)} |"
             )
     lines += [

@@ -104,6 +104,9 @@ def test_stream_client_counts_tokens_and_first_token(tmp_path: Path) -> None:
     # streams still running when the window closes add some tokens but no stream.
     assert 5 * stats.streams <= stats.tokens <= 5 * (stats.streams + 2)
     assert len(stats.ttft_ms) >= stats.streams
+    # 5 content chunks a stream: 4 gaps after its first (none for the role chunk)
+    assert len(stats.itl_ms) >= 4 * stats.streams
+    assert len(stats.itl_ms) <= 4 * len(stats.ttft_ms)
 
 
 @pytest.mark.slow
