@@ -15,9 +15,10 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -307,3 +308,24 @@ def http_post(
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
         conn.close()
+
+
+# A busy loop's own bound, past the window it is meant to cover: it exits by itself even
+# if the harness dies before stopping it.
+BUSY_SLACK_S = 30.0
+
+
+@contextlib.contextmanager
+def busy_loop(cpu: int | None, seconds: float) -> Iterator[None]:
+    """One process spinning on ``cpu`` (a stand-in for an engine thread that keeps its
+    core busy) for at most ``seconds`` plus slack; stopped by PID on the way out."""
+    spin = f"import time\nend = time.monotonic() + {seconds + BUSY_SLACK_S}\n"
+    spin += "while time.monotonic() < end:\n    pass\n"
+    proc = subprocess.Popen(
+        [*pin_prefix(cpu), sys.executable, "-c", spin], stdin=subprocess.DEVNULL
+    )
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()

@@ -5,14 +5,34 @@ asyncio loop (32 streams parsing SSE) holds the GIL against the probe thread, so
 /health answer that left the server in 0.2 ms can be read milliseconds later. The
 probe runs in a separate process (spawned: no copy of the client's loop or threads),
 which the OS schedules on its own, as a real monitoring client would be.
+
+The floor (``measure_floor``): the same probe against zeroserve serving only ``echo``,
+idle, with its CPU to itself and then shared with one busy loop. A model suite's server
+shares its CPU with the model's thread or worker, so the second is the latency no HTTP
+layer can go below on this machine: the OS scheduler waking the server beside a busy
+thread.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import nullcontext
 
+from ..context import Settings, SuiteContext
+from ..procs import ServerFailed, busy_loop
+from ..report import num
+from ..servers import started, zeroserve
+from ..stats import percentile
 from .w8 import _probe_health
+
+# Seconds past the window within which the probe process must report.
+PROBE_SLACK_S = 10.0
+# The floor's two cases: the server's CPU to itself, and shared with one busy loop.
+FLOOR_IDLE, FLOOR_BUSY = "idle", "busy"
+FLOOR_CASES = (FLOOR_IDLE, FLOOR_BUSY)
+# The key under which a failed floor measurement is kept in a suite's errors.
+FLOOR_ERROR = "floor"
 
 
 def _latencies(port: int, seconds: float) -> list[float]:
@@ -39,3 +59,45 @@ class HealthProbe:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def measure_floor(
+    ctx: SuiteContext,
+    settings: Settings,
+    probe: HealthProbe,
+    floor: dict[str, list[float]],
+    errors: dict[str, str],
+) -> None:
+    """``/health`` of an idle zeroserve (``echo`` only) on its CPU alone, then sharing it
+    with one busy loop: the probe's floor, which no server's HTTP layer can go below."""
+    seconds = max(settings.duration_s - 0.5, 0.5)
+    try:
+        with started(zeroserve("echo"), ctx.pins, ctx.results_dir) as server:
+            for case in FLOOR_CASES:
+                with (
+                    busy_loop(ctx.pins.server_cpu, seconds) if case == FLOOR_BUSY else nullcontext()
+                ):
+                    got = probe.start(server.port, seconds).result(timeout=seconds + PROBE_SLACK_S)
+                floor.setdefault(case, []).extend(got)
+                print(
+                    f"  llamacpp floor {case}: /health p99 {percentile(got, 99):.2f} ms", flush=True
+                )
+    except ServerFailed as exc:
+        errors[FLOOR_ERROR] = f"start failed: {exc}"
+
+
+def floor_lines(floor: dict[str, list[float]], errors: dict[str, str]) -> list[str]:
+    """The report's paragraph on the floor (nothing if it was not attempted)."""
+    if floor:
+        return [
+            "",
+            "The `/health` floor, same probe, same run: zeroserve serving only `echo`, idle, "
+            f"p99 {num(percentile(floor.get(FLOOR_IDLE, []), 99))} ms on its CPU alone and "
+            f"{num(percentile(floor.get(FLOOR_BUSY, []), 99))} ms on its CPU shared with one "
+            "busy loop, as the servers above share their CPU with the model's thread or "
+            "worker. The second is the OS scheduler waking a server beside a busy thread, "
+            "not the server's work.",
+        ]
+    if FLOOR_ERROR in errors:
+        return ["", f"The `/health` floor: not measured: {errors[FLOOR_ERROR][:140]}"]
+    return []

@@ -2,7 +2,9 @@
 streams through zeroserve, against llama.cpp's own HTTP server and FastAPI wrapping the
 same engine calls (``peers/llamacpp_engine.py``): same GGUF, threads and slots, so the
 engine is identical and the difference is the HTTP layer. ``/health`` is probed from a
-thread of the client process while the streams run."""
+process of its own while the streams run; each round also probes the floor: zeroserve
+with only the ``echo`` model, idle, on its CPU alone and on its CPU shared with one busy
+loop (what the engine's thread does to the server's core)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ..servers import Server, importable, started, zeroserve
 from ..stats import median, percentile
 from ..streamclient import StreamStats, stream_load
 from ._api import GROUP, GROUP_TITLE
-from ._health import HealthProbe
+from ._health import PROBE_SLACK_S, HealthProbe, floor_lines, measure_floor
 
 CONCURRENCY = (1, 8, 32)
 # Engine slots and KV tokens (512 a slot): 8 slots is where 2 cores stop gaining.
@@ -32,8 +34,6 @@ MESSAGES = [
 ]
 # /health p99 target while the model is saturated (ms).
 HEALTH_TARGET_MS = 2.0
-# Seconds past the window within which the probe process must report.
-PROBE_SLACK_S = 10.0
 
 
 def _engine_peer(mode: str, name: str, title: str, threads: int) -> Server:
@@ -81,12 +81,13 @@ def llamacpp(ctx: SuiteContext) -> Section:
     res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]] = {}
     errors: dict[str, str] = {}
     skipped = {s.name: why for s in servers if (why := s.missing())}
+    floor: dict[str, list[float]] = {}
     probe = HealthProbe()
     try:
-        _measure(ctx, settings, servers, body, probe, res, errors, skipped)
+        _measure(ctx, settings, servers, body, probe, res, errors, skipped, floor)
     finally:
         probe.close()
-    return _section(ctx, settings, servers, max_tokens, threads, res, errors, skipped)
+    return _section(ctx, settings, servers, max_tokens, threads, res, errors, skipped, floor)
 
 
 def _measure(
@@ -98,8 +99,10 @@ def _measure(
     res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]],
     errors: dict[str, str],
     skipped: dict[str, str],
+    floor: dict[str, list[float]],
 ) -> None:
     for rnd in range(settings.rounds):
+        measure_floor(ctx, settings, probe, floor, errors)
         for conc in CONCURRENCY:
             for srv in servers:
                 if srv.name in skipped or srv.name in errors:
@@ -143,6 +146,7 @@ def _section(
     res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]],
     errors: dict[str, str],
     skipped: dict[str, str],
+    floor: dict[str, list[float]],
 ) -> Section:
     def tps(conc: int, name: str) -> list[float]:
         return [s.tokens / s.duration_s for s, _, _ in res.get((conc, name), [])]
@@ -201,4 +205,5 @@ def _section(
         "≥1.5x FastAPI at 32 streams. Inter-token: the gap between two content chunks of a "
         "stream as the client read them (chunks arriving in one read are 0 ms apart).",
     ]
+    lines += floor_lines(floor, errors)
     return Section(GROUP, GROUP_TITLE, "\n".join(lines))
