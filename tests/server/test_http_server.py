@@ -398,6 +398,57 @@ def test_max_connections(strict_server: ServerProcess) -> None:
             c.close()
 
 
+# Connections of the capped server: two idle keep-alive ones and two mid-head.
+CAPPED_CONNECTIONS = 4
+HEALTH = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
+METRICS = b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+def _metric_of(body: bytes, name: str) -> float:
+    for line in body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_full_server_closes_its_longest_idle_connection_for_a_new_one(loop_name: str) -> None:
+    """At max_connections a new client is served: the keep-alive connection idle the
+    longest is closed for it (the default keep-alive is long, so idle ones pile up)."""
+    server = start_server(
+        "--model",
+        "echo",
+        env={"ZEROSERVE_MAX_CONNECTIONS": str(CAPPED_CONNECTIONS)},
+        loop=loop_name,
+    )
+    clients: list[RawClient] = []
+
+    def connect() -> RawClient:
+        clients.append(RawClient(server.host, server.port))
+        return clients[-1]
+
+    try:
+        oldest, newer = connect(), connect()
+        assert oldest.request(HEALTH).status == 200  # idle first
+        for _ in range(CAPPED_CONNECTIONS - 2):
+            connect().send(b"GET /health HTTP/1.1\r\n")  # busy: a head in progress
+
+        def full() -> bool:  # asked on `newer`, which is then the newest idle one
+            r = newer.request(METRICS)
+            return _metric_of(r.body, "zeroserve_connections_open") == CAPPED_CONNECTIONS
+
+        wait_for(full)
+        late = connect()
+        assert late.request(HEALTH).status == 200
+        assert oldest.wait_closed(timeout=5) == b""
+        r = newer.request(METRICS)
+        assert r.status == 200
+        assert _metric_of(r.body, "zeroserve_connections_evicted_total") == 1
+    finally:
+        for c in clients:
+            c.close()
+        assert server.stop() == 0
+
+
 def test_graceful_shutdown_finishes_in_flight(loop_name: str) -> None:
     server = start_server("--model", "echo", loop=loop_name)
     idle = RawClient(server.host, server.port)

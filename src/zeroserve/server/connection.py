@@ -51,11 +51,14 @@ class Server(Protocol):
     arena: Any
     options: ServerOptions
     connections: set[HttpProtocol]
+    idle: dict[HttpProtocol, None]  # keep-alive connections between requests, oldest first
     draining: bool
     closing: bool  # the listener is closed: new connections are refused
     tls: bool
     loop: asyncio.AbstractEventLoop
     turns: Turns
+
+    def evict_idle(self) -> bool: ...
 
 
 log = logging.getLogger("zeroserve.server")
@@ -93,7 +96,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
         # uvloop's transports do not subclass asyncio.Transport; they implement it.
         self.transport = transport = cast(asyncio.Transport, transport)
         server = self.server
-        if len(server.connections) >= server.options.max_connections or server.closing:
+        if server.closing or (
+            len(server.connections) >= server.options.max_connections and not server.evict_idle()
+        ):
             self.flow.closed = True
             transport.write(_SERVICE_UNAVAILABLE)
             transport.close()
@@ -116,6 +121,8 @@ class HttpProtocol(asyncio.BufferedProtocol):
             metrics.count_copy("tls", nbytes)
         conn = self.conn
         was_idle = conn.idle
+        if was_idle:
+            self.server.idle.pop(self, None)  # busy again (a no-op for a new connection)
         try:
             event = conn.buffer_updated(nbytes)
         except ProtocolError as exc:
@@ -140,6 +147,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.flow.closed = True
         self.server.connections.discard(self)
+        self.server.idle.pop(self, None)
         self.conn.close()
         req = self.request
         if req is not None:
@@ -386,12 +394,11 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if nxt is None:
             if conn.state is State.DISCARD:
                 self.deadline = self.loop.time() + self.server.options.body_timeout
+            elif conn.idle:
+                self.deadline = self.loop.time() + self.server.options.keepalive_timeout
+                self.server.idle[self] = None
             else:
-                self.deadline = self.loop.time() + (
-                    self.server.options.keepalive_timeout
-                    if conn.idle
-                    else self.server.options.head_timeout
-                )
+                self.deadline = self.loop.time() + self.server.options.head_timeout
         return nxt
 
     # -- errors -----------------------------------------------------------------------------
@@ -483,12 +490,16 @@ class HttpProtocol(asyncio.BufferedProtocol):
         elif self.flow.paused and now - self.flow.paused_since > self.server.options.write_timeout:
             self._abort()
 
-    def close_if_idle(self) -> None:
-        """Close between requests (for drain). Queued response bytes are still sent."""
+    def close_if_idle(self) -> bool:
+        """Close between requests (for drain, or to admit a new connection); queued
+        response bytes are still sent. False if the connection is not idle."""
         if (
             self.conn.idle
             and self.request is None
             and self.task is None
             and self.transport is not None
+            and not self.flow.closed
         ):
             self.transport.close()
+            return True
+        return False

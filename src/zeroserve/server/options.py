@@ -13,8 +13,14 @@ HEAD_TIMEOUT_S = 10.0
 # Seconds without a single body byte before a partly sent body is abandoned (nginx's
 # client_body_timeout is 60 s between reads; we are stricter, bodies go to a model).
 BODY_TIMEOUT_S = 30.0
-# Seconds an idle keep-alive connection is kept (uvicorn's default is 5 s).
-KEEPALIVE_TIMEOUT_S = 5.0
+# Seconds an idle keep-alive connection is kept. Longer than the idle time of the clients
+# in front of us, so that they, not we, close an idle connection: otherwise a request they
+# send on it as we close it is lost (the keep-alive race; a POST is not retried, nginx
+# answers 502). nginx keeps upstream connections 60 s (``keepalive_timeout``), AWS ALB 60 s,
+# httpx (the openai SDK) 5 s; 75 s is nginx's own client default. uvicorn's 5 s races
+# every one of them. Idle connections cost a head buffer each, bounded by
+# MAX_CONNECTIONS: at the limit the longest-idle one is closed for a new client.
+KEEPALIVE_TIMEOUT_S = 75.0
 # Seconds a client may leave our send buffer full without reading before we drop it
 # (nginx send_timeout is 60 s). Bounds how long a stalled reader pins a stream.
 WRITE_TIMEOUT_S = 60.0
@@ -25,8 +31,9 @@ GRACEFUL_TIMEOUT_S = 30.0
 # controller) sees "not ready" and stops sending before connections are refused. 0 closes
 # at once; behind a balancer set it to its health-check interval times its threshold.
 DRAIN_READY_DELAY_S = 0.0
-# Open connections per HTTP process; past it new connections get a 503 and are closed.
-# Each costs a 16 KiB head buffer plus kernel socket buffers.
+# Open connections per HTTP process. A new connection past it closes the longest-idle
+# keep-alive connection (as nginx reuses its idle ones), or, with none idle, gets a 503
+# and is closed. Each costs a 16 KiB head buffer plus kernel socket buffers.
 MAX_CONNECTIONS = 4096
 # Transport write buffer watermarks, bytes. Above HIGH the writer stops producing (the
 # streaming backpressure); it resumes once the kernel took everything (LOW 0), which is

@@ -30,6 +30,10 @@ class Server:
         self.arena = arena
         self.options = options or ServerOptions()
         self.connections: set[HttpProtocol] = set()
+        # The keep-alive connections idle between requests, longest-idle first (insertion
+        # order): a connection joins when its response ends, leaves with its next byte.
+        self.idle: dict[HttpProtocol, None] = {}
+        self.evicted = 0  # idle connections closed to admit a new one at max_connections
         # draining: SIGTERM seen, /ready answers 503, responses close their connections;
         # closing: the listener is closed (after options.drain_ready_delay), new
         # connections are refused.
@@ -68,7 +72,23 @@ class Server:
         self.port = sock.getsockname()[1]
         self._ticker = self.loop.call_later(self.options.tick, self._tick)
         self._probe_lag()
-        metrics.register_source("connections", lambda: {"open": len(self.connections)})
+        metrics.register_source(
+            "connections",
+            lambda: {"open": len(self.connections), "evicted": self.evicted},
+            counters=("evicted",),
+        )
+
+    def evict_idle(self) -> bool:
+        """Close the longest-idle keep-alive connection, making room for a new one; False
+        when none is idle."""
+        while self.idle:
+            conn = next(iter(self.idle))
+            del self.idle[conn]
+            if conn.close_if_idle():
+                self.connections.discard(conn)  # gone now; connection_lost follows
+                self.evicted += 1
+                return True
+        return False
 
     def _tick(self) -> None:
         now = self.loop.time()
