@@ -7,10 +7,11 @@ probe runs in a separate process (spawned: no copy of the client's loop or threa
 which the OS schedules on its own, as a real monitoring client would be.
 
 The floor (``measure_floor``): the same probe against zeroserve serving only ``echo``,
-idle, with its CPU to itself and then shared with one busy loop. A model suite's server
-shares its CPU with the model's thread or worker, so the second is the latency no HTTP
-layer can go below on this machine: the OS scheduler waking the server beside a busy
-thread.
+idle; with the machine otherwise idle, with one busy loop on the server's CPU, and with
+one on each CPU. In a model suite the server shares its CPU with the model's thread or
+worker and the probe shares the load CPU with the streaming client, so the last is the
+latency no HTTP layer can go below on this machine: the OS scheduler waking the server
+and the probe beside busy threads.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from .w8 import _probe_health
 
 # Seconds past the window within which the probe process must report.
 PROBE_SLACK_S = 10.0
-# The floor's two cases: the server's CPU to itself, and shared with one busy loop.
-FLOOR_IDLE, FLOOR_BUSY = "idle", "busy"
-FLOOR_CASES = (FLOOR_IDLE, FLOOR_BUSY)
+# The floor's cases: no busy loop, one on the server's CPU, one on each CPU.
+FLOOR_IDLE, FLOOR_SERVER_BUSY, FLOOR_BOTH_BUSY = "idle", "server CPU busy", "both CPUs busy"
+FLOOR_CASES = (FLOOR_IDLE, FLOOR_SERVER_BUSY, FLOOR_BOTH_BUSY)
 # The key under which a failed floor measurement is kept in a suite's errors.
 FLOOR_ERROR = "floor"
 
@@ -68,20 +69,20 @@ def measure_floor(
     floor: dict[str, list[float]],
     errors: dict[str, str],
 ) -> None:
-    """``/health`` of an idle zeroserve (``echo`` only) on its CPU alone, then sharing it
-    with one busy loop: the probe's floor, which no server's HTTP layer can go below."""
+    """``/health`` of an idle zeroserve (``echo`` only) in each of ``FLOOR_CASES``: the
+    probe's floor, which no server's HTTP layer can go below."""
     seconds = max(settings.duration_s - 0.5, 0.5)
+    pins = ctx.pins
     try:
-        with started(zeroserve("echo"), ctx.pins, ctx.results_dir) as server:
+        with started(zeroserve("echo"), pins, ctx.results_dir) as server:
             for case in FLOOR_CASES:
                 with (
-                    busy_loop(ctx.pins.server_cpu, seconds) if case == FLOOR_BUSY else nullcontext()
+                    busy_loop(pins.server_cpu, seconds) if case != FLOOR_IDLE else nullcontext(),
+                    busy_loop(pins.load_cpu, seconds) if case == FLOOR_BOTH_BUSY else nullcontext(),
                 ):
                     got = probe.start(server.port, seconds).result(timeout=seconds + PROBE_SLACK_S)
                 floor.setdefault(case, []).extend(got)
-                print(
-                    f"  llamacpp floor {case}: /health p99 {percentile(got, 99):.2f} ms", flush=True
-                )
+                print(f"  floor, {case}: /health p99 {percentile(got, 99):.2f} ms", flush=True)
     except ServerFailed as exc:
         errors[FLOOR_ERROR] = f"start failed: {exc}"
 
@@ -91,12 +92,15 @@ def floor_lines(floor: dict[str, list[float]], errors: dict[str, str]) -> list[s
     if floor:
         return [
             "",
-            "The `/health` floor, same probe, same run: zeroserve serving only `echo`, idle, "
-            f"p99 {num(percentile(floor.get(FLOOR_IDLE, []), 99))} ms on its CPU alone and "
-            f"{num(percentile(floor.get(FLOOR_BUSY, []), 99))} ms on its CPU shared with one "
-            "busy loop, as the servers above share their CPU with the model's thread or "
-            "worker. The second is the OS scheduler waking a server beside a busy thread, "
-            "not the server's work.",
+            "The `/health` floor, same probe, same run, zeroserve serving only `echo` (idle): "
+            f"p99 {num(percentile(floor.get(FLOOR_IDLE, []), 99))} ms with the machine idle, "
+            f"{num(percentile(floor.get(FLOOR_SERVER_BUSY, []), 99))} ms with one busy loop "
+            "on the server's CPU, "
+            f"{num(percentile(floor.get(FLOOR_BOTH_BUSY, []), 99))} ms with one on each CPU. "
+            "Above, every server shares its CPU with the model's thread or worker, and the "
+            "probe shares the load CPU with the streaming client: the last case, where the "
+            "server does nothing but answer the probe, is the OS scheduler's share of every "
+            "row's /health p99.",
         ]
     if FLOOR_ERROR in errors:
         return ["", f"The `/health` floor: not measured: {errors[FLOOR_ERROR][:140]}"]
