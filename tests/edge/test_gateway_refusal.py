@@ -47,6 +47,7 @@ class StrictUpstream:
         self.bad = False
         self.accepts = False  # take stream_options after all (and report the usage)
         self.bodies: list[dict[str, Any]] = []
+        self.raw: list[bytes] = []  # the bodies as they came
         self.lock = threading.Lock()
         strict = self
 
@@ -57,9 +58,11 @@ class StrictUpstream:
                 pass
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                raw = self.rfile.read(int(self.headers["content-length"]))
+                body = json.loads(raw)
                 with strict.lock:
                     strict.bodies.append(body)
+                    strict.raw.append(raw)
                 strict.answer(self, body)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -137,8 +140,8 @@ def strict() -> Iterator[StrictUpstream]:
     up.stop()
 
 
-def gateway(up: StrictUpstream, edge: Edge, name: str) -> EdgeServer:
-    spec = parse_spec(f"{name}=remote:{up.url}/v1")
+def gateway(up: StrictUpstream, edge: Edge, name: str, query: str = "") -> EdgeServer:
+    spec = parse_spec(f"{name}=remote:{up.url}/v1{query}")
     configs = {name: ModelConfig(name, spec.load_class(), options=spec.options, **spec.runtime)}
     return EdgeServer(configs, edge).start()
 
@@ -189,8 +192,8 @@ def test_a_strict_upstream_streams_through_a_counting_gateway(
     sink = LogSink()
     server = gateway(strict, Edge(access_log=AccessLog(stream=sink)), "strict-chat")
     caplog.set_level(logging.WARNING, logger="zeroserve.relay")
+    client = server.client()
     try:
-        client = server.client()
         first = chat(client, "strict-chat", extra_headers={"x-request-id": "strict-1"})
         assert content(first) == "".join(DELTAS)
         assert all(c.usage is None for c in first)
@@ -214,15 +217,17 @@ def test_a_strict_upstream_streams_through_a_counting_gateway(
         assert len(told) == 1 and strict.url in told[0].getMessage()
         assert_no_leases(server)
     finally:
+        client.close()
         server.stop()
 
 
 def test_a_completion_stream_is_estimated_too(strict: StrictUpstream) -> None:
     sink = LogSink()
     server = gateway(strict, Edge(access_log=AccessLog(stream=sink)), "strict-text")
+    client = server.client()
     try:
         got = list(
-            server.client().completions.create(
+            client.completions.create(
                 model="strict-text",
                 prompt="hello",
                 stream=True,
@@ -232,6 +237,29 @@ def test_a_completion_stream_is_estimated_too(strict: StrictUpstream) -> None:
         assert "".join(c.choices[0].text for c in got) == "".join(DELTAS)
         assert record(sink, "strict-text")["tokens"] == len(DELTAS)
         assert [("stream_options" in b) for b in strict.sent()] == [True, False]
+        assert_no_leases(server)
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_the_resent_body_is_the_clients_bytes_with_only_the_model_rewritten(
+    strict: StrictUpstream,
+) -> None:
+    edge = Edge(access_log=AccessLog(stream=LogSink()))
+    server = gateway(strict, edge, "strict-bytes", "?upstream_model=strict")
+    try:
+        body = b'{ "model" : "strict-bytes", "stream":true, "messages":[{"role":"user","content":"x"}]}'
+        r = httpx.post(
+            server.url + "/v1/chat/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 200 and r.content.endswith(b"data: [DONE]\n\n")
+        assert r.content == b"".join(strict.events(chat=True))  # the upstream's bytes
+        want = body.replace(b'"strict-bytes"', b'"strict"')
+        assert strict.raw[0] == b'{"stream_options":{"include_usage":true},' + want[1:]
+        assert strict.raw[1] == want
         assert_no_leases(server)
     finally:
         server.stop()
@@ -244,8 +272,8 @@ def test_a_key_is_charged_for_a_stream_its_upstream_reports_no_usage_for(
     # Fewer tokens a minute than one stream's deltas: the bucket goes into debt.
     key = ApiKey("user", KEY.encode(), KeyLimits(tokens_per_minute=len(DELTAS) - 1))
     server = gateway(strict, Edge(EdgeOptions(keys=(key,)), clock=clock), "strict-key")
+    client = server.client(KEY)
     try:
-        client = server.client(KEY)
         assert content(chat(client, "strict-key")) == "".join(DELTAS)
         assert server.edge.statistics()["user"].tokens == len(DELTAS)
         sent = len(strict.sent())
@@ -256,6 +284,7 @@ def test_a_key_is_charged_for_a_stream_its_upstream_reports_no_usage_for(
         assert len(strict.sent()) == sent  # refused at the head, never relayed
         assert_no_leases(server)
     finally:
+        client.close()
         server.stop()
 
 
@@ -263,8 +292,8 @@ def test_a_client_that_sent_stream_options_gets_the_upstreams_400(
     strict: StrictUpstream,
 ) -> None:
     server = gateway(strict, Edge(access_log=AccessLog(stream=LogSink())), "strict-own")
+    client = server.client()
     try:
-        client = server.client()
         with pytest.raises(openai.BadRequestError) as info:
             chat(client, "strict-own", stream_options={"include_usage": True})
         assert info.value.status_code == 400
@@ -279,6 +308,7 @@ def test_a_client_that_sent_stream_options_gets_the_upstreams_400(
         assert len(strict.sent()) == before + 1
         assert_no_leases(server)
     finally:
+        client.close()
         server.stop()
 
 
@@ -286,14 +316,15 @@ def test_a_422_that_names_nothing_is_recognised_by_the_retry_succeeding() -> Non
     up = StrictUpstream(422, generic=True)
     sink = LogSink()
     server = gateway(up, Edge(access_log=AccessLog(stream=sink)), "strict-422")
+    client = server.client()
     try:
-        client = server.client()
         for n in range(2):
             got = chat(client, "strict-422", extra_headers={"x-request-id": f"s422-{n}"})
             assert content(got) == "".join(DELTAS)
             assert record(sink, f"s422-{n}")["tokens"] == len(DELTAS)
         assert [("stream_options" in b) for b in up.sent()] == [True, False, False]
     finally:
+        client.close()
         server.stop()
         up.stop()
 
@@ -303,8 +334,8 @@ def test_one_resend_at_most_and_the_clients_own_error_relayed(
 ) -> None:
     strict.bad = True  # every request is refused, with or without the option
     server = gateway(strict, Edge(access_log=AccessLog(stream=LogSink())), "strict-bad")
+    client = server.client()
     try:
-        client = server.client()
         with pytest.raises(openai.BadRequestError) as info:
             chat(client, "strict-bad")
         # Sent twice (with the option, then without), never more; the answer is the
@@ -316,6 +347,7 @@ def test_one_resend_at_most_and_the_clients_own_error_relayed(
         assert len(strict.sent()) == 3  # known to refuse the option: sent once
         assert_no_leases(server)
     finally:
+        client.close()
         server.stop()
 
 
@@ -324,8 +356,8 @@ def test_an_upstream_that_accepted_the_option_is_not_sent_a_bad_request_twice() 
     up.accepts = True  # a server that takes stream_options (and reports the usage)
     sink = LogSink()
     server = gateway(up, Edge(access_log=AccessLog(stream=sink)), "strict-ok")
+    client = server.client()
     try:
-        client = server.client()
         got = chat(client, "strict-ok", extra_headers={"x-request-id": "ok-usage"})
         assert content(got) == "".join(DELTAS) and all(c.choices for c in got)
         assert record(sink, "ok-usage")["tokens"] == USAGE["total_tokens"]
@@ -337,5 +369,6 @@ def test_an_upstream_that_accepted_the_option_is_not_sent_a_bad_request_twice() 
         assert [("stream_options" in b) for b in up.sent()] == [True, True]
         assert_no_leases(server)
     finally:
+        client.close()
         server.stop()
         up.stop()
