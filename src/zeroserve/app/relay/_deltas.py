@@ -18,7 +18,9 @@ tokens a chunk); the prompt's tokens are not known and not counted.
 as a JSON key, and a value of ``"`` and one more character that is not ``"`` is a
 non-empty string (an array or object, such as ``logprobs.content``, does not match). A
 key cut by a read is found by carrying the buffer's last bytes that may begin one (at
-most ``DELTA_MAX_BYTES``, copied and counted at site ``relay_deltas``) into the next. A
+most ``DELTA_MAX_BYTES``, copied and counted at site ``relay_deltas``) into the next; a
+read that ends with a line end (as a server's reads of whole events do) cuts none, since
+a chunk's JSON is on one ``data:`` line. A
 ``usage`` the upstream sends anyway is read too (``UsageScanner``), and wins once it
 is larger than the estimate. Like ``UsageScanner``, ``tokens`` is cumulative: the relay
 counts its increase as soon as a buffer is read, before the buffer goes to the client.
@@ -42,6 +44,7 @@ _KEYS = rb"(?:content|text|reasoning_content|reasoning|arguments)"
 _WS = rb"[ \t\r\n]{0,16}"
 # A non-empty string value of one of the keys: one token of the estimate.
 _DELTA = re.compile(rb'"' + _KEYS + rb'"' + _WS + rb":" + _WS + rb'"[^"]')
+_LF = 0x0A
 # The end of a buffer that may be the start of a match (a superset: the carry is then
 # checked with ``_DELTA`` itself).
 _PARTIAL = re.compile(rb'"[a-z_]{0,17}(?:"' + _WS + rb"(?::" + _WS + rb'"?)?)?\Z')
@@ -85,6 +88,7 @@ class DeltaCounter:
             self.deltas += 1
             end = m.end()
         n = len(buf)
-        tail = _PARTIAL.search(buf, max(end, n - DELTA_MAX_BYTES))
-        if tail is not None:
-            self._carry = bytes(buf[tail.start() :])
+        if n and buf[-1] != _LF:  # a read that ends an event (or a line) cuts no key
+            tail = _PARTIAL.search(buf, max(end, n - DELTA_MAX_BYTES))
+            if tail is not None:
+                self._carry = bytes(buf[tail.start() :])
