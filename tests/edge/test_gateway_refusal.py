@@ -46,6 +46,7 @@ class StrictUpstream:
         self.generic = generic
         self.bad = False
         self.accepts = False  # take stream_options after all (and report the usage)
+        self.reports = True  # with accepts: send the usage asked for (else ignore it)
         self.bodies: list[dict[str, Any]] = []
         self.raw: list[bytes] = []  # the bodies as they came
         self.lock = threading.Lock()
@@ -103,7 +104,8 @@ class StrictUpstream:
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
         )
-        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        asked = bool((body.get("stream_options") or {}).get("include_usage"))
+        usage = asked and self.reports
         for event in self.events(chat="messages" in body, usage=usage):
             w.write(b"%x\r\n%s\r\n" % (len(event), event))
             w.flush()  # one write a chunk, as a server that streams tokens does
@@ -360,13 +362,39 @@ def test_an_upstream_that_accepted_the_option_is_not_sent_a_bad_request_twice() 
     try:
         got = chat(client, "strict-ok", extra_headers={"x-request-id": "ok-usage"})
         assert content(got) == "".join(DELTAS) and all(c.choices for c in got)
-        assert record(sink, "ok-usage")["tokens"] == USAGE["total_tokens"]
+        # The usage reported replaces the count of the chunks (fewer): no estimate.
+        assert record(sink, "ok-usage")["tokens"] == USAGE["total_tokens"] > len(DELTAS)
+        assert counter(server, "zeroserve_relay_usage_estimated_total", "strict-ok") == 0
         # Now a 400 that names nothing: the client's own bad request, relayed, sent once.
         up.bad = True
         with pytest.raises(openai.BadRequestError) as info:
             chat(client, "strict-ok")
         assert info.value.response.json()["error"]["message"] == "extra fields not permitted"
         assert [("stream_options" in b) for b in up.sent()] == [True, True]
+        assert_no_leases(server)
+    finally:
+        client.close()
+        server.stop()
+        up.stop()
+
+
+def test_an_upstream_that_ignores_stream_options_is_still_charged() -> None:
+    # It takes the option and never sends the usage: counted from the chunks too.
+    up = StrictUpstream()
+    up.accepts, up.reports = True, False
+    clock = ManualClock()
+    key = ApiKey("user", KEY.encode(), KeyLimits(tokens_per_minute=len(DELTAS) - 1))
+    server = gateway(up, Edge(EdgeOptions(keys=(key,)), clock=clock), "strict-mute")
+    client = server.client(KEY)
+    try:
+        assert content(chat(client, "strict-mute")) == "".join(DELTAS)
+        assert server.edge.statistics()["user"].tokens == len(DELTAS)
+        with pytest.raises(openai.RateLimitError):
+            chat(client, "strict-mute")
+        assert [b.get("stream_options") for b in up.sent()] == [{"include_usage": True}]
+        assert counter(server, "zeroserve_relay_usage_estimated_total", "strict-mute") == 1
+        name = "zeroserve_relay_stream_options_refused_total"
+        assert counter(server, name, "strict-mute") == 0
         assert_no_leases(server)
     finally:
         client.close()

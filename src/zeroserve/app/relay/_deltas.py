@@ -1,12 +1,14 @@
-"""A relayed stream's tokens estimated from its chunks, for an upstream that reports no
+"""A relayed stream's tokens counted from its chunks, for when its upstream reports no
 usage.
 
 Strategy
 --------
-An upstream that refuses ``stream_options`` (docs/architecture.md, "The edge") never
-sends a stream's usage chunk, yet the key's tokens per minute and the access log must
-still count the stream, or leaving the option out would stream past the quota. The
-rule, an estimate: **one token per non-empty generated string a chunk carries** — a
+A relayed chat or completion stream's tokens are the upstream's own usage chunk, but an
+upstream that refuses ``stream_options`` never sends one, nor does one that ignores it
+(docs/architecture.md, "The edge"); the key's tokens per minute and the access log must
+still count the stream, or it streams past the quota. So the relay counts the chunks as
+they pass, and a usage, when one comes, replaces that count once it is larger. The
+rule, an estimate: **one token per non-empty generated string a chunk carries**: a
 ``"content"`` (a chat delta), ``"text"`` (a completion choice), ``"reasoning_content"``
 or ``"reasoning"`` (a reasoning delta) or ``"arguments"`` (a tool call's delta) whose
 value is a string of at least one character. OpenAI-compatible servers stream about one
@@ -20,10 +22,10 @@ non-empty string (an array or object, such as ``logprobs.content``, does not mat
 key cut by a read is found by carrying the buffer's last bytes that may begin one (at
 most ``DELTA_MAX_BYTES``, copied and counted at site ``relay_deltas``) into the next; a
 read that ends with a line end (as a server's reads of whole events do) cuts none, since
-a chunk's JSON is on one ``data:`` line. A
-``usage`` the upstream sends anyway is read too (``UsageScanner``), and wins once it
-is larger than the estimate. Like ``UsageScanner``, ``tokens`` is cumulative: the relay
-counts its increase as soon as a buffer is read, before the buffer goes to the client.
+a chunk's JSON is on one ``data:`` line. The usage is read from the same buffers
+(``UsageScanner``). Like ``UsageScanner``, ``tokens`` is cumulative: the relay counts
+its increase as soon as a buffer is read, before the buffer goes to the client, so a
+stream's tokens are debited as they are produced.
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ class DeltaCounter:
         if reported is not None and reported > self.deltas:
             return reported
         return self.deltas
+
+    @property
+    def estimated(self) -> bool:
+        """Whether ``tokens`` is the estimate (no usage, or a smaller one, reported)."""
+        reported = self.usage.tokens
+        return self.deltas > 0 and (reported is None or reported < self.deltas)
 
     def feed(self, buf: Buffer) -> None:
         self.usage.feed(buf)

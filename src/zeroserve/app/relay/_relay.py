@@ -32,11 +32,14 @@ An upstream that does not accept ``stream_options`` answers such a request with 
 (the client's body, still in its lease: views, no copy), before anything reached the
 client; the upstream is then known to refuse it (per upstream URL and route) when its
 error names ``stream_options`` or the request without it succeeds, and later streams go
-out without it from the start, their tokens estimated from their chunks
-(``_deltas.DeltaCounter``: one per non-empty content delta). An upstream that has
-accepted the option is resent to only when its error names it (a client's bad request
-is not sent twice). At most one such resend a request; a client that sent
-``stream_options`` itself gets the upstream's answer as it came.
+out without it from the start. An upstream that has accepted the option is resent to
+only when its error names it (a client's bad request is not sent twice). At most one
+such resend a request; a client that sent ``stream_options`` itself gets the
+upstream's answer as it came. A chat or completion stream's tokens are counted from
+its chunks as they pass (``_deltas.DeltaCounter``: one per non-empty content delta),
+until a usage from the upstream says more: so a stream whose upstream refuses or
+ignores the option is still counted (an estimate), and every stream is debited as it
+is produced.
 
 The admission ticket is held until the response is over. A client disconnect cancels
 the handler or the stream, which aborts the upstream connection at once.
@@ -141,7 +144,7 @@ REFUSED = Counter(
 ESTIMATED = Counter(
     "zeroserve_relay_usage_estimated",
     "Relayed streams whose tokens were estimated (one per non-empty content delta) "
-    "because their upstream refuses stream_options.",
+    "because their upstream reported no usage (it refuses or ignores stream_options).",
     ["model"],
     registry=metrics.REGISTRY,
 )
@@ -157,7 +160,7 @@ class RelayStatistics:
     timeouts: int  # 504 (or a stream cut at its deadline)
     client_disconnects: int  # responses abandoned by their client
     refusals: int  # sent once more without the stream_options the relay added
-    estimated: int  # streams whose tokens were estimated (no usage from the upstream)
+    estimated: int  # streams counted by the estimate alone (no usage from the upstream)
     upstreams: dict[str, UpstreamStatistics]
 
 
@@ -312,10 +315,8 @@ class Relay:
                     self.stream_options[option] = True
                 elif resent and rhead.status < 400:
                     self._refuses(up, option)  # without the option, the request succeeds
-                estimate = asked and not spliced
-                return await self._respond(
-                    req, up, ex, t0, written, t_head, spliced, estimate, views
-                )
+                deltas = path in _USAGE_ROUTES
+                return await self._respond(req, up, ex, t0, written, t_head, spliced, deltas, views)
             except BaseException:
                 ex.finish(False)
                 raise
@@ -387,13 +388,13 @@ class Relay:
         written: float,
         t_head: float,
         strip: bool,
-        estimate: bool,
+        deltas: bool,
         views: list[memoryview] | None,
     ) -> Response | StreamResponse:
         """The upstream's answer for the client. ``strip``: the usage was asked for on
-        the client's behalf, so an event stream's usage chunk is taken out. ``estimate``:
-        it would have been, but the upstream refuses it, so an event stream's tokens are
-        estimated from its chunks. ``views``: the whole body, if already read."""
+        the client's behalf, so an event stream's usage chunk is taken out. ``deltas``: a
+        chat or completion, whose event stream's tokens are counted from its chunks until
+        (unless) the upstream's usage says more. ``views``: the whole body, if read."""
         rhead = ex.head.result()
         headers, content_type = response_headers(rhead)
         overhead = self._overhead[up.url.url]
@@ -401,10 +402,7 @@ class Relay:
         stream = _is_event_stream(content_type)
         usage: UsageScanner | DeltaCounter | None = None
         if edge is not None and edge.counting and _reports_usage(content_type):
-            usage = DeltaCounter() if estimate and stream else UsageScanner()
-            if estimate and stream and rhead.status < 300:
-                self.estimated += 1
-                self._estimated_total.inc()
+            usage = DeltaCounter() if deltas and stream else UsageScanner()
         events = UsageChunkFilter() if strip and stream else None
         if views is not None or _whole(rhead):
             if views is None:
@@ -418,6 +416,8 @@ class Relay:
                     usage.feed(view)
                 if usage.tokens:
                     edge.count_tokens(usage.tokens)
+                if isinstance(usage, DeltaCounter) and usage.estimated:
+                    self.count_estimate()
             if events is not None:
                 views = [*events.feed(views), *events.flush()]
             if content_type is not None:
@@ -436,6 +436,11 @@ class Relay:
             content_type=content_type,
             headers=headers,
         )
+
+    def count_estimate(self) -> None:
+        """A stream's tokens were estimated: its upstream reported no usage."""
+        self.estimated += 1
+        self._estimated_total.inc()
 
     def _choose(self, tried: list[Upstream]) -> Upstream | None:
         """Least outstanding requests among the healthy upstreams not yet tried."""
@@ -553,7 +558,9 @@ class _Pieces:
         ticket, self.ticket = self.ticket, None
         if ticket is not None:
             ticket.release()
-        self.usage = None
+        usage, self.usage = self.usage, None
+        if isinstance(usage, DeltaCounter) and usage.estimated:
+            self.relay.count_estimate()
 
     def _count(self, usage: UsageScanner | DeltaCounter) -> None:
         """Count the usage read so far (the increase of a cumulative one)."""
