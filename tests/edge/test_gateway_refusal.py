@@ -82,6 +82,8 @@ class StrictUpstream:
     def error(self, body: dict[str, Any]) -> bytes:
         if self.generic:
             message, param = "extra fields not permitted", None
+        elif "stream_options" in body and self.accepts:
+            message, param = "stream_options: only include_usage is known", "stream_options"
         elif "stream_options" in body:
             message = "Unrecognized request argument supplied: stream_options"
             param = "stream_options"
@@ -92,7 +94,9 @@ class StrictUpstream:
 
     def answer(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         w = handler.wfile
-        if self.bad or ("stream_options" in body and not self.accepts):
+        options = body.get("stream_options")
+        foreign = isinstance(options, dict) and set(options) - {"include_usage"}
+        if self.bad or ("stream_options" in body and not self.accepts) or foreign:
             data = self.error(body)
             w.write(
                 b"HTTP/1.1 %d Bad Request\r\ncontent-type: application/json\r\n"
@@ -395,6 +399,32 @@ def test_an_upstream_that_ignores_stream_options_is_still_charged() -> None:
         assert counter(server, "zeroserve_relay_usage_estimated_total", "strict-mute") == 1
         name = "zeroserve_relay_stream_options_refused_total"
         assert counter(server, name, "strict-mute") == 0
+        assert_no_leases(server)
+    finally:
+        client.close()
+        server.stop()
+        up.stop()
+
+
+def test_an_error_about_the_clients_own_stream_options_teaches_nothing() -> None:
+    # The upstream takes stream_options but not a member it does not know: its error
+    # names stream_options, yet is about the client's own object, resent as it came.
+    up = StrictUpstream()
+    up.accepts = True
+    sink = LogSink()
+    server = gateway(up, Edge(access_log=AccessLog(stream=sink)), "strict-own-opts")
+    client = server.client()
+    try:
+        with pytest.raises(openai.BadRequestError) as info:
+            chat(client, "strict-own-opts", stream_options={"include_usage": False, "x": 1})
+        assert info.value.response.json()["error"]["param"] == "stream_options"
+        sent = [b["stream_options"] for b in up.sent()]
+        assert sent == [{"include_usage": True, "x": 1}, {"include_usage": False, "x": 1}]
+        # Not taken for a refusal: the next stream still asks for (and gets) its usage.
+        got = chat(client, "strict-own-opts", extra_headers={"x-request-id": "own-opts"})
+        assert content(got) == "".join(DELTAS) and all(c.choices for c in got)
+        assert up.sent()[-1]["stream_options"] == {"include_usage": True}
+        assert record(sink, "own-opts")["tokens"] == USAGE["total_tokens"]
         assert_no_leases(server)
     finally:
         client.close()

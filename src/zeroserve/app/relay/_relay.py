@@ -31,15 +31,15 @@ An upstream that does not accept ``stream_options`` answers such a request with 
 ``stream_options`` the relay added is sent once more to the same upstream without it
 (the client's body, still in its lease: views, no copy), before anything reached the
 client; the upstream is then known to refuse it (per upstream URL and route) when its
-error names ``stream_options`` or the request without it succeeds, and later streams go
-out without it from the start. An upstream that has accepted the option is resent to
-only when its error names it (a client's bad request is not sent twice). At most one
-such resend a request; a client that sent ``stream_options`` itself gets the
-upstream's answer as it came. A chat or completion stream's tokens are counted from
-its chunks as they pass (``_deltas.DeltaCounter``: one per non-empty content delta),
-until a usage from the upstream says more: so a stream whose upstream refuses or
-ignores the option is still counted (an estimate), and every stream is debited as it
-is produced.
+error names ``stream_options`` (which the client did not send) or the request without
+it succeeds, and later streams go out without it from the start. An upstream that has
+accepted the option is resent to only when its error names it (a client's bad request
+is not sent twice). At most one such resend a request; a client that sent
+``stream_options`` itself gets the upstream's answer as it came. A chat or completion
+stream's tokens are counted from its chunks as they pass (``_deltas.DeltaCounter``:
+one per non-empty content delta), until a usage from the upstream says more: so a
+stream whose upstream refuses or ignores the option is still counted (an estimate),
+and every stream is debited as it is produced.
 
 The admission ticket is held until the response is over. A client disconnect cancels
 the handler or the stream, which aborts the upstream connection at once.
@@ -245,13 +245,13 @@ class Relay:
         ask_usage = edge is not None and edge.counting and path in _USAGE_ROUTES
         # With ``asked``: ``body`` asks for the usage on the client's behalf, ``unasked``
         # is the same body without that (for an upstream that refuses stream_options).
-        asked = False
+        asked = own = False
         unasked = body
         if body and (model is not None or ask_usage):
             rewritten = rewrite_body(req.body, model=model, ask_usage=ask_usage)
             if rewritten.body is not None:
                 if rewritten.asked_usage:
-                    asked = True
+                    asked, own = True, rewritten.own_options
                     if rewritten.unasked is not None:
                         unasked = rewritten.unasked
                 body = rewritten.body
@@ -306,7 +306,7 @@ class Relay:
             views: list[memoryview] | None = None
             try:
                 if spliced and rhead.status in _REFUSALS:
-                    views = await self._refused(up, ex, rhead, option)
+                    views = await self._refused(up, ex, rhead, option, own)
                     if ex.finished:  # to be sent once more, without the option
                         resent = True
                         again = up
@@ -332,11 +332,14 @@ class Relay:
         ex: Exchange[UpstreamConnection],
         rhead: ResponseHead,
         option: tuple[str, str],
+        own: bool,
     ) -> list[memoryview] | None:
-        """A 400/422 to a request whose ``stream_options`` the relay added. Either the
-        exchange is finished (send the request once more, without the option), or the
-        answer is the client's: the error body is returned if it was read (a body to be
-        read whole), None if not (to be relayed as it comes)."""
+        """A 400/422 to a request whose ``stream_options`` the relay added (``own``: to
+        the client's own object). Either the exchange is finished (send the request once
+        more, without the option), or the answer is the client's: the error body is
+        returned if it was read (a body to be read whole), None if not (to be relayed as
+        it comes). An error that names the option the client did not send at all
+        proves the refusal; otherwise the resend's success does."""
         views: list[memoryview] | None = None
         named = False
         if _whole(rhead):
@@ -347,7 +350,7 @@ class Relay:
         ex.finish(views is not None)
         self.refusals += 1
         self._refused_total.inc()
-        if named:
+        if named and not own:
             self._refuses(up, option)
         return None
 

@@ -192,6 +192,9 @@ class Rewritten(NamedTuple):
     # With ``asked_usage``: the body without that edit (None: the client's body as it
     # is), for an upstream that refuses ``stream_options``. Views, no copy.
     unasked: list[Buffer] | None = None
+    # With ``asked_usage``: the client sent a ``stream_options`` of its own (re-encoded),
+    # so an upstream's error that names it may be about the client's members.
+    own_options: bool = False
 
 
 _UNCHANGED = Rewritten(None, False)
@@ -220,7 +223,8 @@ def rewrite_body(body: memoryview, *, model: str | None, ask_usage: bool) -> Rew
     usage = _usage_edits(body, spans["stream"], spans["stream_options"]) if ask_usage else None
     if usage:
         unasked = splice(body, edits) if edits else None
-        return Rewritten(splice(body, edits + usage), True, unasked)
+        own = bool(spans["stream_options"])
+        return Rewritten(splice(body, edits + usage), True, unasked, own)
     if not edits:
         return _UNCHANGED
     return Rewritten(splice(body, edits), False)
