@@ -47,6 +47,7 @@ class StrictUpstream:
         self.bad = False
         self.accepts = False  # take stream_options after all (and report the usage)
         self.reports = True  # with accepts: send the usage asked for (else ignore it)
+        self.overloaded = False  # a request without stream_options gets a 503
         self.bodies: list[dict[str, Any]] = []
         self.raw: list[bytes] = []  # the bodies as they came
         self.lock = threading.Lock()
@@ -94,6 +95,14 @@ class StrictUpstream:
 
     def answer(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         w = handler.wfile
+        if self.overloaded and "stream_options" not in body:
+            data = b'{"error": {"message": "overloaded", "type": "server_error"}}'
+            w.write(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(data), data)
+            )
+            w.flush()
+            return
         options = body.get("stream_options")
         foreign = isinstance(options, dict) and set(options) - {"include_usage"}
         if self.bad or ("stream_options" in body and not self.accepts) or foreign:
@@ -146,8 +155,11 @@ def strict() -> Iterator[StrictUpstream]:
     up.stop()
 
 
-def gateway(up: StrictUpstream, edge: Edge, name: str, query: str = "") -> EdgeServer:
-    spec = parse_spec(f"{name}=remote:{up.url}/v1{query}")
+def gateway(
+    up: StrictUpstream, edge: Edge, name: str, query: str = "", *more: StrictUpstream
+) -> EdgeServer:
+    urls = ",".join(f"{u.url}/v1" for u in (up, *more))
+    spec = parse_spec(f"{name}=remote:{urls}{query}")
     configs = {name: ModelConfig(name, spec.load_class(), options=spec.options, **spec.runtime)}
     return EdgeServer(configs, edge).start()
 
@@ -430,3 +442,34 @@ def test_an_error_about_the_clients_own_stream_options_teaches_nothing() -> None
         client.close()
         server.stop()
         up.stop()
+
+
+def test_a_refusal_is_remembered_for_the_upstream_that_refused() -> None:
+    # The first upstream refuses the option, then fails the resend with a 503: the
+    # request goes to the second (which takes the option), without it. Only the first
+    # may be taken for a refuser, and it is not (its resend failed): the second's next
+    # stream asks for its usage and is counted exactly.
+    refuser, taker = StrictUpstream(), StrictUpstream()
+    refuser.overloaded = True
+    taker.accepts = True
+    sink = LogSink()
+    edge = Edge(access_log=AccessLog(stream=sink))
+    server = gateway(refuser, edge, "strict-two", "", taker)
+    client = server.client()
+    try:
+        got = chat(client, "strict-two", extra_headers={"x-request-id": "two-1"})
+        assert content(got) == "".join(DELTAS)
+        assert [("stream_options" in b) for b in refuser.sent()] == [True, False]
+        assert [("stream_options" in b) for b in taker.sent()] == [False]
+        assert record(sink, "two-1")["tokens"] == len(DELTAS)  # estimated
+        # The next request starts at the second upstream (in turn): asked, and exact.
+        got = chat(client, "strict-two", extra_headers={"x-request-id": "two-2"})
+        assert content(got) == "".join(DELTAS)
+        assert taker.sent()[-1]["stream_options"] == {"include_usage": True}
+        assert record(sink, "two-2")["tokens"] == USAGE["total_tokens"]
+        assert_no_leases(server)
+    finally:
+        client.close()
+        server.stop()
+        refuser.stop()
+        taker.stop()

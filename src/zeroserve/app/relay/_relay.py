@@ -264,7 +264,8 @@ class Relay:
             extra = [*extra, *edge.upstream_headers()]
         tried: list[Upstream] = []
         last: UpstreamError | None = None
-        resent = False  # sent once more without the stream_options the relay added
+        # Where it was refused, once sent again without the stream_options the relay added.
+        resent: tuple[str, str] | None = None
         again: Upstream | None = None  # the upstream to send it to
         while again is not None or len(tried) <= self.options.retries:
             if again is not None:
@@ -278,7 +279,7 @@ class Relay:
                     self.retries += 1
                 tried.append(up)
             option = (up.url.url, path)
-            spliced = asked and not resent and self.stream_options.get(option) is not False
+            spliced = asked and resent is None and self.stream_options.get(option) is not False
             send = body if spliced or not asked else unasked
             size = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in send)
             target = up.url.base_path + path + ("?" + query if query else "")
@@ -308,12 +309,12 @@ class Relay:
                 if spliced and rhead.status in _REFUSALS:
                     views = await self._refused(up, ex, rhead, option, own)
                     if ex.finished:  # to be sent once more, without the option
-                        resent = True
+                        resent = option
                         again = up
                         continue
                 elif spliced and rhead.status < 400:
                     self.stream_options[option] = True
-                elif resent and rhead.status < 400:
+                elif resent == option and rhead.status < 400:
                     self._refuses(up, option)  # without the option, the request succeeds
                 deltas = path in _USAGE_ROUTES
                 return await self._respond(req, up, ex, t0, written, t_head, spliced, deltas, views)
