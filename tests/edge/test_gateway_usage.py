@@ -2,7 +2,8 @@
 from a real upstream's own ``usage`` (a zeroserve server behind the gateway), for
 answers and streams; a stream that did not ask for its usage asks for it through the
 gateway and never sees the usage chunk (a zeroserve upstream, and one that writes in
-pieces); and the usage scanner on reads cut anywhere."""
+pieces); a stream is debited as its chunks pass, then by its usage; and the usage
+scanner on reads cut anywhere."""
 
 from __future__ import annotations
 
@@ -324,6 +325,28 @@ def test_a_usage_chunk_cut_across_reads_is_still_counted_and_dropped(
         assert record(sink, "paced")["tokens"] == paced.usage["total_tokens"]
         # Its first part was held back as a view, then joined once whole (a copy).
         assert metrics.copied_bytes("relay_events") > before
+    finally:
+        server.stop()
+
+
+def test_a_stream_is_debited_as_its_chunks_pass_then_by_its_usage(
+    paced: PacedUpstream,
+) -> None:
+    clock = ManualClock()
+    key = ApiKey("user", KEY.encode(), KeyLimits(tokens_per_minute=600))
+    server = paced_gateway(paced, Edge(EdgeOptions(keys=(key,)), clock=clock))
+    try:
+        spent = []
+        for c in server.client(KEY).chat.completions.create(
+            model="f", messages=[{"role": "user", "content": "hello"}], stream=True
+        ):
+            spent.append(server.edge.statistics()["user"].tokens)
+            if c.choices[0].finish_reason is not None:
+                paced.gate.set()  # the usage chunk only now
+        # One token a content delta ("hi", " there") once they passed, before the usage
+        # (held back by the upstream until the client had the last chunk).
+        assert spent[-1] == 2 and len(spent) == 4
+        assert server.edge.statistics()["user"].tokens == paced.usage["total_tokens"]
     finally:
         server.stop()
 

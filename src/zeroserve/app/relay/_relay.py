@@ -26,6 +26,21 @@ uses the count. While it does, a streamed chat or completion that did not ask fo
 the usage chunk its client did not ask for is taken out of its stream
 (``_strip.UsageChunkFilter``); every other body and stream is relayed as it came.
 
+An upstream that does not accept ``stream_options`` answers such a request with a 400
+(or 422) the client's own request would not have met. So a 400/422 to a request whose
+``stream_options`` the relay added is sent once more to the same upstream without it
+(the client's body, still in its lease: views, no copy), before anything reached the
+client; the upstream is then known to refuse it (per upstream URL and route) when its
+error names ``stream_options`` (which the client did not send) or the request without
+it succeeds, and later streams go out without it from the start. An upstream that has
+accepted the option is resent to only when its error names it (a client's bad request
+is not sent twice). At most one such resend a request; a client that sent
+``stream_options`` itself gets the upstream's answer as it came. A chat or completion
+stream's tokens are counted from its chunks as they pass (``_deltas.DeltaCounter``:
+one per non-empty content delta), until a usage from the upstream says more: so a
+stream whose upstream refuses or ignores the option is still counted (an estimate),
+and every stream is debited as it is produced.
+
 The admission ticket is held until the response is over. A client disconnect cancels
 the handler or the stream, which aborts the upstream connection at once.
 """
@@ -34,14 +49,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import os
+import re
 import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 
 from ... import metrics
 from ...edge import EdgeContext
@@ -52,17 +69,20 @@ from ...errors import (
     UpstreamUnreachable,
     ZeroserveError,
 )
-from ...http.client import Framing, request_head, response_headers
+from ...http.client import Framing, ResponseHead, request_head, response_headers
 from ...models.remote import RemoteOptions
 from ...runtime import Ticket
 from ...upstream import Exchange, Upstream, UpstreamConnection, UpstreamStatistics
 from ..request import Request
 from ..response import Response, StreamResponse
+from ._deltas import DeltaCounter
 from ._rewrite import rewrite_body
 from ._strip import UsageChunkFilter
 from ._usage import UsageScanner
 
 Buffer = bytes | bytearray | memoryview
+
+log = logging.getLogger("zeroserve.relay")
 
 # Largest upstream body (with a Content-Length) read whole before answering; larger ones
 # are streamed. Chat and embedding answers are a few KiB; 1 MiB keeps the common case
@@ -72,6 +92,11 @@ WHOLE_BODY_MAX_BYTES = 1 << 20
 _USAGE_ROUTES = frozenset(("/chat/completions", "/completions"))
 # A client's credential headers: meant for this server, not for the upstream.
 _CREDENTIALS = frozenset((b"authorization", b"api-key", b"x-api-key"))
+# The statuses with which OpenAI-compatible servers refuse a field they do not accept
+# (400; 422 from FastAPI/pydantic validation).
+_REFUSALS = frozenset((400, 422))
+# An error body that names the field the relay added.
+_NAMES_OPTION = re.compile(rb"stream_options|include_usage")
 
 _BUCKETS = (
     0.0001,
@@ -109,6 +134,20 @@ OVERHEAD_SECONDS = Histogram(
     registry=metrics.REGISTRY,
     buckets=_BUCKETS,
 )
+REFUSED = Counter(
+    "zeroserve_relay_stream_options_refused",
+    "Relayed streams an upstream refused (400/422) for the stream_options the gateway "
+    "added to count their tokens; each was sent once more without it.",
+    ["model"],
+    registry=metrics.REGISTRY,
+)
+ESTIMATED = Counter(
+    "zeroserve_relay_usage_estimated",
+    "Relayed streams whose tokens were estimated (one per non-empty content delta) "
+    "because their upstream reported no usage (it refuses or ignores stream_options).",
+    ["model"],
+    registry=metrics.REGISTRY,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +159,8 @@ class RelayStatistics:
     unreachable: int  # 502: no upstream answered
     timeouts: int  # 504 (or a stream cut at its deadline)
     client_disconnects: int  # responses abandoned by their client
+    refusals: int  # sent once more without the stream_options the relay added
+    estimated: int  # streams counted by the estimate alone (no usage from the upstream)
     upstreams: dict[str, UpstreamStatistics]
 
 
@@ -150,6 +191,13 @@ class Relay:
         }
         self.requests = self.retries = self.unavailable = self.unreachable = 0
         self.timeouts = self.client_disconnects = 0
+        self.refusals = self.estimated = 0
+        self._refused_total = REFUSED.labels(name)
+        self._estimated_total = ESTIMATED.labels(name)
+        # Whether an upstream accepts the stream_options the relay adds, by (upstream
+        # URL, route): True once it answered a request with it, False once it refused
+        # it; absent while unknown.
+        self.stream_options: dict[tuple[str, str], bool] = {}
 
     def _client_headers(self, req: Request) -> list[tuple[bytes, bytes]]:
         """The client's headers for the upstream: without its credentials unless the
@@ -195,12 +243,18 @@ class Relay:
         model = (self.options.upstream_model or None) if rewrite else None
         edge = req.edge
         ask_usage = edge is not None and edge.counting and path in _USAGE_ROUTES
-        strip = False
+        # With ``asked``: ``body`` asks for the usage on the client's behalf, ``unasked``
+        # is the same body without that (for an upstream that refuses stream_options).
+        asked = own = False
+        unasked = body
         if body and (model is not None or ask_usage):
             rewritten = rewrite_body(req.body, model=model, ask_usage=ask_usage)
             if rewritten.body is not None:
-                body, strip = rewritten.body, rewritten.asked_usage
-        size = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in body)
+                if rewritten.asked_usage:
+                    asked, own = True, rewritten.own_options
+                    if rewritten.unasked is not None:
+                        unasked = rewritten.unasked
+                body = rewritten.body
         query = req.head.query
         extra = self._extra
         if edge is not None:
@@ -210,19 +264,30 @@ class Relay:
             extra = [*extra, *edge.upstream_headers()]
         tried: list[Upstream] = []
         last: UpstreamError | None = None
-        for attempt in range(self.options.retries + 1):
-            up = self._choose(tried)
-            if up is None:
-                break
-            if attempt:
-                self.retries += 1
-            tried.append(up)
+        # Where it was refused, once sent again without the stream_options the relay added.
+        resent: tuple[str, str] | None = None
+        again: Upstream | None = None  # the upstream to send it to
+        while again is not None or len(tried) <= self.options.retries:
+            if again is not None:
+                up, again = again, None
+            else:
+                chosen = self._choose(tried)
+                if chosen is None:
+                    break
+                up = chosen
+                if tried:
+                    self.retries += 1
+                tried.append(up)
+            option = (up.url.url, path)
+            spliced = asked and resent is None and self.stream_options.get(option) is not False
+            send = body if spliced or not asked else unasked
+            size = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in send)
             target = up.url.base_path + path + ("?" + query if query else "")
             head = request_head(
                 req.method, target, up.url.authority, size, self._client_headers(req), extra
             )
             try:
-                ex, rhead, written = await up.exchange(req.method, [head, *body], deadline)
+                ex, rhead, written = await up.exchange(req.method, [head, *send], deadline)
             except UpstreamUnreachable as exc:
                 up.record_failure()
                 last = exc
@@ -234,13 +299,25 @@ class Relay:
             self._ttfb[up.url.url].observe(t_head - written)
             if rhead.status >= 500:
                 up.record_failure()
-                if attempt < self.options.retries and self._choose([*tried]) is not None:
+                if len(tried) <= self.options.retries and self._choose([*tried]) is not None:
                     ex.finish(False)
                     continue
             else:
                 up.record_success()
+            views: list[memoryview] | None = None
             try:
-                return await self._respond(req, up, ex, t0, written, t_head, strip)
+                if spliced and rhead.status in _REFUSALS:
+                    views = await self._refused(up, ex, rhead, option, own)
+                    if ex.finished:  # to be sent once more, without the option
+                        resent = option
+                        again = up
+                        continue
+                elif spliced and rhead.status < 400:
+                    self.stream_options[option] = True
+                elif resent == option and rhead.status < 400:
+                    self._refuses(up, option)  # without the option, the request succeeds
+                deltas = path in _USAGE_ROUTES
+                return await self._respond(req, up, ex, t0, written, t_head, spliced, deltas, views)
             except BaseException:
                 ex.finish(False)
                 raise
@@ -249,6 +326,62 @@ class Relay:
             raise last
         self.unavailable += 1
         raise self._unavailable()
+
+    async def _refused(
+        self,
+        up: Upstream,
+        ex: Exchange[UpstreamConnection],
+        rhead: ResponseHead,
+        option: tuple[str, str],
+        own: bool,
+    ) -> list[memoryview] | None:
+        """A 400/422 to a request whose ``stream_options`` the relay added (``own``: to
+        the client's own object). Either the exchange is finished (send the request once
+        more, without the option), or the answer is the client's: the error body is
+        returned if it was read (a body to be read whole), None if not (to be relayed as
+        it comes). An error that names the option the client did not send at all
+        proves the refusal; otherwise the resend's success does."""
+        views: list[memoryview] | None = None
+        named = False
+        if _whole(rhead):
+            views = await self._read(up, ex)
+            named = _names_option(views)
+        if not named and self.stream_options.get(option):
+            return views  # it accepts the option: the error is about the client's request
+        ex.finish(views is not None)
+        self.refusals += 1
+        self._refused_total.inc()
+        if named and not own:
+            self._refuses(up, option)
+        return None
+
+    def _refuses(self, up: Upstream, option: tuple[str, str]) -> None:
+        """The upstream is known to refuse ``stream_options`` on this route (logged the
+        first time): later requests go without it, their tokens estimated."""
+        if self.stream_options.get(option) is not False:
+            self.stream_options[option] = False
+            log.warning(
+                "the upstream %s of model %r refuses stream_options on %s: its streams "
+                "are relayed without it and their tokens estimated, one per content delta "
+                '(docs/architecture.md, "The edge")',
+                up.url.url,
+                self.name,
+                option[1],
+            )
+
+    @staticmethod
+    async def _read(up: Upstream, ex: Exchange[UpstreamConnection]) -> list[memoryview]:
+        """The rest of the upstream's body, to its end."""
+        views: list[memoryview] = []
+        while True:
+            try:
+                batch = await ex.next_batch()
+            except ZeroserveError:
+                up.record_failure()
+                raise
+            if batch is None:
+                return views
+            views += batch
 
     async def _respond(
         self,
@@ -259,35 +392,25 @@ class Relay:
         written: float,
         t_head: float,
         strip: bool,
+        deltas: bool,
+        views: list[memoryview] | None,
     ) -> Response | StreamResponse:
         """The upstream's answer for the client. ``strip``: the usage was asked for on
-        the client's behalf, so an event stream's usage chunk is taken out."""
+        the client's behalf, so an event stream's usage chunk is taken out. ``deltas``: a
+        chat or completion, whose event stream's tokens are counted from its chunks until
+        (unless) the upstream's usage says more. ``views``: the whole body, if read."""
         rhead = ex.head.result()
         headers, content_type = response_headers(rhead)
         overhead = self._overhead[up.url.url]
         edge = req.edge
-        usage = (
-            UsageScanner()
-            if edge is not None and edge.counting and _reports_usage(content_type)
-            else None
-        )
-        events = UsageChunkFilter() if strip and _is_event_stream(content_type) else None
-        whole = rhead.framing is Framing.NONE or (
-            rhead.framing is Framing.LENGTH
-            and rhead.content_length is not None
-            and rhead.content_length <= WHOLE_BODY_MAX_BYTES
-        )
-        if whole:
-            views: list[memoryview] = []
-            while True:
-                try:
-                    batch = await ex.next_batch()
-                except ZeroserveError:
-                    up.record_failure()
-                    raise
-                if batch is None:
-                    break
-                views += batch
+        stream = _is_event_stream(content_type)
+        usage: UsageScanner | DeltaCounter | None = None
+        if edge is not None and edge.counting and _reports_usage(content_type):
+            usage = DeltaCounter() if deltas and stream else UsageScanner()
+        events = UsageChunkFilter() if strip and stream else None
+        if views is not None or _whole(rhead):
+            if views is None:
+                views = await self._read(up, ex)
             t_end = time.perf_counter()
             ex.finish(True)
             if req.has_ticket:
@@ -295,8 +418,10 @@ class Relay:
             if usage is not None and edge is not None:
                 for view in views:
                     usage.feed(view)
-                if usage.tokens is not None:
+                if usage.tokens:
                     edge.count_tokens(usage.tokens)
+                if isinstance(usage, DeltaCounter) and usage.estimated:
+                    self.count_estimate()
             if events is not None:
                 views = [*events.feed(views), *events.flush()]
             if content_type is not None:
@@ -315,6 +440,11 @@ class Relay:
             content_type=content_type,
             headers=headers,
         )
+
+    def count_estimate(self) -> None:
+        """A stream's tokens were estimated: its upstream reported no usage."""
+        self.estimated += 1
+        self._estimated_total.inc()
 
     def _choose(self, tried: list[Upstream]) -> Upstream | None:
         """Least outstanding requests among the healthy upstreams not yet tried."""
@@ -353,6 +483,8 @@ class Relay:
             unreachable=self.unreachable,
             timeouts=self.timeouts,
             client_disconnects=self.client_disconnects,
+            refusals=self.refusals,
+            estimated=self.estimated,
             upstreams={u.url.url: u.statistics() for u in self.upstreams},
         )
 
@@ -371,8 +503,9 @@ class _Pieces:
         self.ex = ex
         self.ticket = ticket
         self.failed = False
-        # The upstream's usage, read from the pieces when the edge counts tokens.
-        self.usage: UsageScanner | None = None
+        # The upstream's usage (or the estimate), read from the pieces when the edge
+        # counts tokens.
+        self.usage: UsageScanner | DeltaCounter | None = None
         self.edge: EdgeContext | None = None
         self.counted = 0  # the tokens of the usage read so far, counted already
         # Takes out the usage chunk asked for on the client's behalf (None: pass all).
@@ -429,9 +562,11 @@ class _Pieces:
         ticket, self.ticket = self.ticket, None
         if ticket is not None:
             ticket.release()
-        self.usage = None
+        usage, self.usage = self.usage, None
+        if isinstance(usage, DeltaCounter) and usage.estimated:
+            self.relay.count_estimate()
 
-    def _count(self, usage: UsageScanner) -> None:
+    def _count(self, usage: UsageScanner | DeltaCounter) -> None:
         """Count the usage read so far (the increase of a cumulative one)."""
         tokens = usage.tokens
         if tokens is not None and tokens > self.counted and self.edge is not None:
@@ -449,6 +584,26 @@ def _reports_usage(content_type: bytes | None) -> bool:
 
 def _is_event_stream(content_type: bytes | None) -> bool:
     return content_type is not None and b"event-stream" in content_type.lower()
+
+
+def _whole(rhead: ResponseHead) -> bool:
+    """A body read to its end before answering: delimited by the close, or small."""
+    return rhead.framing is Framing.NONE or (
+        rhead.framing is Framing.LENGTH
+        and rhead.content_length is not None
+        and rhead.content_length <= WHOLE_BODY_MAX_BYTES
+    )
+
+
+def _names_option(views: list[memoryview]) -> bool:
+    """Whether an error body names the ``stream_options`` the relay added."""
+    if not views:
+        return False
+    if len(views) == 1:
+        return _NAMES_OPTION.search(views[0]) is not None
+    body = b"".join(views)  # an error body cut by reads (at most WHOLE_BODY_MAX_BYTES)
+    metrics.count_copy("relay_refusal", len(body))
+    return _NAMES_OPTION.search(body) is not None
 
 
 def api_key(options: RemoteOptions) -> str | None:

@@ -20,7 +20,10 @@ tokens (docs/architecture.md, "The edge"): :func:`rewrite_body` finds ``"stream"
 after the ``{``, or re-encodes the client's (small) ``stream_options`` object with
 ``include_usage`` set, keeping its other members' bytes as they were (``msgspec.Raw``).
 That re-encoded object is the only copy of the client's bytes (site
-``relay_stream_options``); the body around it is still the client's views.
+``relay_stream_options``); the body around it is still the client's views. The body
+without that edit (``Rewritten.unasked``: the client's body, or only its ``"model"``
+rewritten) comes with it, for an upstream that refuses ``stream_options``
+(docs/architecture.md, "The edge").
 """
 
 from __future__ import annotations
@@ -186,6 +189,12 @@ class Rewritten(NamedTuple):
 
     body: list[Buffer] | None  # None: send the client's body as it is
     asked_usage: bool  # ``include_usage`` set on the client's behalf
+    # With ``asked_usage``: the body without that edit (None: the client's body as it
+    # is), for an upstream that refuses ``stream_options``. Views, no copy.
+    unasked: list[Buffer] | None = None
+    # With ``asked_usage``: the client sent a ``stream_options`` of its own (re-encoded),
+    # so an upstream's error that names it may be about the client's members.
+    own_options: bool = False
 
 
 _UNCHANGED = Rewritten(None, False)
@@ -211,15 +220,14 @@ def rewrite_body(body: memoryview, *, model: str | None, ask_usage: bool) -> Rew
     if model is not None:
         value = msgspec.json.encode(model)
         edits += [(a, b, value) for a, b in spans["model"] if body[a] == _QUOTE]
-    asked = False
-    if ask_usage:
-        usage = _usage_edits(body, spans["stream"], spans["stream_options"])
-        if usage:
-            edits += usage
-            asked = True
+    usage = _usage_edits(body, spans["stream"], spans["stream_options"]) if ask_usage else None
+    if usage:
+        unasked = splice(body, edits) if edits else None
+        own = bool(spans["stream_options"])
+        return Rewritten(splice(body, edits + usage), True, unasked, own)
     if not edits:
         return _UNCHANGED
-    return Rewritten(splice(body, edits), asked)
+    return Rewritten(splice(body, edits), False)
 
 
 def _usage_edits(
