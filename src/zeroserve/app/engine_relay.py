@@ -67,7 +67,14 @@ from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
 from .deadlines import openai_timeout
 from .engine_answers import Collected, collect, streamed, whole_answer
 from .engine_responses import ResponsesAnswer, decode_request, translate
-from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
+from .engine_tools import (
+    AutoTool,
+    ForcedTool,
+    GeneratedPieces,
+    NativeTools,
+    plan_tools,
+    release_ticket,
+)
 from .limits import ApiLimits, check_count, check_output_tokens
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
@@ -184,7 +191,9 @@ class EngineRelay:
         _check_choices(body.n, body.stop, limits, max_tokens, param)
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-        plan = plan_tools(body, self.model)
+        planned = plan_tools(body, self.model)
+        native = planned if isinstance(planned, NativeTools) else None
+        plan = None if isinstance(planned, NativeTools) else planned
         texts = [_message_text(m) for m in body.messages]
         extra = len(bytes(body.tools)) if s.given(body.tools) else 0
         bound = sum(len(t.encode()) for t in texts) + extra
@@ -194,7 +203,7 @@ class EngineRelay:
             system = self.model.system_prompt  # the model's default (None: the template's)
         if system is not None:
             bound += len(system.encode()) + TEMPLATE_TOKENS_PER_MESSAGE
-        payload = plan.body if plan is not None else self._payload(req.body, system)
+        payload = plan.body if plan is not None else self._payload(req.body, system, native)
         n = body.n or 1
         return self._run(
             req,
@@ -345,11 +354,17 @@ class EngineRelay:
         except ValueError as exc:  # the engine refused the input before computing
             raise RequestError(f"the engine refused the input: {exc}", param="input") from None
 
-    def _payload(self, body: memoryview, system: str | None = None) -> bytes:
+    def _payload(
+        self, body: memoryview, system: str | None = None, native: NativeTools | None = None
+    ) -> bytes:
         """The body as the engine takes it: bytes, with ``model`` set to the alias and,
-        given ``system``, a system message put first in ``messages`` (spliced in: the
-        rest of the body is not re-encoded)."""
+        given ``system``, a system message put first in ``messages``; given ``native``,
+        ``tools`` are only the allowed ones and ``tool_choice`` is ``"auto"`` (spliced
+        in: the rest of the body is not re-encoded)."""
         edits = [(a, b, _encode(self.model.alias)) for a, b in model_spans(body) or ()]
+        if native is not None:
+            for key, value in (("tools", native.tools_json()), ("tool_choice", b'"auto"')):
+                edits += [(a, b, value) for a, b in value_spans(body, key) or ()]
         if system is not None:
             spans = value_spans(body, "messages")
             if spans:  # the schema decoded it: a non-empty array (the last one counts)
