@@ -69,7 +69,12 @@ FORCED: Any = {"type": "function", "name": "get_weather"}
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[ServerProcess]:
-    server = start_server("--model", "smollm2?parallel=2&n_ctx=2048")
+    # One engine thread: with as many threads as cores (the default), each decode step
+    # waits for whichever thread another process descheduled, and a loaded machine makes
+    # a 40-token answer take tens of seconds (measured: 3x the time of threads=1 under
+    # three CPU burners, the first event after 14 s); this file's answers are the
+    # grammar-constrained ones, and one of them once ran past pytest's timeout.
+    server = start_server("--model", "smollm2?parallel=2&n_ctx=2048&threads=1")
     yield server
     assert server.stop() == 0
 
