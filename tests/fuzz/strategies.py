@@ -157,11 +157,21 @@ _tool = optional_fields(
 )
 _ONE_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 _tools = st.one_of(st.lists(hostile(_tool), max_size=3), st.just([_ONE_TOOL] * (lim.MAX_TOOLS + 1)))
+_named_choice = optional_fields(
+    type=hostile(st.just("function")),
+    function=hostile(optional_fields(name=hostile(st.sampled_from(["f", "get_weather", ""])))),
+)
 _tool_choice = st.one_of(
     st.sampled_from(["auto", "none", "required", "any"]),
+    _named_choice,
     optional_fields(
-        type=hostile(st.just("function")),
-        function=hostile(optional_fields(name=hostile(st.sampled_from(["f", "get_weather", ""])))),
+        type=hostile(st.just("allowed_tools")),
+        allowed_tools=hostile(
+            optional_fields(
+                mode=hostile(st.sampled_from(["auto", "required", "none"])),
+                tools=hostile(st.lists(hostile(_named_choice), max_size=3)),
+            )
+        ),
     ),
 )
 _response_format = optional_fields(
@@ -386,6 +396,15 @@ def engine_responses_bodies() -> st.SearchStrategy[Any]:
             "tool_choice": st.one_of(
                 st.sampled_from(["auto", "none", "required"]),
                 st.just({"type": "function", "name": "f"}),
+                st.builds(
+                    lambda mode, names: {
+                        "type": "allowed_tools",
+                        "mode": mode,
+                        "tools": [{"type": "function", "name": n} for n in names],
+                    },
+                    st.sampled_from(["auto", "required"]),
+                    st.lists(st.sampled_from(["f", "get_weather", "other"]), max_size=2),
+                ),
             ),
             "parallel_tool_calls": st.booleans(),
             "max_tool_calls": st.integers(1, 2),

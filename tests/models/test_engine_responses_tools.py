@@ -251,3 +251,17 @@ def test_native_calls_streamed(native: SmolLM2Model) -> None:
     final = parsed[-1].response
     assert final.output == [e.item for e in done]
     assert [o.arguments for o in final.output[1:]] == ['{"city": "Paris"}', '{"city": "Rome"}']
+
+
+def test_allowed_tools_on_a_native_template_send_the_allowed_only(native: SmolLM2Model) -> None:
+    time_tool = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+    allowed = {
+        "type": "allowed_tools",
+        "mode": "auto",
+        "tools": [{"type": "function", "name": "get_time"}],
+    }
+    t = _translate(native, tools=[WEATHER, time_tool], tool_choice=allowed)
+    assert t.plan is None and [x.name for x in t.tools] == ["get_weather", "get_time"]
+    sent = msgspec.json.decode(t.body)
+    assert [x["function"]["name"] for x in sent["tools"]] == ["get_time"]
+    assert sent["tool_choice"] == "auto"

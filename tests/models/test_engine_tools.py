@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from zeroserve.app.engine_tools import AutoTool, plan_tools
+from zeroserve.app.engine_tools import AutoTool, ForcedTool, NativeTools, plan_tools
 from zeroserve.app.openai import schemas as s
+from zeroserve.errors import RequestError
 from zeroserve.models.llamacpp import SmolLM2Model
 
 pytest.importorskip("xllamacpp")
@@ -79,3 +80,59 @@ def test_a_native_template_gets_the_tools_unchanged(smollm2: SmolLM2Model) -> No
         assert plan_tools(_body(tools=TOOLS, tool_choice="auto"), smollm2) is None
     finally:
         smollm2.native_tools = False
+
+
+THREE = [
+    TOOLS[0],
+    {"type": "function", "function": {"name": "get_time", "description": "The time."}},
+    {"type": "function", "function": {"name": "set_units", "parameters": {"type": "object"}}},
+]
+
+
+def _allowed(mode: str, *names: str) -> dict[str, object]:
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
+
+
+def test_allowed_tools_required_forces_a_call_of_the_allowed_only(smollm2: SmolLM2Model) -> None:
+    plan = plan_tools(
+        _body(tools=THREE, tool_choice=_allowed("required", "set_units", "get_time")), smollm2
+    )
+    assert isinstance(plan, ForcedTool)
+    assert [t.function.name for t in plan.tools] == ["get_time", "set_units"]  # tools' order
+    sent = msgspec.json.decode(plan.body)
+    system = sent["messages"][0]["content"]
+    assert "get_time" in system and "set_units" in system and "get_weather" not in system
+    branches = sent["response_format"]["json_schema"]["schema"]["anyOf"]
+    assert [b["properties"]["name"]["const"] for b in branches] == ["get_time", "set_units"]
+    one = plan_tools(_body(tools=THREE, tool_choice=_allowed("required", "get_time")), smollm2)
+    assert isinstance(one, ForcedTool) and one.single == "get_time"
+
+
+def test_allowed_tools_auto_offers_the_allowed_only(smollm2: SmolLM2Model) -> None:
+    plan = plan_tools(_body(tools=THREE, tool_choice=_allowed("auto", "get_time")), smollm2)
+    assert isinstance(plan, AutoTool)
+    sent = msgspec.json.decode(plan.body)
+    assert '"get_time"' in sent["grammar"] and "get_weather" not in sent["grammar"]
+    assert "get_weather" not in sent["messages"][0]["content"]
+
+
+def test_allowed_tools_auto_on_a_native_template_sends_the_allowed_only(
+    smollm2: SmolLM2Model,
+) -> None:
+    smollm2.native_tools = True  # as the engine reports for a template with tool calls
+    try:
+        plan = plan_tools(_body(tools=THREE, tool_choice=_allowed("auto", "set_units")), smollm2)
+        assert isinstance(plan, NativeTools) and plan.names == {"set_units"}
+        assert msgspec.json.decode(plan.tools_json()) == [THREE[2]]
+        forced = _allowed("required", "set_units")
+        assert isinstance(plan_tools(_body(tools=THREE, tool_choice=forced), smollm2), ForcedTool)
+    finally:
+        smollm2.native_tools = False
+
+
+def test_allowed_tools_naming_another_function_is_refused(smollm2: SmolLM2Model) -> None:
+    for mode in ("auto", "required"):
+        with pytest.raises(RequestError) as info:
+            plan_tools(_body(tools=THREE[:2], tool_choice=_allowed(mode, "set_units")), smollm2)
+        assert info.value.param == "tool_choice"

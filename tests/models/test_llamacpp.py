@@ -342,6 +342,118 @@ def test_auto_tools_streamed_is_a_valid_call_or_text(client: openai.OpenAI) -> N
     _check_auto_message(*_streamed_message(list(stream)))
 
 
+# An enum: greedy SmolLM2 may run a free zone string on to max_tokens.
+ZONE_SCHEMA = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "Asia/Tokyo", "Europe/Paris"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+UNITS_SCHEMA = {
+    "type": "object",
+    "properties": {"unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["unit"],
+}
+THREE_TOOLS = [
+    WEATHER_TOOL,
+    {
+        "type": "function",
+        "function": {"name": "get_time", "description": "Time", "parameters": ZONE_SCHEMA},
+    },
+    {
+        "type": "function",
+        "function": {"name": "set_units", "description": "Units", "parameters": UNITS_SCHEMA},
+    },
+]
+ALLOWED_SCHEMAS = {"get_time": ZONE_SCHEMA, "set_units": UNITS_SCHEMA}  # never get_weather
+# Each asks for the tool that is not allowed, or for none in particular.
+ALLOWED_ASKS = [PARIS_TOOL, {"role": "user", "content": "What time is it in Tokyo?"}, FRANCE]
+
+
+def _allowed(mode: str, names: Any = tuple(ALLOWED_SCHEMAS)) -> Any:
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
+
+
+def _check_allowed_calls(message: Any) -> None:
+    assert message.tool_calls and message.content is None, message
+    for call in message.tool_calls:
+        assert call.id and call.type == "function"
+        assert call.function.name in ALLOWED_SCHEMAS, call
+        jsonschema.validate(
+            json.loads(call.function.arguments), ALLOWED_SCHEMAS[call.function.name]
+        )
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_allowed_tools_required_calls_one_of_them(client: openai.OpenAI, stream: bool) -> None:
+    """``allowed_tools`` in mode ``required`` over two of three tools: whatever is asked
+    (the third tool's question too), the answer is a call of an allowed tool with
+    arguments valid against its schema."""
+    for ask in ALLOWED_ASKS:
+        kwargs: Any = {
+            "model": "smollm2",
+            "messages": [ask],
+            "max_tokens": 40,
+            "temperature": 0,
+            "tools": THREE_TOOLS,
+            "tool_choice": _allowed("required"),
+        }
+        if stream:
+            chunks = list(
+                client.chat.completions.create(
+                    stream=True, stream_options={"include_usage": True}, **kwargs
+                )
+            )
+            message, reason = _streamed_message(chunks)
+        else:
+            (choice,) = client.chat.completions.create(**kwargs).choices
+            message, reason = choice.message, choice.finish_reason
+        assert reason == "tool_calls", ask
+        _check_allowed_calls(message)
+        assert len(message.tool_calls) == 1
+
+
+def test_allowed_tools_auto_calls_one_of_them_or_answers_text(client: openai.OpenAI) -> None:
+    """``allowed_tools`` in mode ``auto``: text, or calls of the allowed tools only
+    (the earlier turns called the tool that is not allowed), whole and streamed."""
+    kwargs: Any = {
+        "model": "smollm2",
+        "messages": FEW_SHOT_CALLS,
+        "max_tokens": 40,
+        "temperature": 0,
+        "tools": THREE_TOOLS,
+        "tool_choice": _allowed("auto"),
+    }
+    (choice,) = client.chat.completions.create(**kwargs).choices
+    chunks = list(
+        client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs
+        )
+    )
+    for message, reason in ((choice.message, choice.finish_reason), _streamed_message(chunks)):
+        if message.tool_calls:
+            assert reason == "tool_calls"
+            _check_allowed_calls(message)
+        else:
+            assert reason in ("stop", "length")
+            assert isinstance(message.content, str) and message.content.strip()
+            assert not message.content.lstrip().startswith("{") or reason == "length"
+
+
+def test_allowed_tools_naming_another_function_is_a_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="smollm2",
+            messages=[FRANCE],
+            max_tokens=2,
+            tools=THREE_TOOLS[:2],  # type: ignore[arg-type]
+            tool_choice=_allowed("required"),  # set_units is not in tools
+        )
+    assert info.value.status_code == 400 and info.value.param == "tool_choice"
+    assert info.value.code == "invalid_request"
+
+
 def _earlier_call(ident: str, city: str) -> Any:
     return {
         "role": "assistant",
@@ -548,6 +660,28 @@ def test_stop_strings(client: openai.OpenAI) -> None:
                 "tool_choice": {"type": "function", "function": {"name": "other"}},
             },
             "tool_choice",
+            "invalid_request",
+        ),
+        (
+            {
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "allowed_tools": {"mode": "auto", "tools": []},
+                },
+            },
+            "tool_choice.allowed_tools.tools",
+            "invalid_request",
+        ),
+        (
+            {
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "allowed_tools": {"mode": "sometimes", "tools": [{"type": "function"}]},
+                },
+            },
+            "tool_choice.allowed_tools.mode",
             "invalid_request",
         ),
         (

@@ -1,6 +1,9 @@
 """``/v1/embeddings`` from llama.cpp's engine: a ``llamacpp`` model started with
 ``embedding=true`` (here the built-in SmolLM2, mean-pooled), through the official
-``openai`` SDK (which asks for base64) and raw JSON (floats)."""
+``openai`` SDK (which asks for base64) and raw JSON (floats). A request of many inputs
+is embedded in bounded chunks: its answer is the same as one call's, and a deadline or a
+client that leaves stops it within one chunk (docs/architecture.md, "The in-process
+engine")."""
 
 from __future__ import annotations
 
@@ -11,9 +14,11 @@ import httpx
 import numpy as np
 import pytest
 from tests.conftest import ServerProcess, start_server
-from tests.models.test_llamacpp import _wait_idle
+from tests.models.test_llamacpp import _metric, _wait_idle
 
 import openai
+from zeroserve.app import limits as lim
+from zeroserve.app.engine_embeddings import EMBED_CHUNK_INPUTS
 
 pytest.importorskip("xllamacpp")
 
@@ -96,3 +101,59 @@ def test_an_embedding_model_still_chats(client: openai.OpenAI) -> None:
         temperature=0,
     )
     assert "Paris" in (r.choices[0].message.content or "")
+
+
+def test_many_inputs_are_embedded_in_chunks_with_one_answer(client: openai.OpenAI) -> None:
+    """More inputs than a chunk: the answer is one list, in order, indexed from 0, the
+    vectors those of each input alone, the usage the sum."""
+    inputs = [f"{CATS[i % 3]} ({i})" for i in range(EMBED_CHUNK_INPUTS + 3)]
+    r = client.embeddings.create(model="vec", input=inputs)
+    assert [d.index for d in r.data] == list(range(len(inputs)))
+    alone = [client.embeddings.create(model="vec", input=inputs[i]) for i in (0, -1)]
+    np.testing.assert_allclose(r.data[0].embedding, alone[0].data[0].embedding, atol=1e-5)
+    np.testing.assert_allclose(r.data[-1].embedding, alone[1].data[0].embedding, atol=1e-5)
+    singles = sum(
+        client.embeddings.create(model="vec", input=x).usage.prompt_tokens for x in inputs
+    )
+    assert r.usage.prompt_tokens == r.usage.total_tokens == singles
+
+
+# As many inputs as a request may have: far more than can be embedded before the short
+# deadline below, on any machine.
+MANY = [f"Sentence number {i} is about cats and mats." for i in range(lim.MAX_EMBEDDING_INPUTS)]
+
+
+def _embedded(llm: ServerProcess) -> float:
+    return _metric(llm.url, "zeroserve_engine_embedded_inputs_total", "vec")
+
+
+def _still_serves(llm: ServerProcess) -> None:
+    ok = httpx.post(llm.url + "/v1/embeddings", json={"model": "vec", "input": "x"}, timeout=60)
+    assert ok.status_code == 200 and len(ok.json()["data"]) == 1
+
+
+def test_a_deadline_stops_a_many_input_request_within_a_chunk(llm: ServerProcess) -> None:
+    _wait_idle(llm.url, "vec")
+    before = _embedded(llm)
+    resp = httpx.post(
+        llm.url + "/v1/embeddings",
+        json={"model": "vec", "input": MANY},
+        headers={"X-Stainless-Timeout": "1"},
+        timeout=60,
+    )
+    assert resp.status_code == 504, resp.text
+    _wait_idle(llm.url, "vec")  # the chunk that ran at the deadline has returned
+    done = _embedded(llm) - before
+    assert 0 <= done < len(MANY) and done % EMBED_CHUNK_INPUTS == 0
+    _still_serves(llm)
+
+
+def test_a_client_that_leaves_stops_a_many_input_request(llm: ServerProcess) -> None:
+    _wait_idle(llm.url, "vec")
+    before = _embedded(llm)
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its socket
+        httpx.post(llm.url + "/v1/embeddings", json={"model": "vec", "input": MANY}, timeout=1)
+    _wait_idle(llm.url, "vec")
+    done = _embedded(llm) - before
+    assert 0 <= done < len(MANY) and done % EMBED_CHUNK_INPUTS == 0
+    _still_serves(llm)

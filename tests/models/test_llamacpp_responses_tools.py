@@ -69,7 +69,12 @@ FORCED: Any = {"type": "function", "name": "get_weather"}
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[ServerProcess]:
-    server = start_server("--model", "smollm2?parallel=2&n_ctx=2048")
+    # One engine thread: with as many threads as cores (the default), each decode step
+    # waits for whichever thread another process descheduled, and a loaded machine makes
+    # a 40-token answer take tens of seconds (measured: 3x the time of threads=1 under
+    # three CPU burners, the first event after 14 s); this file's answers are the
+    # grammar-constrained ones, and one of them once ran past pytest's timeout.
+    server = start_server("--model", "smollm2?parallel=2&n_ctx=2048&threads=1")
     yield server
     assert server.stop() == 0
 
@@ -263,6 +268,104 @@ def test_auto_answers_a_valid_call_or_text(client: openai.OpenAI) -> None:
                 )
 
 
+# An enum: greedy SmolLM2 may run a free zone string on to max_tokens.
+ZONE_SCHEMA = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "Asia/Tokyo", "Europe/Paris"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "function",
+    "name": "get_time",
+    "description": "The current time in a time zone.",
+    "parameters": ZONE_SCHEMA,
+}
+ALLOWED = ("get_time", "set_units")  # two of the three tools; never get_weather
+ALLOWED_SCHEMAS = {"get_time": ZONE_SCHEMA, "set_units": UNITS_SCHEMA}
+# Each asks for the tool that is not allowed, or for none in particular.
+ALLOWED_ASKS = [ASK, "What time is it in Tokyo? Use a tool.", "Hello!"]
+
+
+def _allowed(mode: str, names: tuple[str, ...] = ALLOWED) -> Any:
+    return {
+        "type": "allowed_tools",
+        "mode": mode,
+        "tools": [{"type": "function", "name": n} for n in names],
+    }
+
+
+def _allowed_call(item: Any) -> None:
+    """``item`` is a completed call of an allowed tool whose arguments match its schema."""
+    assert isinstance(item, ResponseFunctionToolCall), item
+    assert item.status == "completed" and item.call_id and item.name in ALLOWED, item
+    jsonschema.validate(json.loads(item.arguments), ALLOWED_SCHEMAS[item.name])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_allowed_tools_required_calls_one_of_them(client: openai.OpenAI, stream: bool) -> None:
+    """``allowed_tools`` in mode ``required`` over two of three tools: whatever is asked
+    (the third tool's question too), the answer is one call of an allowed tool, with
+    arguments valid against its schema; the answer echoes the choice."""
+    for ask in ALLOWED_ASKS:
+        kwargs: Any = {"tools": [WEATHER, TIME, UNITS], "tool_choice": _allowed("required")}
+        if stream:
+            events = _stream(client, input=ask, **kwargs)
+            assert not [e for e in events if e.type == "response.output_text.delta"]
+            final = events[-1].response
+        else:
+            final = client.responses.create(
+                model="smollm2", input=ask, max_output_tokens=40, temperature=0, **kwargs
+            )
+        assert final.status == "completed", ask
+        (item,) = final.output
+        _allowed_call(item)
+        choice = final.tool_choice
+        assert choice.type == "allowed_tools" and choice.mode == "required"  # type: ignore[union-attr]
+        assert [t["name"] for t in choice.tools] == list(ALLOWED)  # type: ignore[union-attr]
+        assert [t.name for t in final.tools] == ["get_weather", "get_time", "set_units"]  # type: ignore[union-attr]
+
+
+def test_allowed_tools_auto_calls_one_of_them_or_answers_text(client: openai.OpenAI) -> None:
+    """``allowed_tools`` in mode ``auto``: each answer, whole and streamed, is text or
+    calls of the allowed tools only (the earlier turns, which called the tool that is
+    not allowed, are followed only as far as the grammar lets them)."""
+    tools: Any = [BRIEF_WEATHER, TIME, UNITS]
+    for stream in (False, True):
+        kwargs: Any = {"tools": tools, "tool_choice": _allowed("auto")}
+        if stream:
+            final = _stream(client, input=FEW_SHOT_CALLS, **kwargs)[-1].response
+        else:
+            final = client.responses.create(
+                model="smollm2",
+                input=FEW_SHOT_CALLS,
+                max_output_tokens=40,
+                temperature=0,
+                **kwargs,
+            )
+        assert final.output
+        for item in final.output:
+            if isinstance(item, ResponseFunctionToolCall):
+                assert final.status == "completed"
+                _allowed_call(item)
+            else:
+                assert isinstance(item, ResponseOutputMessage)
+                assert item.content[0].text.strip()  # type: ignore[union-attr]
+
+
+def test_allowed_tools_naming_another_function_is_a_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(
+            model="smollm2",
+            input="Hi",
+            tools=[WEATHER, TIME],  # type: ignore[list-item]
+            tool_choice=_allowed("required", ("get_time", "set_units")),
+            max_output_tokens=2,
+        )
+    assert info.value.status_code == 400 and info.value.param == "tool_choice"
+    assert info.value.code == "invalid_request"
+
+
 def _earlier_call(call_id: str, city: str) -> dict[str, Any]:
     arguments = json.dumps({"city": city})
     return {
@@ -341,6 +444,20 @@ BAD = [
         "tool_choice",
         None,
     ),
+    (
+        {"tools": [WEATHER], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
+        "tool_choice",
+        None,
+    ),
+    (
+        {
+            "tools": [WEATHER],
+            "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp"}]},
+        },
+        "tool_choice",
+        None,
+    ),
+    ({"tool_choice": _allowed("auto", ("get_weather",))}, "tool_choice", None),
     (
         {"tools": [WEATHER], "tool_choice": FORCED, "text": {"format": {"type": "json_object"}}},
         "text.format",

@@ -138,3 +138,19 @@ def test_unknown_fields_are_refused_by_name(audit_server: ServerProcess) -> None
     for backend in BACKENDS:
         body = {"model": backend, "messages": [{"role": "user", "content": "hi"}], "zzz": 1}
         _check(audit_server.url + "/v1/chat/completions", body, "zzz", False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_allowed_tools_are_honoured_or_refused(audit_server: ServerProcess, backend: str) -> None:
+    """``tool_choice`` of type ``allowed_tools``: honoured by the engine; the generic path
+    refuses the tools it comes with (or, alone, the choice itself), never drops it."""
+    allowed = {"mode": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}
+    body = {
+        "model": backend,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "tool_choice": {"type": "allowed_tools", "allowed_tools": allowed},
+    }
+    url = audit_server.url + "/v1/chat/completions"
+    _check(url, {**body, "tools": [TOOL]}, "tools", backend in ENGINE)
+    _check(url, body, "tool_choice", False)  # without tools: refused everywhere

@@ -31,7 +31,9 @@ The same slots serve ``/v1/responses`` (translated to a chat completion by
 :mod:`.engine_responses`, its chunks turned into Responses events by the plan it gives
 ``_Run``) and, for a model started with ``embedding=true``, ``/v1/embeddings``
 (``Server.handle_embeddings``: bytes in, OpenAI's answer as bytes out, relayed as it is;
-the call cannot be stopped, so its slot is held until the engine returns).
+a call cannot be stopped, so its slot is held until the engine returns, and a request of
+many inputs is embedded in bounded chunks, :mod:`.engine_embeddings`, stopped between
+two by a disconnect or its deadline).
 
 A chat with no system message gets the model's default system prompt (``system_prompt``
 option), spliced into the body's ``messages`` at its byte offset (``value_spans``).
@@ -66,8 +68,17 @@ from ..models.llamacpp import LlamaCppModel
 from ..runtime.channel import DEFAULT_COALESCE_CAP_BYTES, StreamAborted
 from .deadlines import openai_timeout
 from .engine_answers import Collected, collect, streamed, whole_answer
+from .engine_embeddings import chunks as embedding_chunks
+from .engine_embeddings import merge as merge_embeddings
 from .engine_responses import ResponsesAnswer, decode_request, translate
-from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, plan_tools, release_ticket
+from .engine_tools import (
+    AutoTool,
+    ForcedTool,
+    GeneratedPieces,
+    NativeTools,
+    plan_tools,
+    release_ticket,
+)
 from .limits import ApiLimits, check_count, check_output_tokens
 from .openai import schemas as s
 from .openai.telemetry import GenerationTimer
@@ -118,6 +129,7 @@ class EngineStatistics:
     queued: int  # requests admitted and waiting for a slot
     requests: int
     aborted: int  # streams stopped early (disconnect, deadline, slow reader)
+    embedded_inputs: int  # embedding inputs the engine computed (whole chunks)
 
 
 def _client_deadline(req: Request, deadline: float, *, stream: bool) -> float:
@@ -160,9 +172,12 @@ class EngineRelay:
         self.queued = 0
         self.requests = 0
         self.aborted = 0
+        self.embedded_inputs = 0
 
     def statistics(self) -> EngineStatistics:
-        return EngineStatistics(self.slots, self.active, self.queued, self.requests, self.aborted)
+        return EngineStatistics(
+            self.slots, self.active, self.queued, self.requests, self.aborted, self.embedded_inputs
+        )
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -184,7 +199,9 @@ class EngineRelay:
         _check_choices(body.n, body.stop, limits, max_tokens, param)
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-        plan = plan_tools(body, self.model)
+        planned = plan_tools(body, self.model)
+        native = planned if isinstance(planned, NativeTools) else None
+        plan = None if isinstance(planned, NativeTools) else planned
         texts = [_message_text(m) for m in body.messages]
         extra = len(bytes(body.tools)) if s.given(body.tools) else 0
         bound = sum(len(t.encode()) for t in texts) + extra
@@ -194,7 +211,7 @@ class EngineRelay:
             system = self.model.system_prompt  # the model's default (None: the template's)
         if system is not None:
             bound += len(system.encode()) + TEMPLATE_TOKENS_PER_MESSAGE
-        payload = plan.body if plan is not None else self._payload(req.body, system)
+        payload = plan.body if plan is not None else self._payload(req.body, system, native)
         n = body.n or 1
         return self._run(
             req,
@@ -301,30 +318,58 @@ class EngineRelay:
             )
         if isinstance(body.input, list):
             check_count(len(body.input), limits.embedding_inputs, "input", "inputs")
-        return self._embed(req, self._payload(req.body), ticket, deadline, body.dimensions)
+        parts = embedding_chunks(body, self.model.alias)
+        if parts is None:  # one chunk: the body as it came
+            n = 1 if isinstance(body.input, str) else len(body.input)
+            parts = [(n, self._payload(req.body))]
+        else:
+            for _, payload in parts:
+                metrics.count_copy("engine_body", len(payload))
+        return self._embed(req, parts, ticket, deadline, body.dimensions)
 
     async def _embed(
-        self, req: Request, payload: bytes, ticket: Any, deadline: float, dimensions: int | None
+        self,
+        req: Request,
+        parts: list[tuple[int, bytes]],
+        ticket: Any,
+        deadline: float,
+        dimensions: int | None,
     ) -> Response:
+        """Embed ``parts`` (each an engine body and its count of inputs) one after
+        another in one slot; a disconnect (the task cancelled) or the deadline stops
+        the request between two, once the engine call running returns."""
         self.requests += 1
         loop = asyncio.get_running_loop()
+        answers: list[bytes] = []
         try:
             await self.acquire(deadline, req.edge.trace if req.edge is not None else None)
-            # The engine call cannot be stopped once it runs: the slot stays taken until
-            # its thread returns, even when the client has gone or the deadline passed.
-            fut = loop.run_in_executor(self.pool, self._embed_call, payload)
-            fut.add_done_callback(lambda _: self.release())
+            running: asyncio.Future[bytes] | None = None
             try:
                 async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
-                    answer = await asyncio.shield(fut)
+                    for count, payload in parts:
+                        # An engine call cannot be stopped once it runs: it is shielded,
+                        # and the slot is released when its thread returns.
+                        running = loop.run_in_executor(self.pool, self._embed_call, payload)
+                        running.add_done_callback(self._embedded(count))
+                        answer = await asyncio.shield(running)
+                        running = None
+                        if answer.startswith(_ERROR_PREFIX):
+                            break
+                        answers.append(answer)
             except TimeoutError:
                 raise DeadlineExceeded("the request's deadline passed during embedding") from None
+            finally:
+                if running is not None and not running.done():
+                    running.add_done_callback(lambda _: self.release())
+                else:
+                    self.release()
         finally:
             release_ticket(ticket)
         if answer.startswith(_ERROR_PREFIX):
             err = s.engine_error_decoder.decode(answer).error
             status = err.code if 400 <= err.code < 600 else 500
             raise ZeroserveError(err.message or "the engine failed", status=status, code=err.type)
+        answer = answers[0] if len(answers) == 1 else merge_embeddings(answers)
         if dimensions is not None:
             vectors = s.engine_embeddings_decoder.decode(answer).data
             native = _dimension(vectors[0].embedding) if vectors else dimensions
@@ -339,17 +384,32 @@ class EngineRelay:
             req.edge.count_tokens(s.engine_usage_decoder.decode(answer).usage.prompt_tokens)
         return Response(200, [answer], content_type=JSON)
 
+    def _embedded(self, count: int) -> Callable[[asyncio.Future[bytes]], None]:
+        """A done callback counting ``count`` inputs the engine computed (on the loop)."""
+
+        def done(fut: asyncio.Future[bytes]) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                self.embedded_inputs += count
+
+        return done
+
     def _embed_call(self, payload: bytes) -> bytes:
         try:
             return bytes(self.model.server.handle_embeddings(payload))
         except ValueError as exc:  # the engine refused the input before computing
             raise RequestError(f"the engine refused the input: {exc}", param="input") from None
 
-    def _payload(self, body: memoryview, system: str | None = None) -> bytes:
+    def _payload(
+        self, body: memoryview, system: str | None = None, native: NativeTools | None = None
+    ) -> bytes:
         """The body as the engine takes it: bytes, with ``model`` set to the alias and,
-        given ``system``, a system message put first in ``messages`` (spliced in: the
-        rest of the body is not re-encoded)."""
+        given ``system``, a system message put first in ``messages``; given ``native``,
+        ``tools`` are only the allowed ones and ``tool_choice`` is ``"auto"`` (spliced
+        in: the rest of the body is not re-encoded)."""
         edits = [(a, b, _encode(self.model.alias)) for a, b in model_spans(body) or ()]
+        if native is not None:
+            for key, value in (("tools", native.tools_json()), ("tool_choice", b'"auto"')):
+                edits += [(a, b, value) for a, b in value_spans(body, key) or ()]
         if system is not None:
             spans = value_spans(body, "messages")
             if spans:  # the schema decoded it: a non-empty array (the last one counts)
@@ -971,7 +1031,7 @@ def _snapshot() -> dict[str, EngineStatistics]:
     return {r.name: r.statistics() for r in list(_RELAYS.values())}
 
 
-metrics.register_source("engine", _snapshot)
+metrics.register_source("engine", _snapshot, counters=("embedded_inputs",))
 
 __all__ = [
     "EngineRelay",

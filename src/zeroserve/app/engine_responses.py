@@ -19,7 +19,8 @@ translated here, once, into a chat completion for ``handle_chat_completions``:
   ``text.format`` becomes ``response_format`` (grammar-enforced by the engine);
 * ``tools`` of type ``function`` (flat: ``name``, ``parameters``... at the top) become
   chat's tools (under ``function``), ``tool_choice`` chat's (``{"type": "function",
-  "name"}`` becomes ``{"type": "function", "function": {"name"}}``), and the chat
+  "name"}`` becomes ``{"type": "function", "function": {"name"}}``, and ``allowed_tools``
+  ``{"mode", "tools"}`` chat's ``{"allowed_tools": {"mode", "tools"}}``), and the chat
   request goes through the chat path's own tool plans (``engine_tools.plan_tools``):
   a forced call (``required`` or a named function) is grammar-constrained, ``auto``
   uses the model's native tool template or the generic format, ``none`` answers text.
@@ -62,7 +63,14 @@ import msgspec
 
 from ..errors import RequestError, ZeroserveError
 from .engine_answers import Collected, collect
-from .engine_tools import AutoTool, ForcedTool, GeneratedPieces, ToolEngine, plan_tools
+from .engine_tools import (
+    AutoTool,
+    ForcedTool,
+    GeneratedPieces,
+    NativeTools,
+    ToolEngine,
+    plan_tools,
+)
 from .openai import responses as r
 from .openai import schemas as s
 from .response import EVENT_STREAM, JSON, Response, StreamResponse
@@ -101,7 +109,7 @@ class ResponsesCall(Protocol):
     def close(self) -> None: ...
 
 
-Choice = Literal["auto", "none", "required"] | r.FunctionChoice
+Choice = Literal["auto", "none", "required"] | r.FunctionChoice | r.AllowedChoice
 
 
 class Translated(msgspec.Struct, kw_only=True):
@@ -191,10 +199,12 @@ def translate(
         parallel_tool_calls=req.parallel_tool_calls,
     )
     try:
-        plan = plan_tools(chat, engine, max_calls=req.max_tool_calls)
+        planned = plan_tools(chat, engine, max_calls=req.max_tool_calls)
     except RequestError as exc:
         exc.param = _responses_param(exc.param)
         raise
+    native = planned if isinstance(planned, NativeTools) else None
+    plan = None if isinstance(planned, NativeTools) else planned
     if plan is None and tools and choice != "none" and req.max_tool_calls is not None:
         raise RequestError(
             "max_tool_calls is not supported with this model's native tool calls",
@@ -219,7 +229,10 @@ def translate(
             out["top_p"] = req.top_p
         if s.given(response_format):
             out["response_format"] = response_format
-        if tools:
+        if native is not None:  # the allowed tools only, the template choosing
+            out["tools"] = [_chat_tool(x) for x in tools if x.name in native.names]
+            out["tool_choice"] = "auto"
+        elif tools:
             out["tools"] = chat_tools
             out["tool_choice"] = _chat_choice(choice)
             if req.parallel_tool_calls is not None:
@@ -325,8 +338,10 @@ def _tool_choice(raw: msgspec.Raw | msgspec.UnsetType) -> Choice:
         choice: Choice = r.tool_choice_decoder.decode(raw)
     except msgspec.ValidationError:
         raise RequestError(
-            "tool_choice must be 'none', 'auto', 'required' or "
-            "{'type': 'function', 'name': ...}; other tool choices are not supported",
+            "tool_choice must be 'none', 'auto', 'required', "
+            "{'type': 'function', 'name': ...} or {'type': 'allowed_tools', 'mode': "
+            "'auto' or 'required', 'tools': [{'type': 'function', 'name': ...}, ...]}; "
+            "other tool choices are not supported",
             param="tool_choice",
         ) from None
     return choice
@@ -356,6 +371,9 @@ def _chat_tool(t: r.FunctionToolIn) -> dict[str, Any]:
 def _chat_choice(choice: Choice) -> Any:
     if isinstance(choice, r.FunctionChoice):
         return {"type": "function", "function": {"name": choice.name}}
+    if isinstance(choice, r.AllowedChoice):
+        allowed = [{"type": "function", "function": {"name": c.name}} for c in choice.tools]
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.mode, "tools": allowed}}
     return choice
 
 

@@ -17,7 +17,12 @@ branch per tool (several). The engine's answer is then turned into OpenAI's
 the call's ``id``, ``type`` and ``function.name`` and ``arguments: ""``, then argument
 fragments as the engine makes them (one tool; with several the name is known only at
 the end, so the call is sent whole at the end), then ``finish_reason: "tool_calls"``.
-``tool_choice`` ``"none"`` goes to the engine unchanged. ``"auto"`` (or absent) goes
+``tool_choice`` ``allowed_tools`` (``{"mode", "tools"}``) narrows the tools the plan offers
+to the allowed ones (the system message and the grammar name only those; ``tools``
+itself may list more) and then plans as its ``mode`` says: ``required`` as
+``"required"``, ``auto`` as ``"auto"``; with a native template the engine gets only the
+allowed tools and ``"auto"`` (``NativeTools``). A name that is not in ``tools`` is a 400
+naming ``tool_choice``. ``tool_choice`` ``"none"`` goes to the engine unchanged. ``"auto"`` (or absent) goes
 unchanged too when the model's chat template has native tool calls (the engine reports
 it: ``LlamaCppModel.native_tools``); the engine renders the tools and parses the calls.
 Otherwise the request is rewritten into the generic format (docs/models.md, "Tools with
@@ -101,11 +106,13 @@ def check_response_format(raw: msgspec.Raw | msgspec.UnsetType) -> s.ResponseFor
 
 def plan_tools(
     body: s.EngineChatRequest, engine: ToolEngine, *, max_calls: int | None = None
-) -> ForcedTool | AutoTool | None:
+) -> ForcedTool | AutoTool | NativeTools | None:
     """Check ``response_format``, ``tools`` and ``tool_choice``; a plan when the answer
-    must be a forced tool call or may be one in the generic format, else None (the body
-    goes to the engine as it came). ``max_calls`` bounds the calls of one answer (the
-    Responses API's ``max_tool_calls``); ``parallel_tool_calls: false`` bounds it to 1."""
+    must be a forced tool call or may be one in the generic format, the allowed tools
+    when a native template is to choose among some of ``tools`` only, else None (the
+    body goes to the engine as it came). ``max_calls`` bounds the calls of one answer
+    (the Responses API's ``max_tool_calls``); ``parallel_tool_calls: false`` bounds it
+    to 1."""
     fmt = check_response_format(body.response_format)
     choice: Any = None
     if s.given(body.tool_choice):
@@ -124,6 +131,10 @@ def plan_tools(
     names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
         raise RequestError("tool names must be unique", param="tools")
+    restricted = isinstance(choice, s.AllowedToolChoice)
+    if isinstance(choice, s.AllowedToolChoice):
+        tools = allowed(tools, [c.function.name for c in choice.allowed_tools.tools])
+        choice = choice.allowed_tools.mode
     if isinstance(choice, s.NamedToolChoice):
         chosen = [t for t in tools if t.function.name == choice.function.name]
         if not chosen:
@@ -132,8 +143,11 @@ def plan_tools(
             )
     elif choice == "required":
         chosen = tools
-    elif choice == "none" or engine.native_tools:
-        return None  # the engine and its template decide
+    elif choice == "none":
+        return None  # the engine answers text
+    elif engine.native_tools:
+        # The engine and its template decide, among the allowed tools only.
+        return NativeTools(tools) if restricted else None
     else:  # "auto" or absent, on a template without tools: the generic format
         if fmt is not None:
             raise RequestError(
@@ -152,6 +166,47 @@ def plan_tools(
     if (body.n or 1) > 1:
         raise RequestError("n > 1 is not supported with a forced tool_choice", param="n")
     return ForcedTool(body, chosen)
+
+
+def allowed(tools: list[s.Tool], names: list[str]) -> list[s.Tool]:
+    """The tools of ``tools`` that ``names`` (an ``allowed_tools`` choice) allows, in
+    ``tools``' order; a name that is not a tool's is a 400 naming ``tool_choice``."""
+    known = {t.function.name for t in tools}
+    for name in names:
+        if name not in known:
+            raise RequestError(
+                "tool_choice allows a function that is not in tools", param="tool_choice"
+            )
+    wanted = set(names)
+    return [t for t in tools if t.function.name in wanted]
+
+
+def chat_tool(t: s.Tool) -> dict[str, Any]:
+    """``t`` as chat's ``tools`` write it, with only the fields it was given."""
+    f = t.function
+    function: dict[str, Any] = {"name": f.name}
+    if f.description is not None:
+        function["description"] = f.description
+    if s.given(f.parameters):
+        function["parameters"] = f.parameters
+    if f.strict is not None:
+        function["strict"] = f.strict
+    return {"type": "function", "function": function}
+
+
+class NativeTools:
+    """``allowed_tools`` in mode ``auto`` on a template with native tool calls: the
+    engine gets only the allowed ``tools``, with ``tool_choice: "auto"`` (its template
+    renders them and parses the calls; the engine knows no ``allowed_tools``)."""
+
+    __slots__ = ("names", "tools")
+
+    def __init__(self, tools: list[s.Tool]) -> None:
+        self.tools = tools
+        self.names = frozenset(t.function.name for t in tools)
+
+    def tools_json(self) -> bytes:
+        return _encode([chat_tool(t) for t in self.tools])
 
 
 def _decode_param(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw, param: str) -> Any:

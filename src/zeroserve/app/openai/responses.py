@@ -8,7 +8,8 @@ field here, in one of three kinds (docs/architecture.md, "The Responses API"):
   agent loop's ``function_call`` and ``function_call_output`` items), ``instructions``,
   ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``, ``text.format``
   (``text``, ``json_object``, ``json_schema``), ``tools`` of type ``function`` with
-  ``tool_choice``, ``parallel_tool_calls`` and ``max_tool_calls``;
+  ``tool_choice`` (also ``allowed_tools`` over function tools), ``parallel_tool_calls``
+  and ``max_tool_calls``;
 * refused unless neutral (:data:`STATEFUL` and :func:`refusals`): the server keeps no
   state, so ``previous_response_id``, ``conversation``, ``prompt``, ``background`` and
   ``store: true`` get a 400 naming them; ``include``, ``reasoning``, ``top_logprobs`` >
@@ -97,12 +98,26 @@ class ToolType(Struct, kw_only=True):
     type: str
 
 
-class FunctionChoice(Struct, kw_only=True, forbid_unknown_fields=True):
-    type: Literal["function"]
+class FunctionChoice(
+    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="function"
+):
+    """``{"type": "function", "name": ...}``: that function must be called."""
+
     name: str
 
 
-ToolChoiceIn = Literal["none", "auto", "required"] | FunctionChoice
+class AllowedChoice(
+    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="allowed_tools"
+):
+    """``{"type": "allowed_tools", "mode", "tools"}``: the model may call only these
+    ``tools`` (each written as a function choice), and must call one (``required``) or
+    may answer text instead (``auto``). Tools of other types are not served."""
+
+    mode: Literal["auto", "required"]
+    tools: Annotated[list[FunctionChoice], Meta(min_length=1)]
+
+
+ToolChoiceIn = Literal["none", "auto", "required"] | FunctionChoice | AllowedChoice
 
 tool_type_decoder = msgspec.json.Decoder(ToolType)
 function_tool_decoder = msgspec.json.Decoder(FunctionToolIn)
@@ -316,7 +331,7 @@ class ResponseObject(Struct, kw_only=True):
     store: bool = False
     temperature: float
     text: TextOut
-    tool_choice: Literal["auto", "none", "required"] | FunctionChoice = "auto"
+    tool_choice: Literal["auto", "none", "required"] | FunctionChoice | AllowedChoice = "auto"
     tools: list[FunctionToolOut] = []
     top_logprobs: int = 0
     top_p: float

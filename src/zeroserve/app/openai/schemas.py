@@ -378,12 +378,32 @@ class NamedFunction(Struct, kw_only=True):
     name: str
 
 
-class NamedToolChoice(Struct, kw_only=True, forbid_unknown_fields=True):
-    type: Literal["function"]
+class NamedToolChoice(
+    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="function"
+):
+    """``{"type": "function", "function": {"name": ...}}``: that function must be called."""
+
     function: NamedFunction
 
 
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+class AllowedTools(Struct, kw_only=True, forbid_unknown_fields=True):
+    """Which of ``tools`` the model may call (each written as a named choice), and
+    whether it must call one (``required``) or may answer text instead (``auto``)."""
+
+    mode: Literal["auto", "required"]
+    tools: Annotated[list[NamedToolChoice], Meta(min_length=1)]
+
+
+class AllowedToolChoice(
+    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="allowed_tools"
+):
+    """``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`` (chat's shape;
+    the Responses API's is flat, ``openai/responses.py``)."""
+
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolChoice
 
 tools_decoder = msgspec.json.Decoder(list[Tool])
 tool_choice_decoder = msgspec.json.Decoder(ToolChoice)
