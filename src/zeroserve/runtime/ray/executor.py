@@ -393,6 +393,12 @@ class RayExecutor(Executor):
             up = await cluster.reachable()
             if up != self._cluster_up and not self._closing:
                 self._set_cluster(up)
+            if up and not self._closing:
+                self._probed()
+
+    def _probed(self) -> None:
+        """The cluster answered the watch's probe (the Serve executor reads its
+        deployment's health here)."""
 
     def _set_cluster(self, up: bool) -> None:
         self._cluster_up = up
