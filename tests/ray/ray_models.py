@@ -27,11 +27,18 @@ class Doubler(Model):
 
 class Stuck(Model):
     """``infer`` writes its process's pid to ``started`` then waits (bounded) for
-    ``release`` to exist; ``generate`` yields one piece then does the same."""
+    ``release`` to exist; ``generate`` yields one piece then does the same. ``load``
+    waits (bounded) while ``hold`` exists: a replacement that starts only when told."""
 
-    def __init__(self, started: str = "", release: str = "") -> None:
+    def __init__(self, started: str = "", release: str = "", hold: str = "") -> None:
         super().__init__()
         self.started, self.release = Path(started), Path(release)
+        self.hold = Path(hold) if hold else None
+
+    def load(self) -> None:
+        deadline = time.monotonic() + WAIT_LIMIT_S
+        while self.hold is not None and self.hold.exists() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
     def _wait(self) -> None:
         self.started.write_text(str(os.getpid()))

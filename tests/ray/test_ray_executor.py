@@ -33,6 +33,12 @@ CLIENT_TIMEOUT_S = 60.0
 # credit goes back to the actor several times within one stream.
 STREAM_TOKENS = "300"
 FAR = 'same_node=never&num_cpus=0&resources={"node_b":0.1}'
+# The models of the hung-stream test, one per way its consumer goes: the deadline cuts
+# the stream, or the client disconnects.
+HUNG_STREAM_MODELS = ("hangs", "drops")
+# The hung-stream test's request deadline (``?timeout=``), seconds: short, so the hang
+# grace (the server's default) starts soon.
+HUNG_STREAM_TIMEOUT = "1"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +64,17 @@ def ray_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
     near = "executor=ray&num_cpus=0.25"
     stuck = f"started={files / 'started'}&release={files / 'release'}"
     hang = f"started={files / 'hang-started'}&release={files / 'hang-release'}"
+    # The hung-stream models run beside the others on node a without taking its CPUs.
+    aside = 'executor=ray&num_cpus=0&resources={"node_a":0.1}&max_restarts=4'
+    hung_streams = [
+        arg
+        for model in HUNG_STREAM_MODELS
+        for arg in (
+            "--model",
+            f"{model}=tests.ray.ray_models:Stuck?{aside}"
+            f"&started={files / (model + '-started')}&release={files / (model + '-release')}",
+        )
+    ]
     server = start_server(
         "--model",
         f"echo?{near}",
@@ -73,6 +90,7 @@ def ray_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
         f"tick=tests.ray.ray_models:Ticker?{near}&closed={files / 'closed'}",
         "--model",
         f"hang=tests.ray.ray_models:Stuck?{near}&max_restarts=4&{hang}",
+        *hung_streams,
         env=ray_cluster.env(),
         timeout=SERVER_START_TIMEOUT_S,
     )
@@ -273,6 +291,57 @@ def test_actor_hung_past_its_deadline_is_killed_restarted_and_counted(
     assert r.status_code == 200 and r.content == b"after the restart"
     # served by the new process (a kill is asynchronous: the hung one answers a while)
     assert (files / "hang-started").read_text() != hung_pid
+    assert _metric(ray_server, "zeroserve_arena_leases") == 0
+
+
+@pytest.mark.parametrize("model", HUNG_STREAM_MODELS)
+def test_stream_hung_past_its_deadline_is_reclaimed_restarted_and_counted(
+    ray_server: ServerProcess, files: Path, model: str
+) -> None:
+    """A stream whose step never returns: its consumer goes (the deadline cuts it, or
+    the client disconnects), and past the deadline plus the hang grace its actor is
+    reclaimed (killed, restarted by Ray, counted); a new process serves afterwards."""
+    started, release = files / f"{model}-started", files / f"{model}-release"
+    reclaimed = _metric(ray_server, "zeroserve_workers_reclaimed_total", name=model)
+    restarts = _metric(ray_server, "zeroserve_workers_restarts_total", name=model)
+    with (
+        httpx.Client(timeout=CLIENT_TIMEOUT_S) as http,
+        http.stream(
+            "POST",
+            f"{ray_server.url}/v1/raw/{model}",
+            content=b"go",
+            params={"timeout": HUNG_STREAM_TIMEOUT},
+            headers={"Accept": "text/event-stream"},
+        ) as r,
+    ):
+        assert r.status_code == 200
+        events = []
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                events.append(line)
+                if model == "drops":
+                    break  # the client goes away with the step hung
+        _poll(started.exists, "the stream to reach the step that never returns")
+    if model == "hangs":  # the deadline cut the stream with an error event
+        assert events[0] == "data: first" and len(events) == 2, events
+        assert "error" in json.loads(events[1][len("data:") :]), events
+    hung_pid = started.read_text()
+    _poll(
+        lambda: (
+            _metric(ray_server, "zeroserve_workers_reclaimed_total", name=model) == reclaimed + 1
+        ),
+        "the hung stream's actor to be reclaimed",
+    )
+    _poll(
+        lambda: _metric(ray_server, "zeroserve_workers_restarts_total", name=model) == restarts + 1,
+        "its restart",
+    )
+    _poll(lambda: httpx.get(f"{ray_server.url}/ready").status_code == 200, "/ready again")
+    release.touch()  # the restarted actor's calls return
+    r = _raw(ray_server.url, model, b"after the restart")
+    assert r.status_code == 200 and r.content == b"after the restart"
+    assert started.read_text() != hung_pid  # served by the new process
+    assert _metric(ray_server, "zeroserve_arena_used_bytes") == 0
     assert _metric(ray_server, "zeroserve_arena_leases") == 0
 
 

@@ -1,9 +1,10 @@
 """``executor="ray-serve"`` on the real local two-node Ray cluster (see conftest): Serve
 runs without its HTTP proxy, answers (streams included) are byte-identical to the inline
 executor's with zero copy on the ingress's node and one counted copy each way from the
-other node, a client that disconnects mid-stream stops the replica's generator, and an
+other node, a client that disconnects mid-stream stops the replica's generator, an
 autoscaling deployment goes up to ``max_replicas`` under a bounded burst and back
-down once it ends, with no request lost."""
+down once it ends, with no request lost, and a replica's death shows in ``/ready``
+until Serve has replaced it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from tests.conftest import ServerProcess, start_server
 from tests.ray.cluster import RayCluster
-from tests.ray.test_ray_executor import _copies, _poll, _raw, _v2_binary
+from tests.ray.test_ray_executor import _copies, _metric, _poll, _raw, _v2_binary
 
 pytest.importorskip("ray.serve")
 
@@ -77,6 +78,10 @@ def serve_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess
         f"slow=tests.ray.ray_models:Slow?{NEAR}&delay_ms=200&{ELASTIC}",
         "--model",
         f"tick=tests.ray.ray_models:Ticker?{NEAR}&closed={files / 'closed'}",
+        "--model",
+        f"frail=tests.ray.ray_models:Stuck?{NEAR}"
+        f"&started={files / 'frail-started'}&release={files / 'frail-release'}"
+        f"&hold={files / 'frail-hold'}",
         env=ray_cluster.env(),
         timeout=SERVER_START_TIMEOUT_S,
     )
@@ -200,3 +205,77 @@ def test_disconnect_mid_stream_stops_the_replicas_generator(
                 break
     _poll(closed.exists, "the replica's generator to close")
     assert int(closed.read_text()) >= len(got.split())  # it stopped: a finite count
+
+
+_KILL_REPLICAS = """
+from ray.util import list_named_actors
+prefix = "SERVE_REPLICA::" + sys.argv[1] + "#"
+names = [a["name"] for a in list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+for name in names:
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+print(len(names))
+"""
+
+
+def _ready(server: ServerProcess) -> int:
+    return httpx.get(f"{server.url}/ready", timeout=CLIENT_TIMEOUT_S).status_code
+
+
+def test_a_dead_replica_fails_its_work_and_unreadies_until_serve_replaces_it(
+    ray_cluster: RayCluster, serve_server: ServerProcess, files: Path
+) -> None:
+    started, release, hold = (files / f"frail-{f}" for f in ("started", "release", "hold"))
+    _poll(lambda: _ready(serve_server) == 200, "the server to be ready")
+    assert _metric(serve_server, "zeroserve_workers_ready", name="frail") == 1
+    result: list[httpx.Response] = []
+    client = threading.Thread(
+        target=lambda: result.append(_raw(serve_server.url, "frail", b"in flight"))
+    )
+    with (
+        httpx.Client(timeout=CLIENT_TIMEOUT_S) as http,
+        http.stream(
+            "POST",
+            f"{serve_server.url}/v1/raw/frail",
+            content=b"go",
+            headers={"Accept": "text/event-stream"},
+        ) as r,
+    ):
+        # A stream and an infer in flight on the one replica (min_replicas=1).
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        events = [next(line for line in lines if line.startswith("data:"))]
+        assert events == ["data: first"], events
+        _poll(started.exists, "the stream to reach the replica's wait")
+        dead_pid = started.read_text()
+        started.unlink()
+        client.start()
+        _poll(started.exists, "the infer to reach the replica")
+        # The replacement's load waits while ``hold`` exists, so the window in which
+        # the deployment has no running replica lasts until the test ends it (Serve
+        # replaced a replica in about 2 s here, near the status read interval).
+        hold.touch()
+        app = f"zeroserve-{serve_server.proc.pid}-frail"
+        killed = ray_cluster.driver(_KILL_REPLICAS, app).strip().splitlines()[-1]
+        assert killed == "1", killed
+        events += [line for line in lines if line.startswith("data:")]
+    assert len(events) == 2 and "error" in json.loads(events[1][len("data:") :]), events
+    client.join(CLIENT_TIMEOUT_S)
+    assert result and result[0].status_code == 503, result
+    assert "error" in result[0].json()
+    # Serve notices the death at its next health check and starts a replacement.
+    _poll(lambda: _ready(serve_server) == 503, "/ready to show the dead replica")
+    assert httpx.get(f"{serve_server.url}/health", timeout=CLIENT_TIMEOUT_S).status_code == 200
+    _poll(
+        lambda: _metric(serve_server, "zeroserve_workers_ready", name="frail") == 0,
+        "no running replica in the statistics",
+    )
+    assert _ready(serve_server) == 503  # still: the replacement is loading
+    hold.unlink()
+    _poll(lambda: _ready(serve_server) == 200, "Serve to replace the replica")
+    assert _metric(serve_server, "zeroserve_workers_ready", name="frail") == 1
+    release.touch()  # the new replica's calls return
+    r = _raw(serve_server.url, "frail", b"after the replacement")
+    assert r.status_code == 200 and r.content == b"after the replacement"
+    assert started.read_text() != dead_pid  # a new replica process served it
+    assert _metric(serve_server, "zeroserve_arena_used_bytes") == 0
+    assert _metric(serve_server, "zeroserve_arena_leases") == 0

@@ -20,7 +20,8 @@ code runs on a small thread pool, as in process workers):
 * ``generate(...)``: a streaming generator of ``("t", str)`` / ``("b", bytes)`` pieces
   (or ``("m", [pieces])``, a batch of them) then one ``("e", finish_reason)``, stepped only while the stream has credit
   (``credit(id, n)``); ``abort(id)`` closes the model's generator after the step in
-  progress.
+  progress. The stream ends only once that step returned, so a step that never returns
+  keeps the stream's Ray task running, which the ingress watches (a hung stream).
 
 Invariants
 ----------
@@ -252,7 +253,12 @@ class RayWorker:
                 if rid in self.aborted:
                     queue.put_nowait(_ABORTED)
                     return
-                piece = await loop.run_in_executor(self.pool, stepper.step)
+                step = loop.run_in_executor(self.pool, stepper.step)
+                try:
+                    piece = await asyncio.shield(step)
+                except asyncio.CancelledError:
+                    await asyncio.wait([step])  # as ``_call``: a thread cannot be stopped
+                    raise
                 queue.put_nowait(piece)
                 if piece is ThreadStepper.END:
                     return
@@ -314,7 +320,12 @@ class RayWorker:
                             result = stepper.result
                             break
                 finally:
+                    # A step cannot be stopped: the stream (its Ray task) ends when the
+                    # step's thread returns, so the ingress sees it running and reclaims
+                    # the actor past the deadline plus the hang grace (docs/architecture.md,
+                    # "Hung work"); the generator is closed after that step.
                     pump.cancel()
+                    await asyncio.wait([pump])
                     stepper.close_in(self.pool)
             yield ("e", result if isinstance(result, str) else None)
         except (GeneratorExit, asyncio.CancelledError):

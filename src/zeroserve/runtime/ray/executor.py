@@ -30,6 +30,11 @@ Hung calls: an actor's call whose thread is still running keeps its Ray task pen
 (``RayWorker._call``), even once the caller gave up. A batch or embedding call still
 pending ``hang_grace_s`` past its deadline marks its actor down, which is killed for Ray
 to restart (the crash path above; counted ``reclaimed``, logged with the model's name).
+A stream is watched the same way once its consumer is gone (aborted: deadline or
+disconnect): the actor's stream ends only when its step in progress returned
+(``RayWorker.generate``), so a stream whose Ray generator has not finished
+``hang_grace_s`` past the stream's deadline has a step that does not return, and its
+actor is reclaimed alike.
 
 A lost cluster: a watch task probes the GCS and this node's raylet
 (``cluster.reachable``, every ``cluster.PROBE_INTERVAL_S``). While they are gone the
@@ -142,10 +147,15 @@ class _RayProducer(Producer):
         req: GenerateRequest,
         channel: Channel,
         on_start: Callable[[], None] | None = None,
+        deadline_at: float | None = None,
     ) -> None:
         self.ex = ex
         self.channel = channel
+        # Loop time; once aborted, a stream still running ``hang_grace_s`` past it is hung
+        # (``RayExecutor._watch_stream``). None: not watched (the Serve executor's).
+        self.deadline_at = deadline_at
         self.worker: RayWorkerHandle | None = None
+        self.instance = ""  # the start of the worker's actor that runs this stream
         self.rid = next(ex._ids)
         self.aborted = False
         self.credit = 0
@@ -246,7 +256,7 @@ class _RayProducer(Producer):
             w = await ex._pick(stream=True)
             if on_start is not None:  # an actor takes it: the queue wait is over
                 on_start()
-            self.worker = w
+            self.worker, self.instance = w, w.instance
             w.outstanding += 1
             if channel.policy == "block":
                 channel.on_take = self._taken
@@ -309,6 +319,7 @@ class _RayProducer(Producer):
             return
         if w.ready:
             self._control().abort.remote(self.rid)
+        self.ex._watch_stream(self)
 
 
 class RayExecutor(Executor):
@@ -382,6 +393,12 @@ class RayExecutor(Executor):
             up = await cluster.reachable()
             if up != self._cluster_up and not self._closing:
                 self._set_cluster(up)
+            if up and not self._closing:
+                self._probed()
+
+    def _probed(self) -> None:
+        """The cluster answered the watch's probe (the Serve executor reads its
+        deployment's health here)."""
 
     def _set_cluster(self, up: bool) -> None:
         self._cluster_up = up
@@ -583,14 +600,36 @@ class RayExecutor(Executor):
         fut.add_done_callback(ended)
 
     def _hung(self, w: RayWorkerHandle, fut: asyncio.Future[Any]) -> None:
-        if fut.done() or not w.ready or self._closing or not self._cluster_up:
-            return  # returned, or its actor is already down (recovering) or going
+        if not fut.done():
+            self._reclaim(w, "call")
+
+    def _watch_stream(self, p: _RayProducer) -> None:
+        """Watch a stream whose consumer is gone (``p`` aborted): its actor's stream
+        still running ``hang_grace_s`` past the stream's deadline is hung."""
+        if p.deadline_at is None or p.task.done():
+            return
+        loop = asyncio.get_running_loop()
+        timer = loop.call_at(p.deadline_at + self.options.hang_grace_s, self._stream_hung, p)
+        p.task.add_done_callback(lambda _: timer.cancel())
+
+    def _stream_hung(self, p: _RayProducer) -> None:
+        w = p.worker
+        # Ended, or started on an earlier start of the actor (which took it along).
+        if not p.task.done() and w is not None and w.instance == p.instance:
+            self._reclaim(w, "stream")
+
+    def _reclaim(self, w: RayWorkerHandle, what: str) -> None:
+        """A ``what`` ("call", "stream") on ``w`` is still running ``hang_grace_s`` past
+        its deadline: kill its actor for Ray to restart, and wait for the restart."""
+        if not w.ready or self._closing or not self._cluster_up:
+            return  # its actor is already down (recovering) or going
         import ray
 
         log.warning(
-            "model %r: a call on Ray actor %d is still running %.1f s past its deadline; "
+            "model %r: a %s on Ray actor %d is still running %.1f s past its deadline; "
             "killing the actor for Ray to restart",
             self.spec.name,
+            what,
             w.pid,
             self.options.hang_grace_s,
         )
@@ -740,7 +779,7 @@ class RayExecutor(Executor):
         deadline_at: float | None = None,
         on_start: Callable[[], None] | None = None,
     ) -> Producer:
-        return _RayProducer(self, req, channel, on_start)
+        return _RayProducer(self, req, channel, on_start, deadline_at)
 
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(

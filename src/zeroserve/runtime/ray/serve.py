@@ -26,7 +26,17 @@ Serve's router prefers replicas on the caller's node, so the retry is paid only 
 the replica chosen is elsewhere.
 
 Slots: ``max_replicas * max_ongoing_requests`` batches in flight at most (what Serve
-would queue beyond); the deployment is one "worker" in the statistics.
+would queue beyond).
+
+Health: readiness is the deployment's health as Serve reports it. The cluster watch
+(``RayExecutor._watch``) reads ``serve.status()`` every ``STATUS_INTERVAL_S``, on a
+thread (it is a blocking call to Serve's controller, and one still running is not
+started again): the executor is ready while the deployment is healthy (``HEALTHY``, or
+scaling) with a replica running. A replica that dies fails the calls in flight on it
+(503; a stream is cut with an error event), Serve notices it at its next health check
+(every ``HEALTH_CHECK_PERIOD_S``), marks the deployment ``UNHEALTHY`` and replaces the
+replica: ``/ready`` answers 503 meanwhile. The statistics count Serve's replicas
+(``workers``) and the running ones (``ready``).
 
 Streams (``generate``) go through the handle as a streaming response
 (``handle.options(stream=True)``): the replica runs the ``ray`` actor's generator
@@ -43,11 +53,13 @@ and the ingress reopens the stream with the bytes (``ray_put``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -66,6 +78,8 @@ from .executor import RayExecutor, RayWorkerHandle, _RayProducer, _rebuild
 
 if TYPE_CHECKING:
     from ..options import ResolvedModel, RuntimeOptions
+
+log = logging.getLogger("zeroserve.runtime.ray")
 
 # Spec options of ``executor=ray-serve`` read here (the rest of ``placement`` is the
 # replicas' Ray placement, as for ``executor=ray``).
@@ -89,6 +103,45 @@ DEFAULT_MAX_ONGOING_REQUESTS = 5
 CLOSED_STREAMS_KEPT = 4096
 # ``take``'s answer once a stream is aborted or closed.
 STOP = -1
+# How often the executor reads its deployment's health from Serve (``serve.status()``,
+# one call to Serve's controller): ``/ready`` follows Serve within about this.
+STATUS_INTERVAL_S = 0.5
+# How often Serve health-checks each replica (Serve's default is 10 s): a replica that
+# died is noticed, and its replacement started, within about this. One small actor call
+# per replica per period.
+HEALTH_CHECK_PERIOD_S = 2.0
+# The deployment states Serve reports in which it serves (scaling included).
+SERVING_STATES = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING"})
+# Replica states that no longer count as one of the deployment's replicas.
+GONE_REPLICA_STATES = frozenset({"STOPPING", "STOPPED"})
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentHealth:
+    """A deployment's health as Serve reported it last: whether it serves, and its
+    replicas (all that are not stopping) and running ones."""
+
+    serving: bool
+    replicas: int
+    running: int
+
+
+def deployment_health(status: str, replica_states: Mapping[str, int]) -> DeploymentHealth:
+    """The health of a deployment in ``status`` (Serve's ``DeploymentStatus``) with
+    ``replica_states`` (Serve's count of replicas by ``ReplicaState``)."""
+    running = sum(n for state, n in replica_states.items() if state == "RUNNING")
+    replicas = sum(n for state, n in replica_states.items() if state not in GONE_REPLICA_STATES)
+    return DeploymentHealth(status in SERVING_STATES and running > 0, replicas, running)
+
+
+def _state(value: object) -> str:
+    """A Serve status or replica state as its name: Serve's own enums (``str`` ones)
+    in some places, their plain values in others (``serve.status()`` in Ray 2.60)."""
+    return str(value.value) if isinstance(value, Enum) else str(value)
+
+
+# What a deployment that Serve does not list counts as (deleted, or not deployed yet).
+MISSING = DeploymentHealth(False, 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +330,11 @@ class RayServeExecutor(RayExecutor):
         self._deployed = False
         self.control: Any = None
         self.stream_handle: Any = None
+        # The deployment's health (see the module doc): serve.run returned, so it is
+        # running when the executor starts; then as ``serve.status()`` reports it.
+        self.health = DeploymentHealth(True, 1, 1)
+        self._reading: asyncio.Future[DeploymentHealth] | None = None
+        self._next_read = 0.0
 
     async def start(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -321,6 +379,7 @@ class RayServeExecutor(RayExecutor):
             name=spec.name,
             autoscaling_config=dict(auto.config),
             max_ongoing_requests=auto.max_ongoing_requests,
+            health_check_period_s=HEALTH_CHECK_PERIOD_S,
             ray_actor_options={
                 "num_cpus": actor["num_cpus"],
                 "num_gpus": actor["num_gpus"],
@@ -353,7 +412,48 @@ class RayServeExecutor(RayExecutor):
         )
 
     def ready(self) -> bool:
-        return self._started and not self._closing and self._cluster_up
+        return self._started and not self._closing and self._cluster_up and self.health.serving
+
+    # -- health ----------------------------------------------------------------------------
+    def _probed(self) -> None:
+        """Read the deployment's health every ``STATUS_INTERVAL_S``, one read at a time
+        (a read blocks on Serve's controller; it runs on a thread)."""
+        loop = asyncio.get_running_loop()
+        if self._reading is not None or loop.time() < self._next_read:
+            return
+        self._next_read = loop.time() + STATUS_INTERVAL_S
+        reading = self._reading = loop.run_in_executor(None, self._read_health)
+        reading.add_done_callback(self._health_read)
+
+    def _read_health(self) -> DeploymentHealth:
+        """The deployment's health from ``serve.status()`` (blocking)."""
+        from ray import serve
+
+        app = serve.status().applications.get(self.app)
+        dep = None if app is None else app.deployments.get(self.spec.name)
+        if dep is None:
+            return MISSING
+        states = {_state(state): n for state, n in dep.replica_states.items()}
+        return deployment_health(_state(dep.status), states)
+
+    def _health_read(self, reading: asyncio.Future[DeploymentHealth]) -> None:
+        self._reading = None
+        if reading.cancelled() or self._closing:
+            return
+        exc = reading.exception()
+        # Serve's controller did not answer: the deployment is not known to serve.
+        health = MISSING if exc is not None else reading.result()
+        if health.serving != self.health.serving:
+            log.warning(
+                "model %r: the Serve deployment %s (%d of %d replicas running)%s",
+                self.spec.name,
+                "serves again" if health.serving else "is not serving",
+                health.running,
+                health.replicas,
+                "" if exc is None else f"; reading Serve's status failed: {exc!r}",
+            )
+        self.health = health
+        self._notify()
 
     async def aclose(self) -> None:
         if self._closing:
@@ -475,8 +575,8 @@ class RayServeExecutor(RayExecutor):
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(
             executor=self.kind,
-            workers=1,
-            ready=1 if self.ready() else 0,
+            workers=self.health.replicas,
+            ready=self.health.running if self._cluster_up else 0,
             busy=self.in_flight,
             streams=len(self._producers),
             restarts=0,
