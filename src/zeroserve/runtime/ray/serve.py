@@ -426,10 +426,14 @@ class RayServeExecutor(RayExecutor):
         reading.add_done_callback(self._health_read)
 
     def _read_health(self) -> DeploymentHealth:
-        """The deployment's health from ``serve.status()`` (blocking)."""
+        """The deployment's health from ``serve.status()`` (blocking). Under the deploy
+        lock: Serve's client is process-wide, and another model's deployment may be
+        starting it or building on it from another thread."""
         from ray import serve
 
-        app = serve.status().applications.get(self.app)
+        with _serve_lock:
+            status = serve.status()
+        app = status.applications.get(self.app)
         dep = None if app is None else app.deployments.get(self.spec.name)
         if dep is None:
             return MISSING
