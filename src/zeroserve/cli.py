@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest a request may live, queueing and execution (default 300; 504 beyond); "
         "a model's deadline_s option and a request's own timeout can only shorten it",
     )
+    serve.add_argument(
+        "--model-nice",
+        type=int,
+        metavar="N",
+        help="nice levels below the HTTP event loop that models' threads and worker "
+        "processes run at, 0 to 19 (default 10; 0: the same priority); a model's nice "
+        "option overrides it",
+    )
     serve.add_argument("--log-level", help="debug, info, warning, error")
     edge = serve.add_argument_group("edge", "API keys, CORS, access log (off by default)")
     edge.add_argument(
@@ -201,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             runtime_overrides["default_deadline_s"] = args.request_timeout
         if args.ray_address is not None:
             runtime_overrides["ray_address"] = args.ray_address
+        if args.model_nice is not None:
+            runtime_overrides["model_nice"] = args.model_nice
         if runtime_overrides:
             overrides["runtime"] = runtime_overrides
         if args.drain_ready_delay is not None:

@@ -18,7 +18,8 @@ TOML layout (every key optional)::
                # hang_grace_s, channel_capacity, coalesce_cap_bytes, queue_depth,
                # load_timeout_s, shutdown_timeout_s, restart_backoff_s,
                # max_restart_backoff_s, inline_yield_every,
-               # ray_address (the Ray cluster of executor=ray models)
+               # ray_address (the Ray cluster of executor=ray models),
+               # model_nice (--model-nice: models' work below the event loop)
     [api_limits] # embedding_inputs, messages, prompts, stop, tools, n, generations,
                  # output_tokens, v2_inputs, v2_outputs, v2_output_bytes (app/limits.py)
     [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
@@ -51,6 +52,7 @@ from .errors import ConfigError, ConfigWarning
 from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
 from .runtime import RuntimeOptions
 from .runtime.arena import DEFAULT_BUDGET_BYTES
+from .runtime.priority import MAX_NICE
 from .server import options as so
 
 ENV_PREFIX = "ZEROSERVE_"
@@ -168,6 +170,7 @@ class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     inline_yield_every: int = _RUNTIME_DEFAULTS.inline_yield_every
     ray_address: str | None = _RUNTIME_DEFAULTS.ray_address
     hang_grace_s: float = _RUNTIME_DEFAULTS.hang_grace_s
+    model_nice: int = _RUNTIME_DEFAULTS.model_nice
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -247,6 +250,10 @@ def load_config(
         value = msgspec.structs.asdict(cfg.runtime)[key]
         if not 0 < value < float("inf"):
             raise ConfigError(f"invalid configuration: key 'runtime.{key}': must be > 0 seconds")
+    if not 0 <= cfg.runtime.model_nice <= MAX_NICE:
+        raise ConfigError(
+            f"invalid configuration: key 'runtime.model_nice': must be 0 to {MAX_NICE}"
+        )
     try:
         cfg.app_limits()
     except ValueError as exc:

@@ -24,9 +24,11 @@ import httpx
 import jsonschema
 import pytest
 from tests.conftest import ROOT, ServerProcess, start_server
+from tests.runtime.helpers import thread_nices
 
 import openai
 from zeroserve.models.llamacpp import SMOLLM2_SHA256, smollm2_path
+from zeroserve.runtime.priority import DEFAULT_MODEL_NICE
 
 pytest.importorskip("xllamacpp")
 
@@ -72,6 +74,15 @@ def llm() -> Iterator[ServerProcess]:
     )
     yield server
     assert server.stop() == 0
+
+
+def test_the_engines_threads_run_below_the_event_loop(llm: ServerProcess) -> None:
+    """The engines start their decode threads in load(), on a thread lowered for it:
+    they inherit its nice value; the event loop's thread keeps the process's."""
+    nices = thread_nices(llm.proc.pid)
+    assert nices["main"] == [0]
+    others = [n for name, ns in nices.items() if name != "main" for n in ns]
+    assert others.count(DEFAULT_MODEL_NICE) >= 3, nices  # at least one per engine
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import asyncio
 import multiprocessing
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from zeroserve.runtime import Engine, ModelConfig, RuntimeOptions
@@ -52,3 +53,17 @@ def flag() -> Any:
 
 def counter() -> Any:
     return CTX.Value("i", 0)
+
+
+def nice_of(stat: Path) -> int:
+    """The nice value in a /proc ``stat`` file (field 19, after the parenthesised name)."""
+    return int(stat.read_text().rsplit(")", 1)[1].split()[16])
+
+
+def thread_nices(pid: int) -> dict[str, list[int]]:
+    """Nice values of a process's threads, by OS thread name ("main" for the first)."""
+    out: dict[str, list[int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        name = "main" if int(task.name) == pid else (task / "comm").read_text().strip()
+        out.setdefault(name, []).append(nice_of(task / "stat"))
+    return out

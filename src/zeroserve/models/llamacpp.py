@@ -168,6 +168,8 @@ class LlamaCppModel(Model):
     """
 
     executor = "inline"
+    # The engine's decode and batch threads start in load(): they run below the loop.
+    runs_own_threads = True
     description: ClassVar[str] = (
         "GGUF model on llama.cpp's engine (in-process, continuous batching)."
     )

@@ -44,7 +44,15 @@ BACKENDS: dict[str, str] = {
 NAMED_TARGETS = frozenset({BUILTINS["smollm2"], BACKENDS["llamacpp"]})
 # Options the runtime reads (the rest go to the model's constructor).
 RUNTIME_KEYS = frozenset(
-    {"executor", "max_batch_size", "max_batch_delay_ms", "workers", "queue_depth", "deadline_s"}
+    {
+        "executor",
+        "max_batch_size",
+        "max_batch_delay_ms",
+        "workers",
+        "queue_depth",
+        "deadline_s",
+        "nice",
+    }
 )
 # Options that place ``executor=ray`` workers; they reach the runtime as ``placement``.
 # ``executor=ray-serve`` adds its deployment's autoscaling (``runtime.ray.serve``).

@@ -37,6 +37,7 @@ from .clock import Clock
 from .handle import ModelHandle, ModelRuntime, ModelStatistics, ModelStatus
 from .inproc import InlineExecutor, ThreadExecutor
 from .options import EXECUTORS, ModelConfig, ResolvedModel, RuntimeOptions
+from .priority import MAX_NICE
 from .process import ProcessExecutor
 
 
@@ -160,6 +161,9 @@ class Engine:
             raise ModelLoadError(name, f"{type(exc).__name__}: {exc}") from exc
         if cfg.deadline_s is not None and not 0 < cfg.deadline_s < float("inf"):
             raise ModelLoadError(name, f"deadline_s must be > 0 seconds, not {cfg.deadline_s!r}")
+        nice = cfg.nice if cfg.nice is not None else self.options.model_nice
+        if type(nice) is not int or not 0 <= nice <= MAX_NICE:
+            raise ModelLoadError(name, f"nice must be an integer 0 to {MAX_NICE}, not {nice!r}")
         executor = cfg.executor or meta.executor
         if executor not in EXECUTORS:
             raise ModelLoadError(name, f"unknown executor {executor!r}; expected {EXECUTORS}")
@@ -187,6 +191,7 @@ class Engine:
             deadline_s=float(
                 cfg.deadline_s if cfg.deadline_s is not None else self.options.default_deadline_s
             ),
+            nice=nice,
         )
         return spec, meta
 

@@ -59,6 +59,7 @@ from ._common import (
 from .arena import Arena
 from .channel import Channel
 from .options import DEFAULT_HANG_GRACE_S, DEFAULT_YIELD_EVERY, ResolvedModel
+from .priority import call_lowered, lower_thread
 
 log = logging.getLogger("zeroserve.runtime")
 
@@ -192,7 +193,11 @@ class InProcessExecutor(Executor):
     async def start(self, timeout: float) -> None:
         try:
             model = self.model or make_model(self.spec.factory, self.spec.options)
-            await asyncio.wait_for(self._call(model.load), timeout)
+            if type(model).runs_own_threads and not inspect.iscoroutinefunction(model.load):
+                # Its threads inherit the priority of the thread that starts them.
+                await asyncio.wait_for(call_lowered(model.load, self.spec.nice), timeout)
+            else:
+                await asyncio.wait_for(self._call(model.load), timeout)
         except TimeoutError:
             raise ModelLoadError(self.spec.name, f"load() did not finish in {timeout} s") from None
         except Exception as exc:
@@ -551,7 +556,10 @@ class ThreadExecutor(InProcessExecutor):
         # steps (one short ``next()`` each) so streams never queue behind a long batch.
         self._threads = spec.workers + STREAM_THREADS
         self.pool = ThreadPoolExecutor(
-            max_workers=self._threads, thread_name_prefix=f"zeroserve-{spec.name}"
+            max_workers=self._threads,
+            thread_name_prefix=f"zeroserve-{spec.name}",
+            initializer=lower_thread,  # model work runs below the loop (runtime/priority.py)
+            initargs=(spec.nice,),
         )
 
 

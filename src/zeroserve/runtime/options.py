@@ -10,6 +10,7 @@ from typing import Any
 from ..models.base import ExecutorKind, Model
 from .admission import DEFAULT_QUEUE_DEPTH
 from .channel import DEFAULT_CAPACITY, DEFAULT_COALESCE_CAP_BYTES
+from .priority import DEFAULT_MODEL_NICE
 
 # A sync generator on the inline executor hands the loop back at least every 16 pieces:
 # at a few microseconds a piece that bounds a stall to well under a millisecond.
@@ -53,6 +54,9 @@ class RuntimeOptions:
     # None: ``RAY_ADDRESS`` if set, else a local Ray started (and stopped) by zeroserve.
     ray_address: str | None = None
     hang_grace_s: float = DEFAULT_HANG_GRACE_S
+    # Nice levels below the event loop that models' threads and worker processes run at
+    # (runtime/priority.py); a model's ``nice`` option overrides it, 0 turns it off.
+    model_nice: int = DEFAULT_MODEL_NICE
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,9 @@ class ModelConfig:
     # Seconds a request to this model may live at most (``RuntimeOptions.default_deadline_s``
     # when None); a per-request timeout can only shorten it.
     deadline_s: float | None = None
+    # Nice levels below the event loop for this model's work (``RuntimeOptions.model_nice``
+    # when None).
+    nice: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,3 +107,5 @@ class ResolvedModel:
     # ``deadline_s`` option, else the runtime's default deadline.
     deadline_s: float
     placement: Mapping[str, Any] = field(default_factory=dict)
+    # Nice levels below the event loop its threads and worker processes run at.
+    nice: int = 0

@@ -297,7 +297,7 @@ class ProcessExecutor(Executor):
         parent, child = socket.socketpair()
         proc = self.ctx.Process(
             target=worker_main,
-            args=(child, spec.factory, dict(spec.options), spec.name, self.arena.size),
+            args=(child, spec.factory, dict(spec.options), spec.name, self.arena.size, spec.nice),
             name=f"zeroserve-{spec.name}-{index}",
             daemon=True,
         )

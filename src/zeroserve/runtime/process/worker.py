@@ -51,6 +51,7 @@ from .._common import (
     run_to_end,
 )
 from ..arena import attach
+from ..priority import lower_process
 from ..tensors import (
     TensorDesc,
     arena_offset,
@@ -73,9 +74,12 @@ def worker_main(
     options: Mapping[str, Any],
     name: str,
     arena_size: int,
+    nice: int = 0,
 ) -> None:
-    """Entry point of a spawned worker process."""
+    """Entry point of a spawned worker process; all of it is model work, so it runs
+    ``nice`` levels below the server's event loop (runtime/priority.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when we stop
+    lower_process(nice)
     sock.setblocking(True)
     _, fds, _, _ = socket.recv_fds(sock, 1, 1)
     view = attach(fds[0], arena_size)

@@ -1,0 +1,101 @@
+"""Model work runs below the HTTP event loop (docs/architecture.md, "Model work yields the
+CPU to the loop"): worker processes and model threads are niced, the loop's thread is
+not. Read from /proc of the real server process and its workers."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.conftest import ServerProcess, start_server
+from tests.runtime.helpers import nice_of, thread_nices
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's"
+)
+
+# Seconds to wait for a worker process to appear or a thread to be started.
+APPEAR_TIMEOUT_S = 30.0
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found += [int(c) for c in text]
+    return found
+
+
+def poll(fn: Callable[[], object], what: str) -> object:
+    deadline = time.monotonic() + APPEAR_TIMEOUT_S
+    while time.monotonic() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _worker_nices(server: ServerProcess) -> list[int]:
+    """Nice values of the server's worker processes (python children; not the
+    multiprocessing resource tracker, which runs no model)."""
+    out = []
+    for child in children(server.proc.pid):
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"resource_tracker" not in cmdline:
+            out.append(nice_of(Path(f"/proc/{child}/stat")))
+    return out
+
+
+def test_process_workers_run_below_the_loop_and_a_model_may_say_how_far() -> None:
+    server = start_server(
+        "--model",
+        "echo?executor=process&workers=2",
+        "--model",
+        "near=zeroserve.models.echo:EchoModel?executor=process&nice=3",
+    )
+    try:
+        nices = poll(
+            lambda: sorted(_worker_nices(server)) if len(_worker_nices(server)) == 3 else None,
+            "3 workers",
+        )
+        assert nices == [3, 10, 10]
+        assert thread_nices(server.proc.pid)["main"] == [0]  # the event loop's thread
+        r = httpx.post(server.url + "/v1/raw/echo", content=b"still served")
+        assert r.status_code == 200 and r.content == b"still served"
+    finally:
+        assert server.stop() == 0
+
+
+def test_model_nice_zero_keeps_workers_at_the_loops_priority() -> None:
+    server = start_server("--model-nice", "0", "--model", "echo?executor=process")
+    try:
+        assert poll(lambda: _worker_nices(server), "a worker") == [0]
+    finally:
+        assert server.stop() == 0
+
+
+def test_thread_executor_threads_run_below_the_loop() -> None:
+    server = start_server("--model", "echo?executor=thread")
+    try:
+        r = httpx.post(server.url + "/v1/raw/echo", content=b"on a pool thread")
+        assert r.status_code == 200 and r.content == b"on a pool thread"
+        # Python does not name OS threads; the pool's thread is the one niced.
+        nices = thread_nices(server.proc.pid)
+        assert nices["main"] == [0]
+        others = [n for name, ns in nices.items() if name != "main" for n in ns]
+        assert 10 in others, nices
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize(
+    "args", [("--model-nice", "20"), ("--model", "bad=zeroserve.models.echo:EchoModel?nice=-1")]
+)
+def test_a_nice_out_of_range_is_refused_at_start(args: tuple[str, str]) -> None:
+    with pytest.raises(RuntimeError, match="nice"):
+        start_server("--model", "echo", *args)
