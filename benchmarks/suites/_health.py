@@ -8,10 +8,10 @@ which the OS schedules on its own, as a real monitoring client would be.
 
 The floor (``measure_floor``): the same probe against zeroserve serving only ``echo``,
 idle; with the machine otherwise idle, with one busy loop on the server's CPU, and with
-one on each CPU. In a model suite the server shares its CPU with the model's thread or
-worker and the probe shares the load CPU with the streaming client, so the last is the
-latency no HTTP layer can go below on this machine: the OS scheduler waking the server
-and the probe beside busy threads.
+one on each CPU, the loops at the server's priority. In a model suite the server shares
+its CPU with the model's thread or worker and the probe shares the load CPU with the
+streaming client, so the last is what the kernel's time slice costs a server whose model
+runs at its own priority, however little the server does.
 """
 
 from __future__ import annotations
@@ -97,10 +97,11 @@ def floor_lines(floor: dict[str, list[float]], errors: dict[str, str]) -> list[s
             f"{num(percentile(floor.get(FLOOR_SERVER_BUSY, []), 99))} ms with one busy loop "
             "on the server's CPU, "
             f"{num(percentile(floor.get(FLOOR_BOTH_BUSY, []), 99))} ms with one on each CPU. "
-            "Above, every server shares its CPU with the model's thread or worker, and the "
-            "probe shares the load CPU with the streaming client: the last case, where the "
-            "server does nothing but answer the probe, is the OS scheduler's share of every "
-            "row's /health p99.",
+            "The busy loops run at the server's own priority. Above, every server shares "
+            "its CPU with the model's thread or worker and the probe shares the load CPU with "
+            "the streaming client, so at equal priority the kernel's time slice is that much "
+            "of a server's /health p99 however little it does; zeroserve runs model work "
+            "below its event loop (`--model-nice`, default 10), the other servers do not.",
         ]
     if FLOOR_ERROR in errors:
         return ["", f"The `/health` floor: not measured: {errors[FLOOR_ERROR][:140]}"]
