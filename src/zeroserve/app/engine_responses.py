@@ -69,6 +69,7 @@ from .engine_tools import (
     GeneratedPieces,
     NativeTools,
     ToolEngine,
+    chat_function,
     plan_tools,
 )
 from .openai import responses as r
@@ -358,14 +359,8 @@ def _decode(decoder: msgspec.json.Decoder[T], raw: msgspec.Raw, param: str) -> T
 
 
 def _chat_tool(t: r.FunctionToolIn) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": t.name}
-    if t.description is not None:
-        function["description"] = t.description
-    if s.given(t.parameters):
-        function["parameters"] = t.parameters
-    if t.strict is not None:
-        function["strict"] = t.strict
-    return {"type": "function", "function": function}
+    """A Responses function tool (flat) as chat's ``tools`` write it."""
+    return chat_function(t.name, t.description, t.parameters, t.strict)
 
 
 def _chat_choice(choice: Choice) -> Any:

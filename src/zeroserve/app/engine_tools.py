@@ -184,13 +184,21 @@ def allowed(tools: list[s.Tool], names: list[str]) -> list[s.Tool]:
 def chat_tool(t: s.Tool) -> dict[str, Any]:
     """``t`` as chat's ``tools`` write it, with only the fields it was given."""
     f = t.function
-    function: dict[str, Any] = {"name": f.name}
-    if f.description is not None:
-        function["description"] = f.description
-    if s.given(f.parameters):
-        function["parameters"] = f.parameters
-    if f.strict is not None:
-        function["strict"] = f.strict
+    return chat_function(f.name, f.description, f.parameters, f.strict)
+
+
+def chat_function(
+    name: str, description: str | None, parameters: Any, strict: bool | None
+) -> dict[str, Any]:
+    """A function tool as chat's ``tools`` write it, with only the fields given
+    (``parameters`` unset: ``msgspec.UNSET``)."""
+    function: dict[str, Any] = {"name": name}
+    if description is not None:
+        function["description"] = description
+    if s.given(parameters):
+        function["parameters"] = parameters
+    if strict is not None:
+        function["strict"] = strict
     return {"type": "function", "function": function}
 
 
