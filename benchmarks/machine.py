@@ -104,6 +104,14 @@ def _wrk_version() -> str:
     return text.splitlines()[0].split(" Copyright")[0] if text else ""
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as /proc/loadavg gives them."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
 def facts() -> list[str]:
     """Date, machine and software lines for a report (one line each)."""
     mem = ""
@@ -115,13 +123,10 @@ def facts() -> list[str]:
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions.append(f"{pkg} {metadata.version(pkg)}")
     wrk_v = _wrk_version()
-    try:
-        load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        load = "?"
     return [
         f"Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; "
-        f"load average {load} (background load skews absolute numbers)",
+        f"load average {load_average()} at the start of the run (background load skews "
+        "absolute numbers)",
         f"Machine: {_cpu_model()}, {cpu_count()} CPUs available{mem}; {platform.system()} "
         f"{platform.release()}; Python {platform.python_version()}",
         "Software: " + ", ".join(versions) + (f"; {wrk_v}" if wrk_v else ""),

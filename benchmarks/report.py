@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .context import Settings, SuiteContext
+from .machine import load_average
 from .runner import Grid, RunResult
 from .scenarios import Case
 from .servers import Server
@@ -176,6 +177,9 @@ def footer(
             f"- {settings.rounds} round(s) x {settings.duration_s} s per measurement"
             f" (+{settings.warmup_s} s warm-up)"
         )
+    # The run's start is in ctx.machine; a part that ran later (or while load rose) says
+    # its own end.
+    lines.append(f"- Load average when this part ended: {load_average()}")
     if not ctx.pins.pinned:
         lines.append("- Fewer than 2 CPUs: server and clients were NOT pinned apart.")
     lines.append(
