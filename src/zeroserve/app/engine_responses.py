@@ -70,6 +70,7 @@ from .engine_tools import (
     NativeTools,
     ToolEngine,
     chat_function,
+    chat_tool,
     plan_tools,
 )
 from .openai import responses as r
@@ -231,7 +232,7 @@ def translate(
         if s.given(response_format):
             out["response_format"] = response_format
         if native is not None:  # the allowed tools only, the template choosing
-            out["tools"] = [_chat_tool(x) for x in tools if x.name in native.names]
+            out["tools"] = [chat_tool(t) for t in native.tools]
             out["tool_choice"] = "auto"
         elif tools:
             out["tools"] = chat_tools

@@ -132,7 +132,7 @@ def plan_tools(
     if len(set(names)) != len(names):
         raise RequestError("tool names must be unique", param="tools")
     restricted = isinstance(choice, s.AllowedToolChoice)
-    if isinstance(choice, s.AllowedToolChoice):
+    if restricted:
         tools = allowed(tools, [c.function.name for c in choice.allowed_tools.tools])
         choice = choice.allowed_tools.mode
     if isinstance(choice, s.NamedToolChoice):
@@ -207,11 +207,10 @@ class NativeTools:
     engine gets only the allowed ``tools``, with ``tool_choice: "auto"`` (its template
     renders them and parses the calls; the engine knows no ``allowed_tools``)."""
 
-    __slots__ = ("names", "tools")
+    __slots__ = ("tools",)
 
     def __init__(self, tools: list[s.Tool]) -> None:
         self.tools = tools
-        self.names = frozenset(t.function.name for t in tools)
 
     def tools_json(self) -> bytes:
         return _encode([chat_tool(t) for t in self.tools])
