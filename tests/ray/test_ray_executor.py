@@ -5,6 +5,7 @@ copy each way through the object store otherwise, and the fault paths."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
@@ -153,6 +154,22 @@ def _raw(url: str, model: str, body: bytes, **params: str) -> httpx.Response:
     )
 
 
+@contextlib.contextmanager
+def _sse(url: str, model: str, **params: str) -> Iterator[httpx.Response]:
+    """A raw stream of ``model`` as server-sent events, open while the block runs."""
+    with (
+        httpx.Client(timeout=CLIENT_TIMEOUT_S) as http,
+        http.stream(
+            "POST",
+            f"{url}/v1/raw/{model}",
+            content=b"go",
+            params=params,
+            headers={"Accept": "text/event-stream"},
+        ) as r,
+    ):
+        yield r
+
+
 def test_same_bytes_as_inline_and_zero_copy_on_the_same_node(
     inline_server: ServerProcess, ray_server: ServerProcess
 ) -> None:
@@ -220,15 +237,7 @@ def test_killed_actor_fails_in_flight_restarts_and_leaks_nothing(
     started, release = files / "started", files / "release"
     name = f"{ray_server.proc.pid}-stuck-0"
     # A stream in flight on the actor is cut with an error event.
-    with (
-        httpx.Client(timeout=CLIENT_TIMEOUT_S) as http,
-        http.stream(
-            "POST",
-            f"{ray_server.url}/v1/raw/stuck",
-            content=b"go",
-            headers={"Accept": "text/event-stream"},
-        ) as r,
-    ):
+    with _sse(ray_server.url, "stuck") as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         events: list[str] = []
@@ -304,16 +313,7 @@ def test_stream_hung_past_its_deadline_is_reclaimed_restarted_and_counted(
     started, release = files / f"{model}-started", files / f"{model}-release"
     reclaimed = _metric(ray_server, "zeroserve_workers_reclaimed_total", name=model)
     restarts = _metric(ray_server, "zeroserve_workers_restarts_total", name=model)
-    with (
-        httpx.Client(timeout=CLIENT_TIMEOUT_S) as http,
-        http.stream(
-            "POST",
-            f"{ray_server.url}/v1/raw/{model}",
-            content=b"go",
-            params={"timeout": HUNG_STREAM_TIMEOUT},
-            headers={"Accept": "text/event-stream"},
-        ) as r,
-    ):
+    with _sse(ray_server.url, model, timeout=HUNG_STREAM_TIMEOUT) as r:
         assert r.status_code == 200
         events = []
         for line in r.iter_lines():

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from tests.conftest import ServerProcess, start_server
 from tests.ray.cluster import RayCluster
-from tests.ray.test_ray_executor import _copies, _metric, _poll, _raw, _v2_binary
+from tests.ray.test_ray_executor import _copies, _metric, _poll, _raw, _sse, _v2_binary
 
 pytest.importorskip("ray.serve")
 
@@ -231,15 +231,7 @@ def test_a_dead_replica_fails_its_work_and_unreadies_until_serve_replaces_it(
     client = threading.Thread(
         target=lambda: result.append(_raw(serve_server.url, "frail", b"in flight"))
     )
-    with (
-        httpx.Client(timeout=CLIENT_TIMEOUT_S) as http,
-        http.stream(
-            "POST",
-            f"{serve_server.url}/v1/raw/frail",
-            content=b"go",
-            headers={"Accept": "text/event-stream"},
-        ) as r,
-    ):
+    with _sse(serve_server.url, "frail") as r:
         # A stream and an infer in flight on the one replica (min_replicas=1).
         assert r.status_code == 200
         lines = r.iter_lines()
