@@ -21,6 +21,7 @@ lowered thread stays lowered for its life: only threads made for model work are.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import sys
 import threading
@@ -66,25 +67,14 @@ async def call_lowered(fn: Callable[[], T], nice: int) -> T:
     """``fn()`` on a thread of its own, lowered by ``nice``, so the threads ``fn`` starts
     (an engine's) inherit the lower priority; the thread ends with the call. A pool's
     thread is not used: it would stay lowered for whatever the pool runs next."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: T | None, exc: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if exc is not None:
-            done.set_exception(exc)
-        else:
-            done.set_result(result)  # type: ignore[arg-type]
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
 
     def run() -> None:
         lower_thread(nice)
         try:
-            result = fn()
+            done.set_result(fn())
         except BaseException as exc:
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+            done.set_exception(exc)
 
     threading.Thread(target=run, name="zeroserve-model-load", daemon=True).start()
-    return await done
+    return await asyncio.wrap_future(done)
