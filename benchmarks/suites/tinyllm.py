@@ -4,8 +4,11 @@ against FastAPI running the same model object, measured with the harness's strea
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
+import subprocess
+import sys
 
 from ..context import SuiteContext
 from ..procs import ServerFailed
@@ -37,9 +40,28 @@ def _tinyllm_body(max_tokens: int) -> bytes:
     ).encode()
 
 
+def _realtime_refused() -> str | None:
+    """Why ``--loop-rt-priority`` cannot run here (tried in a throwaway process), or None."""
+    probe = "import os; os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=30)
+    if done.returncode:
+        return "real-time scheduling is not permitted here (CAP_SYS_NICE or ulimit -r)"
+    return None
+
+
 def tinyllm(ctx: SuiteContext) -> Section:
     max_tokens = QUICK_TINYLLM_MAX_TOKENS if ctx.quick else TINYLLM_MAX_TOKENS
-    servers = [zeroserve("tinyllm?queue_depth=1024"), fastapi_peer("--tinyllm")]
+    realtime = zeroserve(
+        "tinyllm?queue_depth=1024",
+        name="zeroserve-rt",
+        title="zeroserve --loop-rt-priority 1",
+        extra=("--loop-rt-priority", "1"),
+    )
+    servers = [
+        zeroserve("tinyllm?queue_depth=1024"),
+        dataclasses.replace(realtime, missing=_realtime_refused),
+        fastapi_peer("--tinyllm"),
+    ]
     body = _tinyllm_body(max_tokens)
     res: dict[tuple[int, str], list[StreamStats]] = {}
     health: dict[tuple[int, str], list[float]] = {}  # /health latencies, ms
@@ -125,7 +147,10 @@ def _section(
         "first content chunk. Inter-token: the gap between two content chunks of a stream as "
         "the client read them (chunks arriving in one read are 0 ms apart). FastAPI runs the same model object "
         "(`zeroserve.models.tinyllm`) behind a `StreamingResponse` over a sync iterator "
-        "(thread pool); zeroserve runs it on its default executor (`process`).",
+        "(thread pool); zeroserve runs it on its default executor (`process`). "
+        "`--loop-rt-priority 1` is the same server with its event loop thread real-time "
+        "(SCHED_RR; measured only where that is permitted): on the one shared core the kernel "
+        "otherwise makes the woken loop wait for the worker (docs/deploy.md).",
         *footer(ctx, settings),
         "",
         "| streams | server | tokens/s | vs FastAPI | TTFT p50 ms | TTFT p99 ms "

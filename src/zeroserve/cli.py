@@ -52,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="event loop (default auto: uvloop if installed)",
     )
     serve.add_argument(
+        "--loop-rt-priority",
+        type=int,
+        metavar="N",
+        help="run the event loop thread real-time (SCHED_RR) at priority N, 1 to 99, so a "
+        "model sharing its core never delays it (needs CAP_SYS_NICE or ulimit -r N; "
+        "default 0: off; models stay normal threads)",
+    )
+    serve.add_argument(
         "--max-body-bytes", type=int, help="largest request body accepted (413 beyond)"
     )
     serve.add_argument("--arena-bytes", type=int, help="payload bytes in flight before 503")
@@ -196,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=args.port,
             workers=args.workers,
             loop=args.loop,
+            loop_rt_priority=args.loop_rt_priority,
             arena_bytes=args.arena_bytes,
             log_level=args.log_level,
             ui=args.ui,
@@ -247,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             specs,
             arena_bytes=cfg.arena_bytes,
             loop=cfg.loop,
+            loop_rt_priority=cfg.loop_rt_priority,
             workers=cfg.workers,
             runtime=cfg.runtime_options(),
             edge=cfg.edge.options(),

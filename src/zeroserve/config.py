@@ -6,6 +6,7 @@ TOML layout (every key optional)::
     port = 8000
     workers = 1                 # HTTP processes (SO_REUSEPORT)
     loop = "auto"               # auto | uvloop | asyncio
+    loop_rt_priority = 0        # 1-99: the event loop thread real-time (SCHED_RR), 0 off
     arena_bytes = 1073741824    # payload bytes in flight (503 beyond)
     models = ["echo", "mine=my_model:MyModel?executor=process"]
     default_models = true       # serve the embedded models when no model is given
@@ -52,7 +53,7 @@ from .errors import ConfigError, ConfigWarning
 from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
 from .runtime import RuntimeOptions
 from .runtime.arena import DEFAULT_BUDGET_BYTES
-from .runtime.priority import MAX_NICE
+from .runtime.priority import MAX_NICE, MAX_RT_PRIORITY
 from .server import options as so
 
 ENV_PREFIX = "ZEROSERVE_"
@@ -178,6 +179,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     port: int = 8000
     workers: int = 1
     loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    # The event loop thread's real-time priority (runtime/priority.py, raise_loop); 0: off.
+    loop_rt_priority: int = 0
     arena_bytes: int = DEFAULT_BUDGET_BYTES
     max_connections: int = so.MAX_CONNECTIONS
     models: list[str] = []
@@ -250,6 +253,10 @@ def load_config(
         value = msgspec.structs.asdict(cfg.runtime)[key]
         if not 0 < value < float("inf"):
             raise ConfigError(f"invalid configuration: key 'runtime.{key}': must be > 0 seconds")
+    if not 0 <= cfg.loop_rt_priority <= MAX_RT_PRIORITY:
+        raise ConfigError(
+            f"invalid configuration: key 'loop_rt_priority': must be 0 to {MAX_RT_PRIORITY}"
+        )
     if not 0 <= cfg.runtime.model_nice <= MAX_NICE:
         raise ConfigError(
             f"invalid configuration: key 'runtime.model_nice': must be 0 to {MAX_NICE}"

@@ -67,3 +67,10 @@ def thread_nices(pid: int) -> dict[str, list[int]]:
         name = "main" if int(task.name) == pid else (task / "comm").read_text().strip()
         out.setdefault(name, []).append(nice_of(task / "stat"))
     return out
+
+
+def policy_of(stat: Path) -> tuple[int, int]:
+    """(scheduling policy, real-time priority) in a /proc ``stat`` file (fields 41 and 40:
+    0 is SCHED_OTHER, 2 SCHED_RR)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[38]), int(fields[37])

@@ -4,6 +4,9 @@ not. Read from /proc of the real server process and its workers."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -11,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ServerProcess, start_server
-from tests.runtime.helpers import nice_of, thread_nices
+from tests.conftest import ROOT, ServerProcess, start_server
+from tests.runtime.helpers import nice_of, policy_of, thread_nices
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's"
@@ -99,3 +102,83 @@ def test_thread_executor_threads_run_below_the_loop() -> None:
 def test_a_nice_out_of_range_is_refused_at_start(args: tuple[str, str]) -> None:
     with pytest.raises(RuntimeError, match="nice"):
         start_server("--model", "echo", *args)
+
+
+# -- the loop thread real-time (--loop-rt-priority) ---------------------------------------
+SCHED_OTHER, SCHED_RR = 0, 2
+
+
+def _realtime_permitted() -> bool:
+    probe = "import os; os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+def _policies(pid: int) -> dict[int, tuple[int, int]]:
+    return {
+        int(task.name): policy_of(task / "stat") for task in Path(f"/proc/{pid}/task").iterdir()
+    }
+
+
+@pytest.mark.skipif(not _realtime_permitted(), reason="real-time scheduling is not permitted")
+def test_loop_rt_priority_makes_only_the_loop_thread_real_time() -> None:
+    server = start_server(
+        "--loop-rt-priority",
+        "1",
+        "--model",
+        "echo?executor=process",
+        "--model",
+        "pooled=zeroserve.models.echo:EchoModel?executor=thread",
+    )
+    try:
+        for model in ("echo", "pooled"):  # the pool's thread is started by a request
+            r = httpx.post(f"{server.url}/v1/raw/{model}", content=b"served")
+            assert r.status_code == 200 and r.content == b"served"
+        pid = server.proc.pid
+        threads = _policies(pid)
+        assert threads.pop(pid) == (SCHED_RR, 1)  # the event loop's thread
+        assert threads and set(threads.values()) == {(SCHED_OTHER, 0)}, threads
+        assert 10 in [n for ns in thread_nices(pid).values() for n in ns]  # still niced
+        workers = [c for c in children(pid) if b"resource_tracker" not in _cmdline(c)]
+        assert workers
+        for worker in workers:
+            assert set(_policies(worker).values()) == {(SCHED_OTHER, 0)}
+            assert nice_of(Path(f"/proc/{worker}/stat")) == 10
+    finally:
+        assert server.stop() == 0
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_loop_rt_priority_without_the_privilege_stops_the_start_with_the_reason() -> None:
+    # No CAP_SYS_NICE (as root too) and a real-time priority limit of 0.
+    cmd = [
+        "setpriv",
+        "--inh-caps=-sys_nice",
+        "--bounding-set=-sys_nice",
+        "--",
+        "prlimit",
+        "--rtprio=0",
+        sys.executable,
+        "-m",
+        "zeroserve",
+        "serve",
+        "--port",
+        "0",
+        "--loop-rt-priority",
+        "1",
+        "--model",
+        "echo",
+    ]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "loop_rt_priority 1 is not permitted" in done.stderr
+    assert "ulimit -r" in done.stderr
+
+
+def test_a_loop_rt_priority_out_of_range_is_refused_at_start() -> None:
+    with pytest.raises(RuntimeError, match="loop_rt_priority"):
+        start_server("--model", "echo", "--loop-rt-priority", "100")

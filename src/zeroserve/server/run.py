@@ -17,6 +17,7 @@ from ..app.limits import ApiLimits
 from ..edge import Edge
 from ..edge.tracing import configure_otlp
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
+from ..runtime.priority import raise_loop
 from .metrics_peers import MetricsPeers
 from .server import Server
 
@@ -115,6 +116,7 @@ def serve(
     *,
     arena_bytes: int,
     loop: str = "auto",
+    loop_rt_priority: int = 0,
     workers: int = 1,
     runtime: RuntimeOptions | None = None,
     edge: EdgeOptions | None = None,
@@ -123,6 +125,7 @@ def serve(
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
+    raise_loop(loop_rt_priority)  # this thread runs the loop; each --workers child raises its own
     run_loop(
         loop,
         serve_async(
