@@ -60,7 +60,7 @@ def clean() -> None:
 
 
 def compiler() -> str | None:
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     return shutil.which(cc)
 
 
