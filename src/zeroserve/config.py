@@ -58,7 +58,8 @@ from .server import options as so
 
 ENV_PREFIX = "ZEROSERVE_"
 # Variables under the prefix that are not configuration (process plumbing, test switches).
-_NOT_CONFIG = (ENV_PREFIX + "INTERNAL_", ENV_PREFIX + "TEST_")
+# ZEROSERVE_PURE picks the build at import (buildinfo.PURE_ENV), not a configuration key.
+_NOT_CONFIG = (ENV_PREFIX + "INTERNAL_", ENV_PREFIX + "TEST_", ENV_PREFIX + "PURE")
 # Variables named for what users expect rather than by the nesting rule.
 _ENV_ALIASES = {ENV_PREFIX + "API_KEY": ("edge", "api_keys")}
 # Keys whose environment value is a comma-separated list.

@@ -1,0 +1,121 @@
+"""``zeroserve --version`` names the build that really runs, and a compiled build whose
+sources changed never shadows them (docs/architecture.md, "The compiled build").
+
+``make pytest`` sets ``ZEROSERVE_TEST_BUILD`` to the build it meant to test (``compiled``
+after a compiled ``make install``, ``pure`` for the ``ZEROSERVE_PURE=1`` run), so a
+compiled run that silently fell back to the sources fails here."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from zeroserve import buildinfo
+
+SRC = Path(buildinfo.__file__).resolve().parents[1]
+EXPECTED = os.environ.get("ZEROSERVE_TEST_BUILD")  # "compiled" | "pure" | None (anything)
+TIMEOUT_S = 60  # one interpreter start importing the server
+
+# Prints, as JSON, the file each compiled module was really loaded from.
+_ORIGINS = (
+    "import importlib, json, sys\n"
+    "from zeroserve import buildinfo\n"
+    "print(json.dumps({m: importlib.import_module(m).__file__"
+    " for m in buildinfo.COMPILED_MODULES}))\n"
+)
+
+
+def _run(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, *args], env=dict(env), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def _version(env: Mapping[str, str]) -> str:
+    return _run(["-m", "zeroserve", "--version"], env).stdout.strip()
+
+
+def _origins(env: Mapping[str, str]) -> dict[str, str]:
+    origins: dict[str, str] = json.loads(_run(["-c", _ORIGINS], env).stdout)
+    return origins
+
+
+def _compiled(origins: Mapping[str, str]) -> list[str]:
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    return [m for m, path in origins.items() if path.endswith(suffixes)]
+
+
+def _claimed(version: str) -> list[str]:
+    """The modules a --version line says are compiled."""
+    _, sep, listed = version.partition("(compiled with mypyc: ")
+    if not sep:
+        return []
+    return ["zeroserve." + m for m in listed.removesuffix(")").split(", ")]
+
+
+def test_version_names_the_modules_really_loaded_compiled() -> None:
+    env = dict(os.environ)
+    version = _version(env)
+    compiled = _compiled(_origins(env))
+    assert version.startswith("zeroserve ")
+    assert _claimed(version) == compiled
+    if not compiled:
+        assert "(pure Python" in version
+    if EXPECTED == "compiled":
+        assert compiled == list(buildinfo.COMPILED_MODULES), version
+    elif EXPECTED == "pure":
+        assert compiled == [], version
+
+
+def test_pure_switch_loads_every_source() -> None:
+    env = {**os.environ, buildinfo.PURE_ENV: "1"}
+    origins = _origins(env)
+    assert all(path.endswith(".py") for path in origins.values()), origins
+    assert _version(env).endswith(f"(pure Python: {buildinfo.PURE_ENV}=1)")
+
+
+def _compiled_copy(tmp_path: Path) -> Path:
+    if buildinfo.read_manifest() is None:
+        pytest.skip("needs the compiled build (`make install` with a C compiler)")
+    dest = tmp_path / "src"
+    shutil.copytree(
+        SRC,
+        dest,
+        ignore=shutil.ignore_patterns("__pycache__", "*.safetensors", "*.gguf", "*.egg-info"),
+    )
+    return dest
+
+
+def test_an_edited_source_is_never_shadowed_by_its_stale_extension(tmp_path: Path) -> None:
+    src = _compiled_copy(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != buildinfo.PURE_ENV}
+    env["PYTHONPATH"] = str(src)
+    # The copy as built loads its extensions (the test's premise).
+    assert _compiled(_origins(env)) == list(buildinfo.COMPILED_MODULES)
+
+    edited = src / "zeroserve" / "http" / "framing.py"
+    edited.write_text(edited.read_text() + "\nEDITED_SINCE_THE_BUILD = True\n")
+    done = _run(["-c", _ORIGINS], env)
+    origins = json.loads(done.stdout)
+    # One stale module makes all of them load from source: they call each other in C.
+    assert _compiled(origins) == []
+    assert origins["zeroserve.http.framing"] == str(edited)
+    assert "stale compiled build" in done.stderr
+    assert "zeroserve.http.framing" in done.stderr
+    version = _run(["-W", "ignore::RuntimeWarning", "-m", "zeroserve", "--version"], env).stdout
+    assert "pure Python: stale compiled build" in version
+    assert "zeroserve.http.framing" in version
+
+    (src / "zeroserve" / buildinfo.MANIFEST).unlink()
+    assert _compiled(_origins(env)) == []
+    assert f"without {buildinfo.MANIFEST}" in _version(env)
