@@ -43,6 +43,7 @@ from ...edge import EdgeContext
 from ...errors import CapabilityError, ModelNotFound, RequestError
 from ...models.base import GenerateRequest
 from ...runtime import Engine, ModelHandle, QueueWatch, Ticket
+from ...runtime.channel import PULL_YIELD_EVERY
 from ..deadlines import openai_timeout
 from ..engine_relay import engine_for_request
 from ..engine_tools import release_ticket
@@ -288,7 +289,12 @@ class _OpenAI:
             gen = self._starter(handle, job)()
             try:
                 async for _ in gen:
-                    pass
+                    # Then what the model has ready, a batch per call (a sync inline
+                    # model's generator makes it in the call): not one await per token.
+                    # The loop gets a turn between full batches, as a pulled channel's
+                    # consumer gives it (PULL_YIELD_EVERY).
+                    while len(gen.take_ready(PULL_YIELD_EVERY)) == PULL_YIELD_EVERY:
+                        await asyncio.sleep(0)
             finally:
                 await gen.aclose()
             reason, tokens = gen.finish()
