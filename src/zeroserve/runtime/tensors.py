@@ -15,6 +15,7 @@ request tensors with :func:`read_bytes_tensor` and frames outputs with
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -67,14 +68,28 @@ def is_bytes_tensor(arr: np.ndarray) -> bool:
 def arena_offset(arr: np.ndarray, base: int, size: int) -> int | None:
     """Offset of ``arr``'s data in an arena mapped at ``base``, or None if it is elsewhere
     (or not C-contiguous, so not describable by offset and shape)."""
-    if arr.dtype == object or not arr.flags.c_contiguous:
+    flags = arr.flags
+    if arr.dtype == object or not flags.c_contiguous:
         return None
-    # arr.ctypes.data: 1.3 us here, against 2.7 us for __array_interface__ (which builds
-    # a dict of the whole layout) on the numpy this project runs; once per response.
-    addr = arr.ctypes.data if arr.nbytes else 0
-    if arr.nbytes and base <= addr and addr + arr.nbytes <= base + size:
+    nbytes = arr.nbytes
+    if not nbytes:
+        return None
+    addr = _address(arr, flags.writeable)
+    if base <= addr and addr + nbytes <= base + size:
         return addr - base
     return None
+
+
+def _address(arr: np.ndarray, writeable: bool) -> int:
+    """The address of a non-empty C-contiguous array's first byte. Once per response,
+    so the cheapest way counts: a ctypes view of a writable buffer (the arena's are) is
+    0.5 us here, against 1.7-2.4 us for ``arr.ctypes.data`` (a Python-level object per
+    call) and ``__array_interface__`` (a dict of the whole layout); a read-only array
+    (``frombuffer`` of bytes) can only take the latter."""
+    if writeable:
+        return ctypes.addressof(ctypes.c_char.from_buffer(arr))  # type: ignore[arg-type]
+    address: int = arr.__array_interface__["data"][0]
+    return address
 
 
 def bytes_tensor_size(items: Iterable[Any]) -> int:
