@@ -36,8 +36,9 @@ from types import ModuleType
 # The hot path (docs/architecture.md, "The compiled build"): the sans-I/O connection and
 # its parsers and framing, the server's asyncio glue, the runtime's stream channel, and
 # what every request passes through above them: the request and its route, the raw
-# endpoint, the edge's per-request context, admission, the model handle, the inline
-# executor and the arena.
+# endpoint, the OpenAI endpoints' request path (generation, telemetry, stream timing), the
+# edge's per-request context, admission, the model handle, the inline executor and the
+# arena. Not app/openai/streaming.py: mypyc does not compile async generators.
 COMPILED_MODULES: tuple[str, ...] = (
     "zeroserve.http.chunked",
     "zeroserve.http.client",
@@ -57,6 +58,10 @@ COMPILED_MODULES: tuple[str, ...] = (
     "zeroserve.runtime.handle",
     "zeroserve.runtime.inproc",
     "zeroserve.app.request",
+    "zeroserve.app.endpoints.openai",
+    "zeroserve.app.openai.generation",
+    "zeroserve.app.openai.telemetry",
+    "zeroserve.runtime.timing",
     "zeroserve.app.router",
     "zeroserve.app.endpoints.raw",
     "zeroserve.edge.gate",
