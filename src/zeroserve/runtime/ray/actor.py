@@ -18,10 +18,16 @@ code runs on a small thread pool, as in process workers):
   ``NeedAlloc(sizes)``; then ``write(id, offsets)`` -> ``Done``. Detached:
   ``infer_arrays(batch)`` -> the model's outputs as arrays.
 * ``generate(...)``: a streaming generator of ``("t", str)`` / ``("b", bytes)`` pieces
-  (or ``("m", [pieces])``, a batch of them) then one ``("e", finish_reason)``, stepped only while the stream has credit
-  (``credit(id, n)``); ``abort(id)`` closes the model's generator after the step in
-  progress. The stream ends only once that step returned, so a step that never returns
-  keeps the stream's Ray task running, which the ingress watches (a hung stream).
+  (or ``("m", [pieces])``, a batch of them) then one ``("e", finish_reason)``, stepped
+  only while the stream has credit (``credit(id, n)``); ``abort(id)`` closes the model's
+  generator after the step in progress. The stream ends only once that step returned, so
+  a step that never returns keeps the stream's Ray task running, which the ingress
+  watches (a hung stream).
+
+Batches (``infer``, ``infer_arrays``, ``embed``) run one at a time (``serial_batches``):
+the ingress keeps up to ``executor.PIPELINE_DEPTH`` of them in flight on one actor so
+that the next one is already here when the model finishes the last, but the model sees
+them in turn, as in a process worker.
 
 Invariants
 ----------
@@ -39,7 +45,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -125,6 +131,10 @@ def _fail(name: str, exc: BaseException) -> Fail:
 class RayWorker:
     """One model in one Ray actor (decorated with ``ray.remote`` by the executor)."""
 
+    # Whether the model's batches run one at a time (the ``ray`` executor pipelines
+    # them); a Serve replica takes as many as Serve sends it.
+    serial_batches: ClassVar[bool] = True
+
     def __init__(
         self,
         factory: Callable[..., Model],
@@ -145,6 +155,13 @@ class RayWorker:
         loaded = load()
         if asyncio.iscoroutine(loaded):  # an async load(): __init__ is not on a loop
             asyncio.run(loaded)
+        # Serial batches: a sync model's run on their own thread, in turn (a batch that
+        # arrives meanwhile waits in its queue), an async model's under a lock.
+        self.batch_pool = self.pool
+        self.batch_lock: asyncio.Lock | None = None
+        if self.serial_batches:
+            self.batch_pool = ThreadPoolExecutor(1, thread_name_prefix="zeroserve-batch")
+            self.batch_lock = asyncio.Lock()
         self.pending: dict[int, tuple[list[dict[str, TensorDesc]], list[Any]]] = {}
         self.credits: dict[int, StreamCredit] = {}
         self.aborted: set[int] = set()
@@ -154,18 +171,31 @@ class RayWorker:
         the actor this is (``instance``)."""
         return os.getpid(), self.view is not None, self.instance
 
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _call(
+        self, fn: Callable[..., Any], *args: Any, pool: ThreadPoolExecutor | None = None
+    ) -> Any:
         if asyncio.iscoroutinefunction(fn):
             return await fn(*args)
-        running = asyncio.wrap_future(self.pool.submit(fn, *args))
+        job = (pool or self.pool).submit(fn, *args)
+        running = asyncio.wrap_future(job)
         try:
             return await maybe_await(await asyncio.shield(running))
         except asyncio.CancelledError:
-            # A thread cannot be stopped: the call (its Ray task) ends when the thread
-            # returns, so the ingress sees it running and reclaims the actor if it runs
-            # past its deadline plus the hang grace (docs/architecture.md, "Hung work").
+            # Still queued (behind another batch): it never runs. Running: a thread
+            # cannot be stopped, so the call (its Ray task) ends when the thread returns,
+            # and the ingress sees it running and reclaims the actor if it runs past its
+            # deadline plus the hang grace (docs/architecture.md, "Hung work").
+            job.cancel()
             await asyncio.wait([running])
             raise
+
+    async def _batch(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``_call`` for a batch or an embedding: one at a time when ``serial_batches``."""
+        lock = self.batch_lock
+        if lock is None or not asyncio.iscoroutinefunction(fn):
+            return await self._call(fn, *args, pool=self.batch_pool)
+        async with lock:
+            return await fn(*args)
 
     # -- infer, attached ------------------------------------------------------------------
     async def infer(self, rid: int, descs: bytes) -> bytes:
@@ -176,7 +206,7 @@ class RayWorker:
             batch = [
                 {k: from_desc(view, d) for k, d in item.items()} for item in DESCS.decode(descs)
             ]
-            outs = check_outputs(self.name, len(batch), await self._call(self.model.infer, batch))
+            outs = check_outputs(self.name, len(batch), await self._batch(self.model.infer, batch))
             described: list[dict[str, TensorDesc]] = []
             pending: list[Any] = []
             for out in outs:
@@ -215,14 +245,14 @@ class RayWorker:
         """Run a batch whose arrays came through the object store (read-only views);
         returns the outputs as arrays, or a ``Fail``'s bytes."""
         try:
-            outs = check_outputs(self.name, len(batch), await self._call(self.model.infer, batch))
+            outs = check_outputs(self.name, len(batch), await self._batch(self.model.infer, batch))
             return [{k: as_array(v, name=k) for k, v in dict(o).items()} for o in outs]
         except Exception as exc:
             return _encode(_fail(self.name, exc))
 
     async def embed(self, texts: list[str]) -> Any:
         try:
-            out = await self._call(self.model.embed, texts)
+            out = await self._batch(self.model.embed, texts)
             return np.ascontiguousarray(np.asarray(out, dtype=np.float32))
         except Exception as exc:
             return _encode(_fail(self.name, exc))
