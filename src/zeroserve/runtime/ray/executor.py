@@ -96,8 +96,9 @@ STREAM_WINDOW = 64
 # time; the second is there to hide a Ray round trip (submission, the actor's task
 # dispatch, the reply through Ray's event loop bridge: about 1.5 ms of CPU on this
 # machine's cores, measured with a bare actor) behind the model's work on the first.
-# Measured on the 4 MiB echo: one batch slot per actor ran at 0.63-0.67x the process
-# executor's req/s, two actors of one slot each at 0.84x.
+# Measured on the 4 MiB echo (8 s runs, each against the process executor measured just
+# after): one slot 0.68x its req/s, two 0.78x; four no better than two once the core is
+# saturated (docs/architecture.md, "Executors: ray").
 PIPELINE_DEPTH = 2
 
 # Whether Ray records our actors' calls as task events (for its state API and dashboard).
