@@ -5,6 +5,7 @@ in a process the test did not spawn, so it cannot share an Event with it)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -86,3 +87,25 @@ class Slow(Model):
     def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
         time.sleep(self.delay_s)
         return [dict(item) for item in batch]
+
+
+class Overlap(Model):
+    """``infer`` works ``delay_ms`` (sleeping) and answers, as its ``raw`` output, how
+    many ``infer`` calls of this model were running at once while it ran: ``b"1"`` when
+    its batches come one at a time."""
+
+    def __init__(self, delay_ms: int = 20) -> None:
+        super().__init__()
+        self.delay_s = min(delay_ms / 1000, WAIT_LIMIT_S)
+        self.running = 0
+        self.lock = threading.Lock()
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        with self.lock:
+            self.running += 1
+            seen = self.running
+        time.sleep(self.delay_s)
+        with self.lock:
+            seen = max(seen, self.running)
+            self.running -= 1
+        return [{"raw": np.frombuffer(str(seen).encode(), dtype=np.uint8)} for _ in batch]

@@ -40,6 +40,9 @@ HUNG_STREAM_MODELS = ("hangs", "drops")
 # The hung-stream test's request deadline (``?timeout=``), seconds: short, so the hang
 # grace (the server's default) starts soon.
 HUNG_STREAM_TIMEOUT = "1"
+# Concurrent requests on the one-actor ``overlap`` model: more than its batch slots, so
+# its actor always has a batch waiting behind the running one.
+OVERLAP_REQUESTS = 12
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +94,8 @@ def ray_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
         f"tick=tests.ray.ray_models:Ticker?{near}&closed={files / 'closed'}",
         "--model",
         f"hang=tests.ray.ray_models:Stuck?{near}&max_restarts=4&{hang}",
+        "--model",
+        f"overlap=tests.ray.ray_models:Overlap?{near}",
         *hung_streams,
         env=ray_cluster.env(),
         timeout=SERVER_START_TIMEOUT_S,
@@ -362,6 +367,25 @@ def test_disconnect_mid_stream_stops_the_actors_generator(
     _poll(closed.exists, "the actor's generator to close")
     produced = int(closed.read_text())
     assert produced >= len(got.split())  # it stopped: a finite count was written
+
+
+def test_pipelined_batches_reach_the_model_one_at_a_time(ray_server: ServerProcess) -> None:
+    """One actor takes several batches in flight (``executor.PIPELINE_DEPTH``), and its
+    model still runs them in turn, as a process worker's would: no answer saw another
+    ``infer`` running beside its own."""
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as client:
+            return await asyncio.gather(
+                *(
+                    client.post(f"{ray_server.url}/v1/raw/overlap", content=b"x")
+                    for _ in range(OVERLAP_REQUESTS)
+                )
+            )
+
+    answers = asyncio.run(burst())
+    assert [r.status_code for r in answers] == [200] * OVERLAP_REQUESTS
+    assert {r.content for r in answers} == {b"1"}, [r.content for r in answers]
 
 
 def test_bad_placement_options_fail_the_load_naming_the_option() -> None:

@@ -18,10 +18,19 @@ code runs on a small thread pool, as in process workers):
   ``NeedAlloc(sizes)``; then ``write(id, offsets)`` -> ``Done``. Detached:
   ``infer_arrays(batch)`` -> the model's outputs as arrays.
 * ``generate(...)``: a streaming generator of ``("t", str)`` / ``("b", bytes)`` pieces
-  (or ``("m", [pieces])``, a batch of them) then one ``("e", finish_reason)``, stepped only while the stream has credit
-  (``credit(id, n)``); ``abort(id)`` closes the model's generator after the step in
-  progress. The stream ends only once that step returned, so a step that never returns
-  keeps the stream's Ray task running, which the ingress watches (a hung stream).
+  (or ``("m", [pieces])``, a batch of them) then one ``("e", finish_reason)``, stepped
+  only while the stream has credit (``credit(id, n)``); ``abort(id)`` closes the model's
+  generator after the step in progress. The stream ends only once that step returned, so
+  a step that never returns keeps the stream's Ray task running, which the ingress
+  watches (a hung stream). A sync generator is stepped on a pool thread for up to
+  ``STEP_SLICE_S`` per pool call, as long as credit lasts; each piece is handed to the
+  actor's loop as it comes (``_Pieces``), and every Ray item carries whatever arrived
+  since the last one, so a fast generator's pieces travel many to an item.
+
+Batches (``infer``, ``infer_arrays``, ``embed``) run one at a time (``serial_batches``):
+the ingress keeps up to ``executor.PIPELINE_DEPTH`` of them in flight on one actor so
+that the next one is already here when the model finishes the last, but the model sees
+them in turn, as in a process worker.
 
 Invariants
 ----------
@@ -35,11 +44,13 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -52,6 +63,7 @@ from .._common import (
     make_model,
     maybe_await,
     model_failure,
+    run_to_end,
 )
 from ..arena import read_token
 from ..tensors import (
@@ -68,6 +80,13 @@ from ..tensors import (
 ACTOR_THREADS = 8
 # What the pump puts in a stream's queue once the stream was aborted.
 _ABORTED: Any = object()
+# How long one pool call keeps stepping a sync generator while its stream has credit, in
+# seconds. Each piece goes to the actor's loop as it comes, so this bounds neither a
+# piece's wait nor a slow step; it bounds how long a fast generator holds a pool thread
+# (8 are shared by every stream and batch of the actor) and saves a thread hop per piece:
+# measured on the echo model, a thread hop and a Ray item per piece cost about 0.2 ms of
+# CPU each side, more than the piece.
+STEP_SLICE_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +141,45 @@ def _fail(name: str, exc: BaseException) -> Fail:
     return Fail(type(err).__name__, err.message, err.status)
 
 
+class _Pieces:
+    """A stream's pieces on their way from a pool thread to the actor's loop.
+
+    ``put`` (any thread) appends and wakes the loop only when no wake-up is pending;
+    ``take`` (the loop) clears that mark before it looks, so a piece appended after the
+    look always sends a new wake-up, which lands after ``take`` cleared its event.
+    """
+
+    __slots__ = ("event", "items", "loop", "signalled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.items: deque[Any] = deque()
+        self.event = asyncio.Event()
+        self.signalled = False
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        if not self.signalled:
+            self.signalled = True
+            self.loop.call_soon_threadsafe(self.event.set)
+
+    async def take(self) -> list[Any]:
+        """Everything that arrived, waiting for at least one item."""
+        while True:
+            self.signalled = False
+            items = self.items
+            if items:
+                return [items.popleft() for _ in range(len(items))]
+            self.event.clear()
+            await self.event.wait()
+
+
 class RayWorker:
     """One model in one Ray actor (decorated with ``ray.remote`` by the executor)."""
+
+    # Whether the model's batches run one at a time (the ``ray`` executor pipelines
+    # them); a Serve replica takes as many as Serve sends it.
+    serial_batches: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -145,6 +201,13 @@ class RayWorker:
         loaded = load()
         if asyncio.iscoroutine(loaded):  # an async load(): __init__ is not on a loop
             asyncio.run(loaded)
+        # Serial batches: a sync model's run on their own thread, in turn (a batch that
+        # arrives meanwhile waits in its queue), an async model's under a lock.
+        self.batch_pool = self.pool
+        self.batch_lock: asyncio.Lock | None = None
+        if self.serial_batches:
+            self.batch_pool = ThreadPoolExecutor(1, thread_name_prefix="zeroserve-batch")
+            self.batch_lock = asyncio.Lock()
         self.pending: dict[int, tuple[list[dict[str, TensorDesc]], list[Any]]] = {}
         self.credits: dict[int, StreamCredit] = {}
         self.aborted: set[int] = set()
@@ -154,18 +217,31 @@ class RayWorker:
         the actor this is (``instance``)."""
         return os.getpid(), self.view is not None, self.instance
 
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _call(
+        self, fn: Callable[..., Any], *args: Any, pool: ThreadPoolExecutor | None = None
+    ) -> Any:
         if asyncio.iscoroutinefunction(fn):
             return await fn(*args)
-        running = asyncio.wrap_future(self.pool.submit(fn, *args))
+        job = (pool or self.pool).submit(fn, *args)
+        running = asyncio.wrap_future(job)
         try:
             return await maybe_await(await asyncio.shield(running))
         except asyncio.CancelledError:
-            # A thread cannot be stopped: the call (its Ray task) ends when the thread
-            # returns, so the ingress sees it running and reclaims the actor if it runs
-            # past its deadline plus the hang grace (docs/architecture.md, "Hung work").
+            # Still queued (behind another batch): it never runs. Running: a thread
+            # cannot be stopped, so the call (its Ray task) ends when the thread returns,
+            # and the ingress sees it running and reclaims the actor if it runs past its
+            # deadline plus the hang grace (docs/architecture.md, "Hung work").
+            job.cancel()
             await asyncio.wait([running])
             raise
+
+    async def _batch(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``_call`` for a batch or an embedding: one at a time when ``serial_batches``."""
+        lock = self.batch_lock
+        if lock is None or not asyncio.iscoroutinefunction(fn):
+            return await self._call(fn, *args, pool=self.batch_pool)
+        async with lock:
+            return await fn(*args)
 
     # -- infer, attached ------------------------------------------------------------------
     async def infer(self, rid: int, descs: bytes) -> bytes:
@@ -176,7 +252,7 @@ class RayWorker:
             batch = [
                 {k: from_desc(view, d) for k, d in item.items()} for item in DESCS.decode(descs)
             ]
-            outs = check_outputs(self.name, len(batch), await self._call(self.model.infer, batch))
+            outs = check_outputs(self.name, len(batch), await self._batch(self.model.infer, batch))
             described: list[dict[str, TensorDesc]] = []
             pending: list[Any] = []
             for out in outs:
@@ -215,14 +291,14 @@ class RayWorker:
         """Run a batch whose arrays came through the object store (read-only views);
         returns the outputs as arrays, or a ``Fail``'s bytes."""
         try:
-            outs = check_outputs(self.name, len(batch), await self._call(self.model.infer, batch))
+            outs = check_outputs(self.name, len(batch), await self._batch(self.model.infer, batch))
             return [{k: as_array(v, name=k) for k, v in dict(o).items()} for o in outs]
         except Exception as exc:
             return _encode(_fail(self.name, exc))
 
     async def embed(self, texts: list[str]) -> Any:
         try:
-            out = await self._call(self.model.embed, texts)
+            out = await self._batch(self.model.embed, texts)
             return np.ascontiguousarray(np.asarray(out, dtype=np.float32))
         except Exception as exc:
             return _encode(_fail(self.name, exc))
@@ -240,10 +316,28 @@ class RayWorker:
         self.aborted.add(rid)
         c.add(1 << 30)  # wake a generator waiting for credit, so it sees the abort
 
+    def _steps(
+        self, rid: int, stepper: ThreadStepper, limit: int, out: _Pieces
+    ) -> tuple[int, bool]:
+        """On a pool thread: step up to ``limit`` pieces into ``out``, for at most
+        ``STEP_SLICE_S`` (at least one step); stop at the generator's end or once the
+        stream was aborted. Returns how many steps ran and whether the generator ended."""
+        until = time.monotonic() + STEP_SLICE_S
+        n = 0
+        while n < limit:
+            piece = stepper.step()
+            n += 1
+            out.put(piece)
+            if piece is ThreadStepper.END:
+                return n, True
+            if rid in self.aborted or time.monotonic() >= until:
+                break
+        return n, False
+
     async def _pump(
-        self, rid: int, stepper: ThreadStepper, credit: StreamCredit, queue: asyncio.Queue[Any]
+        self, rid: int, stepper: ThreadStepper, credit: StreamCredit, out: _Pieces
     ) -> None:
-        """Step a sync generator under the stream's credit into ``queue``, which the
+        """Step a sync generator under the stream's credit into ``out``, which the
         stream drains: whatever has been produced since the last Ray item goes out as
         one item, and a piece never waits for the next one."""
         loop = asyncio.get_running_loop()
@@ -251,23 +345,24 @@ class RayWorker:
             while True:
                 await credit.take()
                 if rid in self.aborted:
-                    queue.put_nowait(_ABORTED)
+                    out.put(_ABORTED)
                     return
-                step = loop.run_in_executor(self.pool, stepper.step)
-                try:
-                    piece = await asyncio.shield(step)
-                except asyncio.CancelledError:
-                    await asyncio.wait([step])  # as ``_call``: a thread cannot be stopped
-                    raise
-                queue.put_nowait(piece)
-                if piece is ThreadStepper.END:
+                extra = max(0, credit.n)  # the rest of the credit, for this pool call
+                credit.n -= extra
+                steps = loop.run_in_executor(self.pool, self._steps, rid, stepper, 1 + extra, out)
+                n, ended = await run_to_end(steps)  # as ``_call``: a thread cannot be stopped
+                if ended:
                     return
+                if n < 1 + extra:
+                    credit.add(1 + extra - n)
         except Exception as exc:  # the model's: the stream turns it into a Fail
-            queue.put_nowait(exc)
+            out.put(exc)
 
     def _piece(self, piece: Any) -> tuple[str, Any]:
         if isinstance(piece, str):
             return ("t", piece)
+        if isinstance(piece, bytes):
+            return ("b", piece)
         return ("b", bytes(memoryview(piece).cast("B")))
 
     async def generate(
@@ -297,15 +392,12 @@ class RayWorker:
                     await it.aclose()
             else:
                 stepper = ThreadStepper(iter(it))
-                queue: asyncio.Queue[Any] = asyncio.Queue()  # bounded by the credit
-                pump = asyncio.get_running_loop().create_task(
-                    self._pump(rid, stepper, credit, queue)
-                )
+                loop = asyncio.get_running_loop()
+                out = _Pieces(loop)  # bounded by the credit
+                pump = loop.create_task(self._pump(rid, stepper, credit, out))
                 try:
                     while True:
-                        batch = [await queue.get()]
-                        while not queue.empty():
-                            batch.append(queue.get_nowait())
+                        batch = await out.take()
                         last = batch[-1]
                         raised = last if isinstance(last, BaseException) else None
                         ended = last is ThreadStepper.END or last is _ABORTED
@@ -323,7 +415,9 @@ class RayWorker:
                     # A step cannot be stopped: the stream (its Ray task) ends when the
                     # step's thread returns, so the ingress sees it running and reclaims
                     # the actor past the deadline plus the hang grace (docs/architecture.md,
-                    # "Hung work"); the generator is closed after that step.
+                    # "Hung work"); the generator is closed after that step. Marked
+                    # aborted, a pool call stepping it stops after the step in progress.
+                    self.aborted.add(rid)
                     pump.cancel()
                     await asyncio.wait([pump])
                     stepper.close_in(self.pool)

@@ -45,6 +45,16 @@ PROBE_INTERVAL_S = 0.5
 PROBE_TIMEOUT_S = 2.0
 # The Retry-After of a request refused while the cluster is unreachable: a few probes.
 RETRY_AFTER_S = 5.0
+# Ray's settings for a local Ray that zeroserve starts itself (a cluster joined by
+# address keeps its own). Its idle processes share the ingress's cores: no workers
+# started ahead of any actor (each idle one costs about 1 % of a core on this machine's
+# cores, measured), and no Ray metrics (zeroserve exports its own), which Ray otherwise
+# records on every call in the ingress and the actors and ships to its agent.
+LOCAL_SYSTEM_CONFIG: dict[str, Any] = {
+    "enable_worker_prestart": False,
+    "prestart_worker_first_driver": False,
+    "enable_metrics_collection": False,
+}
 
 
 def _is_loopback(address: str) -> bool:
@@ -81,6 +91,7 @@ def connect(address: str | None) -> None:
             if target is None:
                 path = os.pathsep.join(p for p in sys.path if p)
                 kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": path}}
+                kwargs["_system_config"] = dict(LOCAL_SYSTEM_CONFIG)
             if local:
                 kwargs["_node_ip_address"] = LOOPBACK
             ray.init(address=target, **kwargs)

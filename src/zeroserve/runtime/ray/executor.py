@@ -15,8 +15,11 @@ process's :class:`~.actor.ArenaRef`:
   store with one ``ray.put`` (counted ``copied_bytes{site="ray_put"}``) and the outputs
   come back through it (counted ``ray_get``); the model reads Ray's read-only views.
 
-Routing: a batch goes to the idle ready actor with the fewest calls in flight, attached
-ones first; a stream to the ready actor with the fewest calls in flight, attached first.
+Routing: a batch goes to a ready actor with fewer than ``PIPELINE_DEPTH`` batches in
+flight, attached ones first, then the fewest calls in flight; a stream to the ready actor
+with the fewest calls in flight, attached first. The actor runs its batches one at a time
+(``RayWorker.serial_batches``): the second one in flight only waits there, so the Ray
+round trip of one batch overlaps the model's work on the other.
 
 Streams are Ray streaming generators stepped under per-stream credits: ``window`` pieces
 up front, then ``credit`` calls as the consumer takes pieces (``block``) or on receipt
@@ -89,6 +92,21 @@ log = logging.getLogger("zeroserve.runtime.ray")
 # consumed. 64 short pieces are a few KiB per stream.
 STREAM_WINDOW = 64
 
+# Batches in flight on one actor (its batch slots). The actor still runs them one at a
+# time; the second is there to hide a Ray round trip (submission, the actor's task
+# dispatch, the reply through Ray's event loop bridge: about 1.5 ms of CPU on this
+# machine's cores, measured with a bare actor) behind the model's work on the first.
+# Measured on the 4 MiB echo (8 s runs, each against the process executor measured just
+# after): one slot 0.68x its req/s, two 0.78x; four no better than two once the core is
+# saturated (docs/architecture.md, "Executors: ray").
+PIPELINE_DEPTH = 2
+
+# Whether Ray records our actors' calls as task events (for its state API and dashboard).
+# Off: every call is a request on the hot path, and the events cost CPU in the ingress,
+# the actor and the GCS, about 0.2 ms per call on this machine's cores (a bare actor
+# round trip, measured: 1.73 ms of CPU with events, 1.51 ms without).
+TASK_EVENTS = False
+
 # How long one health ping of a restarting actor may take before it counts as failed.
 # Ray restarts an actor in about a second on an idle machine; 5 s covers a loaded one.
 PING_TIMEOUT_S = 5.0
@@ -116,7 +134,7 @@ class RayWorkerHandle:
     __slots__ = (
         "actor",
         "attached",
-        "busy",
+        "batches",
         "index",
         "instance",
         "outstanding",
@@ -132,7 +150,7 @@ class RayWorkerHandle:
         self.pid = 0
         self.instance = ""  # which start of the actor answered its last ``hello``
         self.ready = False
-        self.busy = False
+        self.batches = 0  # batch slots taken (at most PIPELINE_DEPTH)
         self.outstanding = 0
         self.tasks: set[asyncio.Future[Any]] = set()
 
@@ -364,7 +382,9 @@ class RayExecutor(Executor):
         spec = self.spec
         for i in range(spec.workers):
             actor = cls.options(  # type: ignore[attr-defined]
-                name=actor_name(spec.name, i), **self.placement.actor_options()
+                name=actor_name(spec.name, i),
+                enable_task_events=TASK_EVENTS,
+                **self.placement.actor_options(),
             ).remote(spec.factory, dict(spec.options), spec.name, arena)
             self.workers.append(RayWorkerHandle(i, actor))
         try:
@@ -503,7 +523,7 @@ class RayExecutor(Executor):
                 delay = min(delay * 2, self.options.max_restart_backoff_s)
                 continue
             w.pid, w.attached, w.instance = pid, attached, instance
-            w.ready, w.busy = True, False
+            w.ready = True
             self.restarts += 1
             self._notify()
             return
@@ -521,18 +541,19 @@ class RayExecutor(Executor):
                 raise errors.Closed("the engine is shutting down")
             if not self._cluster_up:
                 raise self._unreachable()
-            ready = [w for w in self.workers if w.ready and (stream or not w.busy)]
+            ready = [w for w in self.workers if w.ready and (stream or w.batches < PIPELINE_DEPTH)]
             if ready:
                 return min(ready, key=RayWorkerHandle.rank)
             await self._wait()
 
     async def acquire(self) -> RayWorkerHandle:
         w = await self._pick(stream=False)
-        w.busy = True
+        w.batches += 1
         return w
 
     def release(self, slot: Any) -> None:
-        slot.busy = False
+        w: RayWorkerHandle = slot
+        w.batches -= 1
         self._notify()
 
     # -- work ------------------------------------------------------------------------------
@@ -786,7 +807,7 @@ class RayExecutor(Executor):
             executor=self.kind,
             workers=len(self.workers),
             ready=sum(1 for w in self.workers if w.ready),
-            busy=sum(1 for w in self.workers if w.busy),
+            busy=sum(1 for w in self.workers if w.batches),
             streams=sum(w.outstanding for w in self.workers),
             restarts=self.restarts,
             crashes=self.crashes,

@@ -60,7 +60,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -186,6 +186,9 @@ def parse_autoscaling(options: Mapping[str, Any]) -> Autoscaling:
 
 class ServeReplica(a.RayWorker):
     """One Serve replica: the ``ray`` actor's logic, one call per request."""
+
+    # Serve sends a replica up to ``max_ongoing_requests`` calls at once; they run at once.
+    serial_batches: ClassVar[bool] = False
 
     def __init__(
         self,
