@@ -45,6 +45,11 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def serve_argv(*args: str) -> list[str]:
+    """``zeroserve serve`` on a free port with ``args``, as a command line of this Python."""
+    return [sys.executable, "-m", "zeroserve", "serve", "--port", "0", *args]
+
+
 def start_server(
     *args: str,
     env: dict[str, str] | None = None,

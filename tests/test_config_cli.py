@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT, start_server
+from tests.conftest import ROOT, serve_argv, start_server
 
 from zeroserve.cli import build_parser, model_specs
 from zeroserve.config import load_config
@@ -180,16 +180,7 @@ def test_models_command_lists_capabilities() -> None:
 
 def test_unknown_model_class_fails_fast_with_a_message() -> None:
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "zeroserve",
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            "x=no_such_module:Model",
-        ],
+        serve_argv("--model", "x=no_such_module:Model"),
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,8 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+from tests.conftest import serve_argv
 
 import openai
 from zeroserve.models.base import GenerateRequest
@@ -135,16 +136,7 @@ def test_step_times_show_gil_wait(model: TransformersModel) -> None:
 @pytest.fixture(scope="module")
 def served(folder: Path) -> Iterator[str]:
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "zeroserve",
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            f"tiny=transformers:{folder}",
-        ],
+        serve_argv("--model", f"tiny=transformers:{folder}"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT
+from tests.conftest import ROOT, serve_argv
 
 from zeroserve.config import ConfigError, load_config
 
@@ -141,18 +141,7 @@ def test_a_bad_certificate_fails_at_startup_naming_the_file(tmp_path: Path) -> N
     cert = tmp_path / "cert.pem"
     cert.write_text("not a certificate")
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "zeroserve",
-            "serve",
-            "--port",
-            "0",
-            "--model",
-            "echo",
-            "--ssl-certfile",
-            str(cert),
-        ],
+        serve_argv("--model", "echo", "--ssl-certfile", str(cert)),
         capture_output=True,
         text=True,
         timeout=60,

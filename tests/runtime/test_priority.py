@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT, ServerProcess, start_server
+from tests.conftest import ROOT, ServerProcess, serve_argv, start_server
 from tests.runtime.helpers import nice_of, policy_of, thread_nices
 
 pytestmark = pytest.mark.skipif(
@@ -161,16 +161,7 @@ def test_loop_rt_priority_without_the_privilege_stops_the_start_with_the_reason(
         "--",
         "prlimit",
         "--rtprio=0",
-        sys.executable,
-        "-m",
-        "zeroserve",
-        "serve",
-        "--port",
-        "0",
-        "--loop-rt-priority",
-        "1",
-        "--model",
-        "echo",
+        *serve_argv("--loop-rt-priority", "1", "--model", "echo"),
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
