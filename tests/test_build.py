@@ -2,7 +2,7 @@
 sources changed never shadows them (docs/architecture.md, "The compiled build").
 
 ``make pytest`` sets ``ZEROSERVE_TEST_BUILD`` to the build it meant to test (``compiled``
-after a compiled ``make install``, ``pure`` for the ``ZEROSERVE_PURE=1`` run), so a
+after ``make compiled``, ``pure`` for the ``ZEROSERVE_PURE=1`` run), so a
 compiled run that silently fell back to the sources fails here."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_pure_switch_loads_every_source() -> None:
 
 def _compiled_copy(tmp_path: Path) -> Path:
     if buildinfo.read_manifest() is None:
-        pytest.skip("needs the compiled build (`make install` with a C compiler)")
+        pytest.skip("needs the compiled build (`make compiled` with a C compiler)")
     dest = tmp_path / "src"
     shutil.copytree(
         SRC,

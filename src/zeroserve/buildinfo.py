@@ -1,7 +1,7 @@
 """Which build of zeroserve runs: pure Python, or with the hot path compiled by mypyc
 (docs/architecture.md, "The compiled build").
 
-``tools/build_compiled.py`` (run by ``make install``) compiles ``COMPILED_MODULES`` in
+``tools/build_compiled.py`` (run by ``make compiled``) compiles ``COMPILED_MODULES`` in
 place: each gets a C extension next to its ``.py``, and the build writes ``MANIFEST``
 next to this file, the SHA-256 of every compiled module's source at build time. An
 extension module is found before a ``.py`` of the same name, so ``guard()``, run by
@@ -146,7 +146,7 @@ def guard() -> None:
         _pure_reason = "stale compiled build: changed since it was built: " + ", ".join(stale)
         warnings.warn(
             f"zeroserve: {_pure_reason}; running the pure-Python sources "
-            "(`make install` rebuilds, `make clean-compiled` removes the build)",
+            "(`make compiled` rebuilds, `make clean-compiled` removes the build)",
             RuntimeWarning,
             stacklevel=2,
         )
