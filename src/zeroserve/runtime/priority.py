@@ -6,9 +6,9 @@ with the event loop. At equal priority the kernel lets a woken loop wait until t
 thread's slice ends: ``/health`` p99 was about 4 ms beside one busy loop on the server's
 core, whatever the server did. With the model's threads and processes a few nice levels
 below the loop, the woken loop runs at once, as long as the loop itself does little. The
-model loses nothing while it is alone with the loop: the loop only ever takes the CPU it needs, and the model gets the rest
-(measured, smollm2 x8 on one engine thread: the same tokens/s at nice 0 and 10, and
-``/health`` p99 0.8-1.2 ms instead of 4.0-4.3 ms). Against other busy processes of the
+model loses nothing while it is alone with the loop: the loop only ever takes the CPU it
+needs, and the model gets the rest (measured, smollm2 x8 on one engine thread: the same
+tokens/s at nice 0 and 10, and ``/health`` p99 0.8-1.2 ms instead of 4.0-4.3 ms). Against other busy processes of the
 machine the model does get a smaller share; ``model_nice`` 0 turns this off.
 
 Nice is not enough when the model and the loop share one core and the loop is busy
@@ -18,8 +18,11 @@ it past its fair share, and the kernel's fair scheduler (EEVDF) then makes it wa
 wake-up until the worker threads have caught up. Measured with ``perf sched`` there:
 the woken loop waited p90 3.5 ms, p99 5.6 ms for the core, and ``/health`` p99 was 6-7 ms
 at nice 10, 19 and even ``SCHED_IDLE`` workers alike. Only a real-time class for the loop
-removes that wait (p99 0.006 ms; ``/health`` p99 0.7 ms, the same tokens/s), and that
-takes a privilege, so it is opt-in: ``loop_rt_priority`` (:func:`raise_loop`).
+removes that wait (p99 0.006 ms; ``/health`` p99 0.4-0.5 ms in the tinyllm benchmark),
+at a cost: the loop then runs on every wake-up and writes smaller batches, so it takes
+more of the shared core (tokens/s 0.99x, 0.93x and 0.82x of the default at 1, 8 and 32
+streams). It also takes a privilege, so it is opt-in: ``loop_rt_priority``
+(:func:`raise_loop`).
 
 Linux sets a nice value per thread (``setpriority(PRIO_PROCESS, tid)``) and a new
 thread inherits its creator's: lowering a thread before it creates an engine's threads
