@@ -43,15 +43,18 @@ def poll(fn: Callable[[], object], what: str) -> object:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def workers(pid: int) -> list[int]:
+    """The server's worker processes: its python children, not the multiprocessing
+    resource tracker, which runs no model."""
+    return [
+        c
+        for c in children(pid)
+        if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()
+    ]
+
+
 def _worker_nices(server: ServerProcess) -> list[int]:
-    """Nice values of the server's worker processes (python children; not the
-    multiprocessing resource tracker, which runs no model)."""
-    out = []
-    for child in children(server.proc.pid):
-        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-        if b"resource_tracker" not in cmdline:
-            out.append(nice_of(Path(f"/proc/{child}/stat")))
-    return out
+    return [nice_of(Path(f"/proc/{w}/stat")) for w in workers(server.proc.pid)]
 
 
 def test_process_workers_run_below_the_loop_and_a_model_may_say_how_far() -> None:
@@ -138,17 +141,13 @@ def test_loop_rt_priority_makes_only_the_loop_thread_real_time() -> None:
         assert threads.pop(pid) == (SCHED_RR, 1)  # the event loop's thread
         assert threads and set(threads.values()) == {(SCHED_OTHER, 0)}, threads
         assert 10 in [n for ns in thread_nices(pid).values() for n in ns]  # still niced
-        workers = [c for c in children(pid) if b"resource_tracker" not in _cmdline(c)]
-        assert workers
-        for worker in workers:
+        found = workers(pid)
+        assert found
+        for worker in found:
             assert set(_policies(worker).values()) == {(SCHED_OTHER, 0)}
             assert nice_of(Path(f"/proc/{worker}/stat")) == 10
     finally:
         assert server.stop() == 0
-
-
-def _cmdline(pid: int) -> bytes:
-    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
