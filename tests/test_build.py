@@ -7,6 +7,7 @@ compiled run that silently fell back to the sources fails here."""
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import json
 import os
@@ -119,3 +120,87 @@ def test_an_edited_source_is_never_shadowed_by_its_stale_extension(tmp_path: Pat
     (src / "zeroserve" / buildinfo.MANIFEST).unlink()
     assert _compiled(_origins(env)) == []
     assert f"without {buildinfo.MANIFEST}" in _version(env)
+
+
+# -- what compiled code must not do ------------------------------------------------------
+# mypyc keeps a compiled coroutine's handled exception in the thread's exception state,
+# not in a frame of its own. A compiled coroutine that suspends inside an ``except`` or
+# ``finally`` body leaves its exception there for whatever the loop runs next, and on
+# resuming re-raises whatever is there then (docs/architecture.md, "The compiled build").
+_SUSPENDS = (ast.Await, ast.AsyncFor, ast.AsyncWith, ast.Yield, ast.YieldFrom)
+
+
+def _suspends_in_handlers(source: str) -> list[str]:
+    """Each place in ``source`` that may suspend inside an ``except`` or ``finally`` body,
+    and each ``async with`` (its exit is awaited in a handler when its body raises), as
+    ``line: function``."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, where: str, handler: bool) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            name = getattr(node, "name", "<lambda>")
+            for child in ast.iter_child_nodes(node):
+                visit(child, name, False)  # a nested function has handlers of its own
+            return
+        if isinstance(node, ast.AsyncWith) or (handler and isinstance(node, _SUSPENDS)):
+            found.append(f"{getattr(node, 'lineno', '?')}: {where}")
+        if isinstance(node, ast.Try | ast.TryStar):
+            for child in [*node.body, *node.orelse]:
+                visit(child, where, handler)
+            for child in [*node.handlers, *node.finalbody]:
+                visit(child, where, True)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, where, handler)
+
+    visit(ast.parse(source), "<module>", False)
+    return found
+
+
+def test_no_compiled_module_suspends_inside_a_handler() -> None:
+    for module in buildinfo.COMPILED_MODULES:
+        path = SRC / (module.replace(".", "/") + ".py")
+        assert _suspends_in_handlers(path.read_text()) == [], module
+
+
+def test_the_handler_rule_sees_each_way_to_suspend() -> None:
+    flagged = """
+async def f(x):
+    try:
+        await x
+    except ValueError:
+        await x
+    finally:
+        async for _ in x:
+            pass
+    async with x:
+        pass
+    try:
+        pass
+    finally:
+        def g():
+            try:
+                pass
+            finally:
+                yield
+"""
+    assert _suspends_in_handlers(flagged) == ["6: f", "8: f", "10: f", "19: g"]
+    allowed = """
+async def f(x):
+    failure = None
+    try:
+        await x
+        async for _ in x:
+            pass
+    except BaseException as exc:
+        failure = exc
+    try:
+        pass
+    finally:
+        async def later():
+            await x
+    await x
+    if failure is not None:
+        raise failure
+"""
+    assert _suspends_in_handlers(allowed) == []

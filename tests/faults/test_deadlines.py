@@ -10,6 +10,7 @@ after ``CLIENT_WAIT_S`` (10 s): a 504 can only come from the shorter deadline as
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import httpx
@@ -83,6 +84,53 @@ def test_stainless_timeout_header_ends_a_stream_with_an_error_event(
     assert "first" in contents
     assert docs[-1]["error"]["code"] == "deadline_exceeded"
     assert server.in_flight("slowstart") == 0
+
+
+def test_a_stream_cut_by_its_deadline_leaves_no_exception_behind(server: ServerThread) -> None:
+    # The cut stream's cancellation passes through handlers that close generators. On the
+    # compiled build an await inside such a handler left its CancelledError as the loop
+    # thread's handled exception, and every later OpenAI request on the server re-raised
+    # it and hung (docs/architecture.md, "The compiled build").
+    body = {"model": "slowstart", "messages": MESSAGES, "stream": True}
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        json=body,
+        headers={"x-stainless-timeout": "0.5"},
+        timeout=CLIENT_WAIT_S,
+    ) as r:
+        last = [line for line in r.iter_lines() if line.startswith("data: ")][-1]
+    assert json.loads(last[6:])["error"]["code"] == "deadline_exceeded"
+
+    async def handled() -> str:
+        return repr(sys.exc_info()[1])
+
+    assert server.call(handled()) == "None"
+    whole = httpx.post(
+        server.url + "/v1/completions",
+        json={"model": "echo", "prompt": "x y", "max_tokens": 4},
+        timeout=CLIENT_WAIT_S,
+    )
+    assert whole.status_code == 200, whole.text
+    assert whole.json()["choices"][0]["text"]
+    two = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"model": "echo", "messages": MESSAGES, "max_tokens": 4, "n": 2},
+        timeout=CLIENT_WAIT_S,
+    )
+    assert two.status_code == 200, two.text
+    assert [c["index"] for c in two.json()["choices"]] == [0, 1]
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        json={"model": "echo", "messages": MESSAGES, "max_tokens": 4, "stream": True},
+        timeout=CLIENT_WAIT_S,
+    ) as r:
+        assert r.status_code == 200
+        assert [line for line in r.iter_lines() if line.startswith("data: ")][-1] == (
+            "data: [DONE]"
+        )
+    assert server.in_flight("slowstart") == server.in_flight("echo") == 0
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])

@@ -449,13 +449,19 @@ class InProcessExecutor(Executor):
             it = await maybe_await(it)
             result: Any = None
             if hasattr(it, "__anext__"):
+                # Closed after the handler, not in a ``finally``: compiled code must not
+                # await inside one (docs/architecture.md, "The compiled build").
+                failure: BaseException | None = None
                 try:
                     async for piece in it:
                         await channel.send(piece)
-                finally:
-                    aclose = getattr(it, "aclose", None)
-                    if aclose is not None:
-                        await aclose()
+                except BaseException as exc:
+                    failure = exc
+                aclose = getattr(it, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                if failure is not None:
+                    raise failure
             elif self.pool is None:
                 result = await self._pump_inline(iter(it), channel)
             else:
@@ -479,9 +485,12 @@ class InProcessExecutor(Executor):
                     piece = next(gen)
                 except StopIteration as stop:
                     return stop.value
+                full = False
                 try:
                     channel.send_nowait(piece)
                 except WouldBlock:
+                    full = True  # waited for below, outside the handler
+                if full:
                     await channel.send(piece)
                 n += 1
                 if n % self.yield_every == 0:

@@ -136,40 +136,60 @@ class StreamWriter:
         ``started``, see ``start``). Returns the error response to send instead if the
         stream failed before its first piece (nothing was sent yet), else None. Raises
         ``ConnectionResetError`` if the client went away."""
-        transport = self.flow.transport
-        assert transport is not None
         it = resp.pieces
-        sse = resp.framing == "sse"
-        sent = started
+        # ``it`` is closed after the handler, not in a ``finally``: compiled code must not
+        # await inside one (docs/architecture.md, "The compiled build").
+        failure: BaseException | None = None
+        answer: Response | None = None
+        ended = sent = False
         try:
-            if started:
-                if not self.conn.body_allowed:
-                    return None
-                failed = await self._rest(it)
-            else:
-                try:
-                    first = await it.__anext__()
-                except StopAsyncIteration:
-                    first = None
-                except ZeroserveError as exc:
-                    return error_response(exc, req.route.errors, _request_id(req))
-                head = self._head(req, resp, first is not None)
-                conn = self.conn
-                if not conn.body_allowed:
-                    transport.write(head)
-                    return None
-                sent = first is not None
-                failed = await self.write(head, it, first, sse=sse, chunked=conn.chunked_out)
-            if failed is not None:
-                self._failed(req, failed, sse)
-                return None
-        finally:
-            await it.aclose()
+            answer, ended, sent = await self._pieces(req, resp, started)
+        except BaseException as exc:
+            failure = exc
+        await it.aclose()
+        if failure is not None:
+            raise failure
+        if not ended:
+            return answer
         if self.flow.closed:
             raise ConnectionResetError("client disconnected")
         if self.framer.pending or sent:
             self.flush(last=True)
         return None
+
+    async def _pieces(
+        self, req: Request, resp: StreamResponse, started: bool
+    ) -> tuple[Response | None, bool, bool]:
+        """``respond``'s body: the error response to send instead (or None), whether the
+        stream ran to its end (its last batch is still to flush), and whether a piece was
+        sent."""
+        transport = self.flow.transport
+        assert transport is not None
+        it = resp.pieces
+        sse = resp.framing == "sse"
+        sent = started
+        if started:
+            if not self.conn.body_allowed:
+                return None, False, sent
+            failed = await self._rest(it)
+        else:
+            try:
+                first = await it.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except ZeroserveError as exc:
+                return error_response(exc, req.route.errors, _request_id(req)), False, sent
+            head = self._head(req, resp, first is not None)
+            conn = self.conn
+            if not conn.body_allowed:
+                transport.write(head)
+                return None, False, sent
+            sent = first is not None
+            failed = await self.write(head, it, first, sse=sse, chunked=conn.chunked_out)
+        if failed is not None:
+            self._failed(req, failed, sse)
+            return None, False, sent
+        return None, True, sent
 
     def _failed(self, req: Request, exc: Exception, sse: bool) -> None:
         """The stream failed after its head was sent."""

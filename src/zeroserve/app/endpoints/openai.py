@@ -35,7 +35,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -68,8 +68,28 @@ def register(router: Router, engine: Engine, limits: ApiLimits | None = None) ->
     router.add("POST", "/v1/responses", api.responses)
 
 
+_T = TypeVar("_T")
+
+
 def _json(obj: Any) -> Response:
     return Response(200, [s.encoder.encode(obj)], content_type=JSON)
+
+
+async def _all_or_none(coros: list[Coroutine[Any, Any, _T]]) -> list[_T]:
+    """Run ``coros`` as tasks and return their results, in order; the first failure
+    cancels the rest, is waited out with them, and is raised as the request's (a 504, a
+    model failure, ...). What ``asyncio.TaskGroup`` does, without its ``async with``:
+    see ``_whole``."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    failure: BaseException | None = None
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException as exc:  # a choice failed, or this request was cancelled
+        failure = exc
+    for task in tasks:
+        task.cancel()
+    await asyncio.wait(tasks)
+    raise failure
 
 
 def _new_id(prefix: str) -> str:
@@ -285,8 +305,12 @@ class _OpenAI:
         ident: str,
         created: int,
     ) -> Response:
+        # No await inside an ``except`` or ``finally`` here, and no ``async with``:
+        # compiled code must not suspend in a handler (docs/architecture.md, "The
+        # compiled build").
         async def one(job: _Job) -> tuple[str, str, int]:
             gen = self._starter(handle, job)()
+            failure: BaseException | None = None
             try:
                 async for _ in gen:
                     # Then what the model has ready, a batch per call (a sync inline
@@ -295,8 +319,11 @@ class _OpenAI:
                     # consumer gives it (PULL_YIELD_EVERY).
                     while len(gen.take_ready(PULL_YIELD_EVERY)) == PULL_YIELD_EVERY:
                         await asyncio.sleep(0)
-            finally:
-                await gen.aclose()
+            except BaseException as exc:
+                failure = exc
+            await gen.aclose()
+            if failure is not None:
+                raise failure
             reason, tokens = gen.finish()
             return gen.text(), reason, tokens
 
@@ -304,12 +331,7 @@ class _OpenAI:
             if len(jobs) == 1:
                 results = [await one(jobs[0])]
             else:
-                async with asyncio.TaskGroup() as tg:
-                    tasks = [tg.create_task(one(job)) for job in jobs]
-                results = [t.result() for t in tasks]
-        except ExceptionGroup as group:
-            # Report the first error as the request's (a 504, a model failure, ...).
-            raise group.exceptions[0] from None
+                results = await _all_or_none([one(job) for job in jobs])
         finally:
             for job in jobs:
                 job.release()
