@@ -22,11 +22,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The hot path compiled by mypyc, in place next to its sources (tools/build_compiled.py;
-# docs/architecture.md, "The compiled build"): opt-in, not part of `make install`, because
-# one test still fails on it (docs/architecture.md says which). Rebuilt when a compiled
-# source changed, a no-op when up to date. ZEROSERVE_PURE=1 (or no C compiler) leaves a
-# pure-Python tree and says so in one line; at run time ZEROSERVE_PURE=1 also makes a
-# compiled tree load its sources.
+# docs/architecture.md, "The compiled build"), part of `make install`: rebuilt when a
+# compiled source changed, a no-op when up to date. ZEROSERVE_PURE=1 (or no C compiler)
+# leaves a pure-Python tree and says so in one line; at run time ZEROSERVE_PURE=1 also
+# makes a compiled tree load its sources.
 compiled: $(STAMP)
 	$(PY) -m pip install -q -e '.[mypyc]'
 	@$(PY) tools/build_compiled.py
@@ -52,7 +51,7 @@ browser:
 	  (apt-get update -q && apt-get install -y -q chromium chromium-driver) || \
 	  echo "no Chromium installed: the browser tests (tests/ui) will skip"
 
-install: $(STAMP)
+install: $(STAMP) compiled
 
 install-test: $(TEST_STAMP)
 
@@ -68,11 +67,11 @@ typecheck: install-test
 
 # The Ray suite runs apart, in a network namespace whose only interface is loopback, so
 # its two-node cluster keeps every socket on 127.0.0.1 (tools/loopback-netns says why).
-# The suite runs on the build in the tree (pure Python, unless `make compiled` was run);
+# The suite runs on the build `make install` made (compiled when a C compiler is there);
 # with a compiled build, the non-Ray suite runs a second time on the pure-Python sources
 # (ZEROSERVE_PURE=1). ZEROSERVE_TEST_BUILD tells tests/test_build.py which build to expect.
 BUILT = $$(test -f src/zeroserve/_compiled.json && echo compiled || echo pure)
-pytest: install-test
+pytest: install-test compiled
 	ZEROSERVE_TEST_BUILD=$(BUILT) $(VENV)/bin/pytest -q -p no:cacheprovider --ignore=tests/ray
 	ZEROSERVE_TEST_BUILD=$(BUILT) tools/loopback-netns $(VENV)/bin/pytest -q -p no:cacheprovider tests/ray
 	@if [ "$(BUILT)" = compiled ]; then \

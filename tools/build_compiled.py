@@ -1,4 +1,4 @@
-"""Build (or remove) zeroserve's compiled hot path in place: ``make compiled`` runs it (opt-in).
+"""Build (or remove) zeroserve's compiled hot path in place: ``make install`` runs it (``make compiled``).
 
     python tools/build_compiled.py          # compile, unless up to date, pure or no compiler
     python tools/build_compiled.py --clean  # remove every compiled artifact
