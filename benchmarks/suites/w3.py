@@ -8,7 +8,7 @@ from ..context import SuiteContext
 from ..report import Section, Target, footer, rps, skipped, targets, wrk_table
 from ..runner import run_grid
 from ..scenarios import Case, chat_validator
-from ..servers import BASELINE, ECHO, SUBJECT, fastapi_peer, zeroserve
+from ..servers import BASELINE, ECHO, SUBJECT, fastapi_peer, zeroserve, zeroserve_baseline
 from ._api import GROUP, GROUP_TITLE
 
 # W3: a 64 KB prompt, a short answer.
@@ -51,7 +51,8 @@ def w3_case() -> Case:
 
 def w3(ctx: SuiteContext) -> Section:
     settings = ctx.settings()
-    servers = [zeroserve(ECHO), fastapi_peer()]
+    base = zeroserve_baseline(("--model", ECHO))  # with ZSBENCH_BASELINE_SRC: an A/B
+    servers = [zeroserve(ECHO), *([base] if base is not None else []), fastapi_peer()]
     case = w3_case()
     grid = run_grid(servers, [case], settings)
     ratio = grid.ratio(case.key, SUBJECT, BASELINE, rps)

@@ -24,10 +24,6 @@ from .base import GenerateRequest, Inputs, Model, Outputs, Piece, TensorSpec
 EMBED_DIM = 64
 
 
-_IS_SPACE = np.zeros(256, dtype=bool)
-_IS_SPACE[list(b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")] = True  # what str.split() splits at (ASCII)
-
-
 def _split(text: Any, limit: int | None) -> list[Any]:
     """Whitespace-separated tokens; only the first ``limit`` when fewer are needed (a 64 KB
     prompt asked for 16 tokens must not be split into thousands)."""
@@ -74,14 +70,22 @@ class EchoModel(Model):
         return out
 
     def count_tokens(self, text: str) -> int:
-        if text.isascii():
-            # Counting word starts in numpy avoids building a str per word (a 64 KB
-            # prompt has ~9,000): ~20 us instead of ~250 us.
-            space = _IS_SPACE[np.frombuffer(text.encode("ascii"), dtype=np.uint8)]
-            if not len(space):
-                return 0
-            return int(np.count_nonzero(space[:-1] & ~space[1:])) + int(not space[0])
-        return len(text.split())
+        """``len(text.split())``, without building a str per word (a 64 KB prompt has
+        ~9,000): for ASCII, the word starts are counted in numpy over the bytes, ~20 us
+        against ~250 us for the split (and ~140 us for a 256-entry table lookup)."""
+        if not text.isascii():
+            return len(text.split())
+        a = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        if not len(a):
+            return 0
+        # What str.split() splits at, in ASCII: space, 9-13 (\t \n \v \f \r) and 28-31,
+        # all <= 32. The other bytes <= 32 (0-8, 14-27) do not split; they are masked out
+        # only when the text has a byte below 32 at all (a newline is one).
+        space = a <= 32
+        if np.count_nonzero(a < 32):
+            space &= ~((a < 9) | ((a > 13) & (a < 28)))
+        # A word starts at a non-space after a space, or at the first byte.
+        return int(np.count_nonzero(space[:-1] > space[1:])) + int(not space[0])
 
     # V2 metadata. Echo is an identity over any inputs: each output has its input's name,
     # data type and shape, so one variable tensor stands for all of them (-1: any length).
