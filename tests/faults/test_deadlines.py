@@ -42,6 +42,25 @@ def openai_504(r: httpx.Response) -> dict[str, Any]:
     return err
 
 
+# The stainless timeout header that cuts the ``slowstart`` model's stream mid-generation.
+CUT_AT = {"x-stainless-timeout": "0.5"}
+
+
+def sse_data(
+    server: ServerThread, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> list[str]:
+    """The ``data:`` payloads of one streamed chat completion (its head must be a 200)."""
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        json={**body, "stream": True},
+        headers=headers,
+        timeout=CLIENT_WAIT_S,
+    ) as r:
+        assert r.status_code == 200
+        return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
 # -- OpenAI: the SDK's own timeout ------------------------------------------------------
 def test_sdk_timeout_bounds_chat(server: ServerThread) -> None:
     client = sdk(server, timeout=2.0)
@@ -66,19 +85,7 @@ def test_sdk_timeout_bounds_completions_and_embeddings(server: ServerThread) -> 
 def test_stainless_timeout_header_ends_a_stream_with_an_error_event(
     server: ServerThread,
 ) -> None:
-    body = {"model": "slowstart", "messages": MESSAGES, "stream": True}
-    events: list[str] = []
-    with httpx.stream(
-        "POST",
-        server.url + "/v1/chat/completions",
-        json=body,
-        headers={"x-stainless-timeout": "0.5"},
-        timeout=CLIENT_WAIT_S,
-    ) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[6:])
+    events = sse_data(server, {"model": "slowstart", "messages": MESSAGES}, CUT_AT)
     docs = [json.loads(e) for e in events if e != "[DONE]"]
     contents = [d["choices"][0]["delta"].get("content") for d in docs if d.get("choices")]
     assert "first" in contents
@@ -91,16 +98,8 @@ def test_a_stream_cut_by_its_deadline_leaves_no_exception_behind(server: ServerT
     # compiled build an await inside such a handler left its CancelledError as the loop
     # thread's handled exception, and every later OpenAI request on the server re-raised
     # it and hung (docs/architecture.md, "The compiled build").
-    body = {"model": "slowstart", "messages": MESSAGES, "stream": True}
-    with httpx.stream(
-        "POST",
-        server.url + "/v1/chat/completions",
-        json=body,
-        headers={"x-stainless-timeout": "0.5"},
-        timeout=CLIENT_WAIT_S,
-    ) as r:
-        last = [line for line in r.iter_lines() if line.startswith("data: ")][-1]
-    assert json.loads(last[6:])["error"]["code"] == "deadline_exceeded"
+    last = sse_data(server, {"model": "slowstart", "messages": MESSAGES}, CUT_AT)[-1]
+    assert json.loads(last)["error"]["code"] == "deadline_exceeded"
 
     async def handled() -> str:
         return repr(sys.exc_info()[1])
@@ -120,16 +119,8 @@ def test_a_stream_cut_by_its_deadline_leaves_no_exception_behind(server: ServerT
     )
     assert two.status_code == 200, two.text
     assert [c["index"] for c in two.json()["choices"]] == [0, 1]
-    with httpx.stream(
-        "POST",
-        server.url + "/v1/chat/completions",
-        json={"model": "echo", "messages": MESSAGES, "max_tokens": 4, "stream": True},
-        timeout=CLIENT_WAIT_S,
-    ) as r:
-        assert r.status_code == 200
-        assert [line for line in r.iter_lines() if line.startswith("data: ")][-1] == (
-            "data: [DONE]"
-        )
+    streamed = sse_data(server, {"model": "echo", "messages": MESSAGES, "max_tokens": 4})
+    assert streamed[-1] == "[DONE]"
     assert server.in_flight("slowstart") == server.in_flight("echo") == 0
 
 
