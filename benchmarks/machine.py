@@ -35,13 +35,20 @@ SOFTWARE = (
 )
 
 
+# The CPUs the harness may place processes on: its affinity when this module is imported,
+# before ``harness_on_load_cpu`` narrows it to LOAD_CPU. Placement is judged against these,
+# never against the narrowed affinity: checked against that, SERVER_CPU looked unavailable
+# and every server was started unpinned, inheriting the load generator's CPU.
+_USABLE = frozenset(os.sched_getaffinity(0))
+
+
 def cpu_count() -> int:
-    return len(os.sched_getaffinity(0))
+    return len(_USABLE)
 
 
 def pin_prefix(cpu: int | None) -> list[str]:
     """``taskset -c N`` when pinning is possible, else nothing (one-core machines)."""
-    if cpu is None or cpu not in os.sched_getaffinity(0) or shutil.which("taskset") is None:
+    if cpu is None or cpu not in _USABLE or shutil.which("taskset") is None:
         return []
     return ["taskset", "-c", str(cpu)]
 
@@ -62,15 +69,11 @@ class Pinning:
         """CPU for a gateway's upstream: a third one if there is one, else the server's."""
         if self.server_cpu is None:
             return None
-        return (
-            AUX_CPU
-            if cpu_count() >= 3 and AUX_CPU in os.sched_getaffinity(0)
-            else (self.server_cpu)
-        )
+        return AUX_CPU if cpu_count() >= 3 and AUX_CPU in _USABLE else (self.server_cpu)
 
     @classmethod
     def detect(cls) -> Pinning:
-        if cpu_count() >= 2 and {SERVER_CPU, LOAD_CPU} <= os.sched_getaffinity(0):
+        if cpu_count() >= 2 and {SERVER_CPU, LOAD_CPU} <= _USABLE:
             return cls(SERVER_CPU, LOAD_CPU)
         return cls(None, None)
 

@@ -316,7 +316,7 @@ BUSY_SLACK_S = 30.0
 
 
 @contextlib.contextmanager
-def busy_loop(cpu: int | None, seconds: float) -> Iterator[None]:
+def busy_loop(cpu: int | None, seconds: float) -> Iterator[subprocess.Popen[bytes]]:
     """One process spinning on ``cpu`` (a stand-in for an engine thread that keeps its
     core busy) for at most ``seconds`` plus slack; stopped by PID on the way out."""
     spin = f"import time\nend = time.monotonic() + {seconds + BUSY_SLACK_S}\n"
@@ -325,7 +325,7 @@ def busy_loop(cpu: int | None, seconds: float) -> Iterator[None]:
         [*pin_prefix(cpu), sys.executable, "-c", spin], stdin=subprocess.DEVNULL
     )
     try:
-        yield
+        yield proc
     finally:
         proc.kill()
         proc.wait()
