@@ -172,7 +172,9 @@ BASELINE_SRC_ENV = "ZSBENCH_BASELINE_SRC"
 SELF_BASELINE = "zeroserve-base"  # never a peer in the targets: it is ourselves
 
 
-def zeroserve_baseline(zeroserve_args: tuple[str, ...]) -> Server | None:
+def at_baseline(server: Server, name: str, title: str) -> Server | None:
+    """``server`` (a zeroserve) run from ``ZSBENCH_BASELINE_SRC`` instead, as ``name``;
+    None when the variable is not set."""
     src = os.environ.get(BASELINE_SRC_ENV)
     if not src:
         return None
@@ -186,13 +188,11 @@ def zeroserve_baseline(zeroserve_args: tuple[str, ...]) -> Server | None:
             return f"{base_src}/zeroserve/cli.py not found ({BASELINE_SRC_ENV})"
         return None
 
-    return dataclasses.replace(
-        zeroserve(extra=zeroserve_args),
-        name=SELF_BASELINE,
-        title="zeroserve@base",
-        env=env,
-        missing=missing,
-    )
+    return dataclasses.replace(server, name=name, title=title, env=env, missing=missing)
+
+
+def zeroserve_baseline(zeroserve_args: tuple[str, ...]) -> Server | None:
+    return at_baseline(zeroserve(extra=zeroserve_args), SELF_BASELINE, "zeroserve@base")
 
 
 def comparative(zeroserve_args: tuple[str, ...]) -> list[Server]:

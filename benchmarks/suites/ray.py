@@ -20,7 +20,7 @@ from ..context import SuiteContext
 from ..report import Section, cpu, fixed, footer, mark, p, rps
 from ..runner import run_grid
 from ..scenarios import SCENARIOS
-from ..servers import EXTERNAL_READY_TIMEOUT_S, Server, peer, zeroserve
+from ..servers import EXTERNAL_READY_TIMEOUT_S, Server, at_baseline, peer, zeroserve
 from ._runtime import GROUP, TITLE
 from .w4 import w4_cases
 
@@ -56,7 +56,9 @@ def ray(ctx: SuiteContext) -> Section:
         )
         for ex in EXECUTORS
     ]
-    grid = run_grid(specs, [binary, stream], settings)
+    # With ZSBENCH_BASELINE_SRC: each executor from that tree too, in the same rounds.
+    bases = [at_baseline(s, f"{s.name}@base", f"{s.title}@base") for s in specs]
+    grid = run_grid([*specs, *(b for b in bases if b is not None)], [binary, stream], settings)
     elastic = zeroserve(
         "echo=zeroserve.models.echo:EchoModel?executor=ray-serve",
         name="zeroserve-ray-serve",
@@ -81,7 +83,7 @@ def ray(ctx: SuiteContext) -> Section:
         "|---|---|---|---|---|---|---|---|",
     ]
     for case in (binary, stream):
-        for spec in specs:
+        for spec in [*specs, *(b for b in bases if b is not None)]:
             k, n = case.key, spec.name
             if not grid.ok(k, n):
                 lines.append(
@@ -152,4 +154,14 @@ def ray(ctx: SuiteContext) -> Section:
     if grid.ok(stream.key, near) and grid.ok(stream.key, base):
         ratio = grid.ratio(stream.key, near, base, rps)
         targets.append(f"- ray / process stream tokens/s: {fixed(ratio, 2)}x (no target)")
+    for spec, b in zip(specs, bases, strict=True):
+        if b is None:
+            continue
+        for case in (binary, stream):
+            if grid.ok(case.key, spec.name) and grid.ok(case.key, b.name):
+                ratio = grid.ratio(case.key, spec.name, b.name, rps)
+                targets.append(
+                    f"- {spec.title} against {b.title}, {case.label}: {fixed(ratio, 2)}x "
+                    "(an A/B of a change, same rounds)"
+                )
     return Section(GROUP, TITLE, "\n".join([*lines, "", *targets, *footer(ctx, settings)]))

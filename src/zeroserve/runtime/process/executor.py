@@ -442,27 +442,31 @@ class ProcessExecutor(Executor):
                 call.future.set_exception(exc)
 
     def _dispatch(self, w: WorkerProcess, msg: Any) -> None:
-        if isinstance(msg, p.Piece):
+        if isinstance(msg, p.Pieces):
             call = w.calls.get(msg.id)
             if call is None or call.abandoned or call.channel is None:
                 return
-            piece: Any
-            if msg.text is not None:
-                piece = msg.text
-            elif msg.desc is not None:
-                piece = self.arena.view[msg.desc.offset : msg.desc.offset + msg.desc.length]
-            else:
-                piece = msg.data or b""
-            try:
-                call.channel.send_nowait(piece)
-            except WouldBlock:
-                self._abandon(w, call)
-                call.channel.abort(WorkerError("worker sent a piece beyond its credit"))
-            except errors.ZeroserveError:
-                self._abandon(w, call)  # consumer gone, or coalesce cap passed
-            else:
-                if call.channel.policy == "coalesce":
-                    self._return_credit(w, call, 1)
+            channel = call.channel
+            view = self.arena.view
+            for item in msg.items:
+                piece: Any
+                if isinstance(item, str):
+                    piece = item
+                elif isinstance(item, p.Blob):
+                    piece = item.data
+                else:
+                    piece = view[item.offset : item.offset + item.length]
+                try:
+                    channel.send_nowait(piece)
+                except WouldBlock:
+                    self._abandon(w, call)
+                    channel.abort(WorkerError("worker sent a piece beyond its credit"))
+                    return
+                except errors.ZeroserveError:
+                    self._abandon(w, call)  # consumer gone, or coalesce cap passed
+                    return
+            if channel.policy == "coalesce":
+                self._return_credit(w, call, len(msg.items))
             return
         if isinstance(msg, p.Alloc):
             self._allocate(w, msg)

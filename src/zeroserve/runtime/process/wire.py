@@ -10,7 +10,7 @@ Every request id sent to a worker gets exactly one terminal answer (``InferDone`
 learns when the worker is done with the leases of that request.
 
 Streams use credits, like HTTP/2 windows: ``Generate.window`` pieces may be sent before
-any ``Credit`` arrives; each piece spends one; the server returns credits as its
+any ``Credit`` arrives; each piece spends one (a ``Pieces`` frame carries several); the server returns credits as its
 consumer takes pieces. A worker never writes a piece it has no credit for, so one slow
 stream only ever stops itself.
 """
@@ -97,11 +97,25 @@ class EmbedDone(_Msg, tag="embed_done"):
     shape: tuple[int, ...]
 
 
-class Piece(_Msg, tag="piece"):
+class Blob(msgspec.Struct, array_like=True, tag="b"):
+    """A bytes piece outside the arena, copied into the frame (small by nature)."""
+
+    data: bytes
+
+
+class InArena(msgspec.Struct, array_like=True, tag="a"):
+    """A bytes piece already in the arena (an echo of the request body): no copy."""
+
+    offset: int
+    length: int
+
+
+class Pieces(_Msg, tag="pieces"):
+    """A stream's next pieces, in order, each one credit. A sync generator's pieces come
+    many to a frame (``_common.SlicedSteps``)."""
+
     id: int
-    text: str | None = None
-    data: bytes | None = None
-    desc: TensorDesc | None = None
+    items: list[str | Blob | InArena]
 
 
 class End(_Msg, tag="end"):
@@ -117,7 +131,7 @@ class Fail(_Msg, tag="fail"):
 
 
 ToWorker = Infer | Embed | Generate | Credit | Abort | Allocated | Shutdown
-ToServer = Ready | LoadFailed | Alloc | InferDone | EmbedDone | Piece | End | Fail
+ToServer = Ready | LoadFailed | Alloc | InferDone | EmbedDone | Pieces | End | Fail
 
 ENCODER = msgspec.msgpack.Encoder()
 TO_WORKER = msgspec.msgpack.Decoder(ToWorker)

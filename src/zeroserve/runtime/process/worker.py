@@ -42,8 +42,8 @@ import numpy as np
 from ... import errors
 from ...models.base import GenerateRequest, Model
 from .._common import (
+    SlicedSteps,
     StreamCredit,
-    ThreadStepper,
     check_outputs,
     make_model,
     maybe_await,
@@ -66,6 +66,10 @@ from . import wire as p
 # Threads for sync model calls in one worker: a batch or two plus stepping a handful of
 # concurrent generators. CPU-bound Python models gain nothing from more (the GIL).
 WORKER_THREADS = 8
+
+
+def _never() -> bool:
+    return False
 
 
 def worker_main(
@@ -241,17 +245,15 @@ class WorkerLoop:
         self.send(p.EmbedDone(msg.id, out.tobytes(), out.shape))
 
     # -- generate --------------------------------------------------------------------------
-    def _piece(self, rid: int, piece: Any) -> p.Piece:
+    def _item(self, piece: Any) -> str | p.Blob | p.InArena:
         if isinstance(piece, str):
-            return p.Piece(rid, text=piece)
+            return piece
         mv = memoryview(piece).cast("B")
         if mv.nbytes:
             addr = buffer_address(mv)
             if self.base <= addr and addr + mv.nbytes <= self.base + self.size:
-                return p.Piece(
-                    rid, desc=TensorDesc(addr - self.base, mv.nbytes, "|u1", (mv.nbytes,))
-                )
-        return p.Piece(rid, data=bytes(mv))
+                return p.InArena(addr - self.base, mv.nbytes)
+        return p.Blob(bytes(mv))
 
     async def _generate(self, msg: p.Generate) -> None:
         req = msgspec.msgpack.decode(msg.req, type=GenerateRequest)
@@ -268,24 +270,30 @@ class WorkerLoop:
                         piece = await it.__anext__()
                     except StopAsyncIteration:
                         break
-                    self.send(self._piece(msg.id, piece))
+                    self.send(p.Pieces(msg.id, [self._item(piece)]))
                     await self.writer.drain()
             finally:
                 aclose = getattr(it, "aclose", None)
                 if aclose is not None:
                     await aclose()
         else:
-            stepper = ThreadStepper(iter(it))
-            loop = asyncio.get_running_loop()
+            # Stepped in slices on a pool thread: what a slice produced goes out as one
+            # frame, so a fast generator costs a thread hop and a frame per batch of
+            # pieces, not per piece. An Abort cancels this task; the generator is closed
+            # once the step in progress returned (until then the call counts as running).
+            steps = SlicedSteps(iter(it), self.pool, credit, _never)
             try:
                 while True:
-                    await credit.take()
-                    piece = await run_to_end(loop.run_in_executor(self.pool, stepper.step))
-                    if piece is ThreadStepper.END:
-                        result = stepper.result
-                        break
-                    self.send(self._piece(msg.id, piece))
-                    await self.writer.drain()
+                    pieces, end = await steps.take()
+                    if pieces:
+                        self.send(p.Pieces(msg.id, [self._item(x) for x in pieces]))
+                        await self.writer.drain()
+                    if end is None:
+                        continue
+                    if isinstance(end, BaseException):
+                        raise end
+                    result = steps.result
+                    break
             finally:
-                stepper.close_in(self.pool)
+                await steps.aclose()
         self.send(p.End(msg.id, result if isinstance(result, str) else None))

@@ -22,10 +22,9 @@ code runs on a small thread pool, as in process workers):
   only while the stream has credit (``credit(id, n)``); ``abort(id)`` closes the model's
   generator after the step in progress. The stream ends only once that step returned, so
   a step that never returns keeps the stream's Ray task running, which the ingress
-  watches (a hung stream). A sync generator is stepped on a pool thread for up to
-  ``STEP_SLICE_S`` per pool call, as long as credit lasts; each piece is handed to the
-  actor's loop as it comes (``_Pieces``), and every Ray item carries whatever arrived
-  since the last one, so a fast generator's pieces travel many to an item.
+  watches (a hung stream). A sync generator is stepped in slices on a pool thread
+  (``_common.SlicedSteps``, as in process workers), and every Ray item carries whatever
+  arrived since the last one, so a fast generator's pieces travel many to an item.
 
 Batches (``infer``, ``infer_arrays``, ``embed``) run one at a time (``serial_batches``):
 the ingress keeps up to ``executor.PIPELINE_DEPTH`` of them in flight on one actor so
@@ -44,9 +43,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import os
-import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,13 +54,13 @@ import numpy as np
 
 from ...models.base import GenerateRequest, Model
 from .._common import (
+    STOPPED,
+    SlicedSteps,
     StreamCredit,
-    ThreadStepper,
     check_outputs,
     make_model,
     maybe_await,
     model_failure,
-    run_to_end,
 )
 from ..arena import read_token
 from ..tensors import (
@@ -78,15 +75,6 @@ from ..tensors import (
 
 # Threads for sync model calls in one actor (as ``process.worker.WORKER_THREADS``).
 ACTOR_THREADS = 8
-# What the pump puts in a stream's queue once the stream was aborted.
-_ABORTED: Any = object()
-# How long one pool call keeps stepping a sync generator while its stream has credit, in
-# seconds. Each piece goes to the actor's loop as it comes, so this bounds neither a
-# piece's wait nor a slow step; it bounds how long a fast generator holds a pool thread
-# (8 are shared by every stream and batch of the actor) and saves a thread hop per piece:
-# measured on the echo model, a thread hop and a Ray item per piece cost about 0.2 ms of
-# CPU each side, more than the piece.
-STEP_SLICE_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,39 +127,6 @@ def attach_arena(ref: ArenaRef) -> memoryview | None:
 def _fail(name: str, exc: BaseException) -> Fail:
     err = model_failure(name, exc)
     return Fail(type(err).__name__, err.message, err.status)
-
-
-class _Pieces:
-    """A stream's pieces on their way from a pool thread to the actor's loop.
-
-    ``put`` (any thread) appends and wakes the loop only when no wake-up is pending;
-    ``take`` (the loop) clears that mark before it looks, so a piece appended after the
-    look always sends a new wake-up, which lands after ``take`` cleared its event.
-    """
-
-    __slots__ = ("event", "items", "loop", "signalled")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.items: deque[Any] = deque()
-        self.event = asyncio.Event()
-        self.signalled = False
-
-    def put(self, item: Any) -> None:
-        self.items.append(item)
-        if not self.signalled:
-            self.signalled = True
-            self.loop.call_soon_threadsafe(self.event.set)
-
-    async def take(self) -> list[Any]:
-        """Everything that arrived, waiting for at least one item."""
-        while True:
-            self.signalled = False
-            items = self.items
-            if items:
-                return [items.popleft() for _ in range(len(items))]
-            self.event.clear()
-            await self.event.wait()
 
 
 class RayWorker:
@@ -316,48 +271,6 @@ class RayWorker:
         self.aborted.add(rid)
         c.add(1 << 30)  # wake a generator waiting for credit, so it sees the abort
 
-    def _steps(
-        self, rid: int, stepper: ThreadStepper, limit: int, out: _Pieces
-    ) -> tuple[int, bool]:
-        """On a pool thread: step up to ``limit`` pieces into ``out``, for at most
-        ``STEP_SLICE_S`` (at least one step); stop at the generator's end or once the
-        stream was aborted. Returns how many steps ran and whether the generator ended."""
-        until = time.monotonic() + STEP_SLICE_S
-        n = 0
-        while n < limit:
-            piece = stepper.step()
-            n += 1
-            out.put(piece)
-            if piece is ThreadStepper.END:
-                return n, True
-            if rid in self.aborted or time.monotonic() >= until:
-                break
-        return n, False
-
-    async def _pump(
-        self, rid: int, stepper: ThreadStepper, credit: StreamCredit, out: _Pieces
-    ) -> None:
-        """Step a sync generator under the stream's credit into ``out``, which the
-        stream drains: whatever has been produced since the last Ray item goes out as
-        one item, and a piece never waits for the next one."""
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                await credit.take()
-                if rid in self.aborted:
-                    out.put(_ABORTED)
-                    return
-                extra = max(0, credit.n)  # the rest of the credit, for this pool call
-                credit.n -= extra
-                steps = loop.run_in_executor(self.pool, self._steps, rid, stepper, 1 + extra, out)
-                n, ended = await run_to_end(steps)  # as ``_call``: a thread cannot be stopped
-                if ended:
-                    return
-                if n < 1 + extra:
-                    credit.add(1 + extra - n)
-        except Exception as exc:  # the model's: the stream turns it into a Fail
-            out.put(exc)
-
     def _piece(self, piece: Any) -> tuple[str, Any]:
         if isinstance(piece, str):
             return ("t", piece)
@@ -391,26 +304,20 @@ class RayWorker:
                 finally:
                     await it.aclose()
             else:
-                stepper = ThreadStepper(iter(it))
-                loop = asyncio.get_running_loop()
-                out = _Pieces(loop)  # bounded by the credit
-                pump = loop.create_task(self._pump(rid, stepper, credit, out))
+                steps = SlicedSteps(iter(it), self.pool, credit, lambda: rid in self.aborted)
                 try:
                     while True:
-                        batch = await out.take()
-                        last = batch[-1]
-                        raised = last if isinstance(last, BaseException) else None
-                        ended = last is ThreadStepper.END or last is _ABORTED
-                        pieces = batch[:-1] if ended or raised is not None else batch
+                        pieces, end = await steps.take()
                         if pieces:
                             yield ("m", [self._piece(piece) for piece in pieces])
-                        if raised is not None:
-                            raise raised
-                        if last is _ABORTED:
+                        if end is None:
+                            continue
+                        if isinstance(end, BaseException):
+                            raise end
+                        if end is STOPPED:
                             return
-                        if last is ThreadStepper.END:
-                            result = stepper.result
-                            break
+                        result = steps.result
+                        break
                 finally:
                     # A step cannot be stopped: the stream (its Ray task) ends when the
                     # step's thread returns, so the ingress sees it running and reclaims
@@ -418,9 +325,7 @@ class RayWorker:
                     # "Hung work"); the generator is closed after that step. Marked
                     # aborted, a pool call stepping it stops after the step in progress.
                     self.aborted.add(rid)
-                    pump.cancel()
-                    await asyncio.wait([pump])
-                    stepper.close_in(self.pool)
+                    await steps.aclose()
             yield ("e", result if isinstance(result, str) else None)
         except (GeneratorExit, asyncio.CancelledError):
             raise
