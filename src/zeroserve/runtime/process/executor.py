@@ -1,26 +1,18 @@
 """The ``process`` executor: N spawned workers per model, payloads in shared memory.
 
-This module holds one concept, the server side of the process executor (spawning,
-dispatching frames, recovering from crashes); it is over 400 lines because those three
-share every call's state (:class:`_Call`) and are clearer read together.
+This module is the process side of the executor: spawning workers, slots, and recovering
+from crashes and hangs. Everything about one call on a worker (descriptors, leases,
+credits, the frames) is the worker's :class:`~.link.WorkerLink`, which the ``ray``
+executor's same-node actors use too.
 
 Strategy
 --------
 Each worker is a ``multiprocessing`` *spawn* process (no inherited locks or threads)
 given one end of a socketpair; the arena's memfd is sent over it with ``SCM_RIGHTS`` and
-mapped there (:mod:`.worker`). Control frames are msgspec msgpack (:mod:`.wire`).
+mapped there (:mod:`.worker`). Control frames are msgspec msgpack (:mod:`.wire`); inputs
+and outputs stay in the arena (see :mod:`.link`), copies counted at the
+``process_input`` and ``process_output`` sites.
 
-* Inputs: an ndarray that is a view into the arena (the request body) travels as a
-  descriptor, and the lease holding it is retained for the request's life; anything else
-  is copied once into a new lease, counted at ``copied_bytes{site="process_input"}``.
-* Outputs: the worker describes arrays already in the arena by offset, and writes other
-  outputs into leases it asks this side to allocate (``Alloc``). Every lease a request
-  touches is recorded on its :class:`_Call`; the leases backing its outputs are retained
-  into ``InferResult.leases`` and the call's own references are dropped when the worker
-  sends the request's terminal frame, or when the worker dies.
-* Streams: per-stream credits (``Generate.window`` = channel capacity); the consumer
-  taking pieces returns credits (``block``), or credits return on receipt (``coalesce``,
-  which never stalls the producer but is capped in bytes).
 * Faults: EOF on a worker's socket means it died. Its calls fail with ``WorkerError``,
   their leases are released, the process is reaped, ``ready()`` is false, and a new
   worker is spawned (back-off doubling from ``restart_backoff_s``).
@@ -40,18 +32,14 @@ Invariants
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import multiprocessing
 import socket
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-import numpy as np
-
-from ... import errors, metrics
-from ...errors import ModelLoadError, Overloaded, WorkerError, WouldBlock
+from ... import errors
+from ...errors import ModelLoadError, WorkerError
 from ...models.base import GenerateRequest
 from .._common import (
     Executor,
@@ -60,119 +48,32 @@ from .._common import (
     Waiters,
     WorkerStatistics,
 )
-from ..arena import Arena, Lease
+from ..arena import Arena
 from ..channel import Channel
-from ..inproc import validate_inputs
-from ..tensors import (
-    BYTES,
-    TensorDesc,
-    arena_offset,
-    as_array,
-    bytes_tensor_size,
-    from_desc,
-    write_bytes_tensor,
-)
 from . import wire as p
+from .link import Call, CopySites, LinkStream, WorkerLink, loop_now
 from .worker import worker_main
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
+    import numpy as np
+
     from ..options import ResolvedModel, RuntimeOptions
 
 log = logging.getLogger("zeroserve.runtime")
 
-
-def _rebuild_error(name: str, message: str, status: int) -> errors.ZeroserveError:
-    cls = errors.error_class(name)
-    if cls is not None:
-        try:
-            return cls(message, status=status)  # type: ignore[call-arg]
-        except TypeError:
-            pass
-    return WorkerError(message, status=status if status >= 500 else 500)
+SITES = CopySites(input="process_input", output="process_output")
 
 
-def _loop_now() -> float | None:
-    """Event-loop time, the clock of calls' ``deadline_at``; None off the loop (nothing
-    counts as overdue there)."""
-    try:
-        return asyncio.get_running_loop().time()
-    except RuntimeError:
-        return None
+class WorkerProcess(WorkerLink):
+    """The server's side of one spawned worker: its link, and its process."""
 
-
-async def _close_writer(writer: asyncio.StreamWriter, sock: socket.socket) -> None:
-    """Close a worker's socket now (not on a later loop turn), so no fd outlives it.
-    uvloop transports work on a duplicate of the socket, so the original is closed too."""
-    writer.close()
-    try:
-        await writer.wait_closed()
-    except (ConnectionError, OSError):
-        pass
-    sock.close()
-
-
-class _Call:
-    """One request (or batch, or stream) in flight on a worker."""
-
-    __slots__ = (
-        "abandoned",
-        "channel",
-        "credit",
-        "deadline_at",
-        "future",
-        "hang_timer",
-        "id",
-        "kind",
-        "leases",
-        "window",
-    )
-
-    def __init__(self, rid: int, kind: str, deadline_at: float | None = None) -> None:
-        self.id = rid
-        self.kind = kind
-        self.leases: list[Lease] = []
-        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.channel: Channel | None = None
-        self.abandoned = False
-        self.credit = 0
-        self.window = 0
-        self.deadline_at = deadline_at
-        self.hang_timer: asyncio.TimerHandle | None = None
-
-    def overdue(self, now: float | None) -> bool:
-        return self.deadline_at is not None and now is not None and now >= self.deadline_at
-
-    def release(self) -> None:
-        """The call ended (its terminal frame came, or its worker died)."""
-        if self.hang_timer is not None:
-            self.hang_timer.cancel()
-            self.hang_timer = None
-        leases, self.leases = self.leases, []
-        for lease in leases:
-            lease.release()
-
-
-class WorkerProcess:
-    """The server's side of one spawned worker: its process, socket and calls."""
-
-    __slots__ = (
-        "busy",
-        "calls",
-        "hung",
-        "index",
-        "pid",
-        "proc",
-        "reader",
-        "ready",
-        "sock",
-        "task",
-        "writer",
-    )
+    __slots__ = ("proc",)
 
     def __init__(
         self,
+        owner: ProcessExecutor,
         index: int,
         proc: BaseProcess,
         reader: asyncio.StreamReader,
@@ -180,35 +81,18 @@ class WorkerProcess:
         pid: int,
         sock: socket.socket,
     ) -> None:
-        self.sock = sock
-        self.index = index
+        super().__init__(owner, owner.arena, index, reader, writer, sock, pid, SITES)
         self.proc = proc
-        self.reader = reader
-        self.writer = writer
-        self.pid = pid
-        self.calls: dict[int, _Call] = {}
-        self.ready = True
-        self.busy = False
-        self.hung = False  # killed for a hung call; its EOF is not counted as a crash
-        self.task: asyncio.Task[None] | None = None
 
-    def send(self, msg: Any) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(p.frame(msg))
 
-    @property
-    def streams(self) -> int:
-        return sum(1 for c in self.calls.values() if c.kind == "stream")
-
-    def batch_running(self) -> bool:
-        """A batch (infer/embed) is still running here, abandoned or not: the worker's
-        slot stays taken until it ends."""
-        return any(c.kind != "stream" for c in self.calls.values())
-
-    def usable(self, now: float | None) -> bool:
-        """Ready, and not running a call past its deadline (a worker that may be hung
-        gets no new work)."""
-        return self.ready and not self.hung and not any(c.overdue(now) for c in self.calls.values())
+async def _close_socket(writer: asyncio.StreamWriter, sock: socket.socket) -> None:
+    """Close a socket whose worker never became a link (it failed to load)."""
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except (ConnectionError, OSError):
+        pass
+    sock.close()
 
 
 class _RemoteProducer(Producer):
@@ -220,46 +104,34 @@ class _RemoteProducer(Producer):
         deadline_at: float | None,
         on_start: Callable[[], None] | None = None,
     ) -> None:
-        self.ex = ex
-        self.channel = channel
-        self.deadline_at = deadline_at
-        self.worker: WorkerProcess | None = None
-        self.call: _Call | None = None
-        self.task = asyncio.get_running_loop().create_task(self._start(req, on_start))
+        self.stream: LinkStream | None = None
+        self.task = asyncio.get_running_loop().create_task(
+            self._start(ex, req, channel, deadline_at, on_start)
+        )
 
-    async def _start(self, req: GenerateRequest, on_start: Callable[[], None] | None) -> None:
-        ex, channel = self.ex, self.channel
+    async def _start(
+        self,
+        ex: ProcessExecutor,
+        req: GenerateRequest,
+        channel: Channel,
+        deadline_at: float | None,
+        on_start: Callable[[], None] | None,
+    ) -> None:
         try:
             worker = await ex._wait_worker()
             if on_start is not None:  # a worker takes it: the queue wait is over
                 on_start()
-            call = _Call(next(ex._ids), "stream", self.deadline_at)
-            call.channel = channel
-            call.window = channel.capacity
-            raw: TensorDesc | None = None
-            if req.raw is not None:
-                raw = ex._describe(as_array(req.raw, name="raw"), call)
-                req = msgspec.structs.replace(req, raw=None)
+            self.stream = worker.start_stream(req, channel, deadline_at)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # delivered through the channel, not the task
             channel.close(exc)
-            return
-        self.worker, self.call = worker, call
-        ex._register(worker, call)
-        if channel.policy == "block":
-            channel.on_take = lambda n: ex._return_credit(worker, call, n)
-        worker.send(p.Generate(call.id, msgspec.msgpack.encode(req), raw, call.window))
 
     def abort(self) -> None:
         if not self.task.done():
             self.task.cancel()
-            return
-        call, worker = self.call, self.worker
-        if call is not None and worker is not None and not call.abandoned:
-            call.abandoned = True
-            if call.id in worker.calls:
-                worker.send(p.Abort(call.id))
+        elif self.stream is not None:
+            self.stream.abort()
 
 
 class ProcessExecutor(Executor):
@@ -270,7 +142,6 @@ class ProcessExecutor(Executor):
         self.options = options
         self.ctx = multiprocessing.get_context("spawn")
         self.workers: list[WorkerProcess | None] = [None] * spec.workers
-        self._ids = itertools.count(1)
         self._waiters = Waiters()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -325,11 +196,11 @@ class ProcessExecutor(Executor):
             msg = None
             cause = "the worker process exited while loading"
         except BaseException:
-            await _close_writer(writer, parent)
+            await _close_socket(writer, parent)
             await self._reap(proc)
             raise
         if not isinstance(msg, p.Ready):
-            await _close_writer(writer, parent)
+            await _close_socket(writer, parent)
             code = await self._reap(proc)
             if isinstance(msg, p.LoadFailed):
                 cause = msg.error
@@ -338,7 +209,7 @@ class ProcessExecutor(Executor):
             else:
                 cause = f"{cause} (exit code {code})"
             raise ModelLoadError(spec.name, cause)
-        worker = WorkerProcess(index, proc, reader, writer, msg.pid, parent)
+        worker = WorkerProcess(self, index, proc, reader, writer, msg.pid, parent)
         worker.task = asyncio.get_running_loop().create_task(self._read(worker))
         self.workers[index] = worker
         self._notify()
@@ -380,24 +251,17 @@ class ProcessExecutor(Executor):
                     await w.task
                 except BaseException:
                     pass
-            await _close_writer(w.writer, w.sock)
-            self._fail_calls(w, errors.Closed("the engine is shutting down"))
+            await w.aclose()
+            w.fail_calls(errors.Closed("the engine is shutting down"))
         self.workers = [None] * len(self.workers)
         self._notify()
 
-    # -- reading a worker ----------------------------------------------------------------
+    # -- a worker's life ---------------------------------------------------------------------
     async def _read(self, w: WorkerProcess) -> None:
-        try:
-            while True:
-                msg = p.TO_SERVER.decode(await p.read_frame(w.reader))
-                self._dispatch(w, msg)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a protocol error: the worker is not trustworthy
+        failure = await w.read()
+        if failure is not None:  # a protocol error: the worker is not trustworthy
             w.proc.kill()
-            self._fail_calls(w, WorkerError(f"worker protocol error: {exc!r}"))
+            w.fail_calls(WorkerError(f"worker protocol error: {failure!r}"))
         if self._closing:
             return
         w.ready = False
@@ -409,9 +273,8 @@ class ProcessExecutor(Executor):
 
     async def _recover(self, w: WorkerProcess) -> None:
         code = await self._reap(w.proc)
-        await _close_writer(w.writer, w.sock)
-        self._fail_calls(
-            w,
+        await w.aclose()
+        w.fail_calls(
             WorkerError(
                 f"worker process {w.pid} of model {self.spec.name!r} died "
                 f"(exit code {code}) while serving this request",
@@ -431,150 +294,15 @@ class ProcessExecutor(Executor):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.options.max_restart_backoff_s)
 
-    def _fail_calls(self, w: WorkerProcess, exc: errors.ZeroserveError) -> None:
-        calls = list(w.calls.values())
-        w.calls.clear()
-        for call in calls:
-            call.release()
-            if call.channel is not None:
-                call.channel.abort(exc) if not call.channel.closed else None
-            elif not call.future.done():
-                call.future.set_exception(exc)
+    # -- LinkOwner -----------------------------------------------------------------------------
+    def call_ended(self, link: WorkerLink, call: Call) -> None:
+        if call.kind != "stream" and link.busy and not link.batch_running():
+            link.busy = False
+        self._notify()
 
-    def _dispatch(self, w: WorkerProcess, msg: Any) -> None:
-        if isinstance(msg, p.Pieces):
-            call = w.calls.get(msg.id)
-            if call is None or call.abandoned or call.channel is None:
-                return
-            channel = call.channel
-            view = self.arena.view
-            for item in msg.items:
-                piece: Any
-                if isinstance(item, str):
-                    piece = item
-                elif isinstance(item, p.Blob):
-                    piece = item.data
-                else:
-                    piece = view[item.offset : item.offset + item.length]
-                try:
-                    channel.send_nowait(piece)
-                except WouldBlock:
-                    self._abandon(w, call)
-                    channel.abort(WorkerError("worker sent a piece beyond its credit"))
-                    return
-                except errors.ZeroserveError:
-                    self._abandon(w, call)  # consumer gone, or coalesce cap passed
-                    return
-            if channel.policy == "coalesce":
-                self._return_credit(w, call, len(msg.items))
-            return
-        if isinstance(msg, p.Alloc):
-            self._allocate(w, msg)
-            return
-        if not isinstance(msg, p.InferDone | p.EmbedDone | p.End | p.Fail):
-            return  # no other frame belongs to a call
-        call = w.calls.pop(msg.id, None)
-        if call is None:
-            return
-        try:
-            if isinstance(msg, p.InferDone):
-                self._infer_done(call, msg)
-            elif isinstance(msg, p.EmbedDone):
-                metrics.count_copy("process_output", len(msg.data))
-                vecs = np.frombuffer(msg.data, dtype=np.float32).reshape(msg.shape)
-                if not call.future.done():
-                    call.future.set_result(vecs)
-            elif isinstance(msg, p.End):
-                if call.channel is not None:
-                    call.channel.close(result=msg.result)
-            elif isinstance(msg, p.Fail):
-                exc = _rebuild_error(msg.error, msg.message, msg.status)
-                if call.channel is not None:
-                    if not call.abandoned:
-                        call.channel.close(exc)
-                elif not call.future.done():
-                    call.future.set_exception(exc)
-        finally:
-            call.release()
-            self._call_ended(w, call)
-
-    def _abandon(self, w: WorkerProcess, call: _Call) -> None:
-        if not call.abandoned:
-            call.abandoned = True
-            w.send(p.Abort(call.id))
-
-    def _return_credit(self, w: WorkerProcess, call: _Call, n: int) -> None:
-        if call.abandoned or call.id not in w.calls:
-            return
-        call.credit += n
-        if call.credit >= max(1, call.window // 2):
-            w.send(p.Credit(call.id, call.credit))
-            call.credit = 0
-
-    def _allocate(self, w: WorkerProcess, msg: p.Alloc) -> None:
-        call = w.calls.get(msg.id)
-        if call is None:
-            w.send(p.Allocated(msg.id, [], "unknown request"))
-            return
-        leases: list[Lease] = []
-        try:
-            for n in msg.sizes:
-                leases.append(self.arena.allocate(n))
-        except Overloaded as exc:
-            for lease in leases:
-                lease.release()
-            w.send(p.Allocated(msg.id, [], exc.message))
-            return
-        call.leases.extend(leases)
-        w.send(p.Allocated(msg.id, [lease.offset for lease in leases]))
-
-    def _infer_done(self, call: _Call, msg: p.InferDone) -> None:
-        if msg.copied:
-            metrics.count_copy("process_output", msg.copied)
-        if call.future.done():
-            return
-        results: list[InferResult] = []
-        try:
-            for described in msg.outputs:
-                outputs: dict[str, Any] = {}
-                held: list[Lease] = []
-                for key, desc in described.items():
-                    lease = self._owner(call, desc)
-                    arr = from_desc(self.arena.view, desc)
-                    if desc.dtype == BYTES:
-                        metrics.count_copy("process_output", desc.length)
-                    outputs[key] = arr
-                    if all(lease is not h for h in held):
-                        held.append(lease.retain())
-                results.append(InferResult(outputs, held))
-        except Exception as exc:
-            for r in results:
-                r.release()
-            call.future.set_exception(WorkerError(f"bad output from worker: {exc}"))
-            return
-        call.future.set_result(results)
-
-    @staticmethod
-    def _owner(call: _Call, desc: TensorDesc) -> Lease:
-        for lease in call.leases:
-            if (
-                lease.offset <= desc.offset
-                and desc.offset + desc.length <= lease.offset + lease.block
-            ):
-                return lease
-        raise WorkerError("worker described memory outside the request's leases")
-
-    # -- hung work ---------------------------------------------------------------------------
-    def _register(self, w: WorkerProcess, call: _Call) -> None:
-        """Put ``call`` in flight on ``w``, watched for hanging past its deadline."""
-        w.calls[call.id] = call
-        if call.deadline_at is not None:
-            loop = asyncio.get_running_loop()
-            when = call.deadline_at + self.options.hang_grace_s
-            call.hang_timer = loop.call_at(when, self._hung, w, call)
-
-    def _hung(self, w: WorkerProcess, call: _Call) -> None:
-        if call.id not in w.calls or w.hung or self._closing or self.workers[w.index] is not w:
+    def hung(self, link: WorkerLink, call: Call) -> None:
+        w = self.workers[link.index]
+        if w is not link or w is None or self._closing:
             return
         w.hung = True
         self.reclaimed += 1
@@ -590,7 +318,7 @@ class ProcessExecutor(Executor):
         w.proc.kill()  # EOF follows: the crash path fails its calls (503) and respawns it
 
     def has_capacity(self) -> bool:
-        now = _loop_now()
+        now = loop_now()
         return any(w is None or w.usable(now) for w in self.workers)
 
     # -- slots -----------------------------------------------------------------------------
@@ -613,16 +341,11 @@ class ProcessExecutor(Executor):
 
     def release(self, slot: Any) -> None:
         # A batch abandoned by its requests (deadline, disconnect) may still be running in
-        # the worker: the slot is free only when it ended (_call_ended).
+        # the worker: the slot is free only when it ended (call_ended).
         w: WorkerProcess = slot
         if not w.batch_running():
             w.busy = False
             self._notify()
-
-    def _call_ended(self, w: WorkerProcess, call: _Call) -> None:
-        if call.kind != "stream" and w.busy and not w.batch_running():
-            w.busy = False
-        self._notify()
 
     async def _wait_worker(self) -> WorkerProcess:
         """The ready worker with the fewest streams (waiting out a restart)."""
@@ -636,74 +359,17 @@ class ProcessExecutor(Executor):
             await self._wait()
 
     # -- work ------------------------------------------------------------------------------
-    def _describe(self, arr: np.ndarray, call: _Call) -> TensorDesc:
-        arena = self.arena
-        if arr.dtype == object:
-            items = arr.reshape(-1)
-            n = bytes_tensor_size(items)
-            lease = arena.allocate(n)
-            call.leases.append(lease)
-            write_bytes_tensor(list(items), lease.view)
-            metrics.count_copy("process_input", n)
-            return TensorDesc(lease.offset, n, BYTES, (len(items),))
-        off = arena_offset(arr, arena.address, arena.size)
-        if off is not None:
-            owner = arena.lease_containing(off, arr.nbytes)
-            if owner is not None:
-                call.leases.append(owner.retain())
-                return TensorDesc(off, arr.nbytes, arr.dtype.str, arr.shape)
-        lease = arena.allocate(arr.nbytes)
-        call.leases.append(lease)
-        if arr.nbytes:
-            flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            np.frombuffer(lease.view, dtype=np.uint8)[:] = flat
-            metrics.count_copy("process_input", arr.nbytes)
-        return TensorDesc(lease.offset, arr.nbytes, arr.dtype.str, arr.shape)
-
-    async def _roundtrip(self, w: WorkerProcess, call: _Call, msg: Any) -> Any:
-        self._register(w, call)
-        w.send(msg)
-        try:
-            return await call.future
-        except asyncio.CancelledError:
-            if call.id in w.calls and not call.abandoned:
-                call.abandoned = True
-                w.send(p.Abort(call.id))
-            raise
-
     async def infer(
         self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
     ) -> list[InferResult | BaseException]:
         w: WorkerProcess = slot
-        call = _Call(next(self._ids), "infer", deadline_at)
-        results: list[InferResult | BaseException] = []
-        sent: list[dict[str, TensorDesc]] = []
-        index: list[int] = []
-        for i, inputs in enumerate(batch):
-            try:
-                validate_inputs(inputs)
-                sent.append(
-                    {k: self._describe(as_array(v, name=k), call) for k, v in inputs.items()}
-                )
-                index.append(i)
-                results.append(WorkerError("unreachable"))
-            except Exception as exc:  # this request's preprocessing failed: it alone
-                results.append(exc)
-        if not sent:
-            call.release()
-            return results
-        outs: list[InferResult] = await self._roundtrip(w, call, p.Infer(call.id, sent))
-        for i, out in zip(index, outs, strict=True):
-            results[i] = out
-        return results
+        return await w.infer(batch, deadline_at)
 
     async def embed(
         self, slot: Any, texts: list[str], *, deadline_at: float | None = None
     ) -> np.ndarray:
         w: WorkerProcess = slot
-        call = _Call(next(self._ids), "embed", deadline_at)
-        out: np.ndarray = await self._roundtrip(w, call, p.Embed(call.id, texts))
-        return out
+        return await w.embed(texts, deadline_at)
 
     def generate(
         self,
@@ -717,7 +383,7 @@ class ProcessExecutor(Executor):
 
     def statistics(self) -> WorkerStatistics:
         live = [w for w in self.workers if w is not None]
-        now = _loop_now()
+        now = loop_now()
         return WorkerStatistics(
             executor=self.kind,
             workers=len(self.workers),
