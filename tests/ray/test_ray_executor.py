@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -198,6 +199,9 @@ def test_same_bytes_as_inline_and_zero_copy_on_the_same_node(
     for ray_model in ("dbl", "fardbl"):
         assert _v2_binary(ray_server.url, ray_model, x) == _v2_binary(inline_server.url, "dbl", x)
     after = _copies(ray_server)
+    # The near models' actors are reached through links, the far ones through Ray calls.
+    for model, linked in (("echo", 1), ("dbl", 1), ("far", 0), ("fardbl", 0)):
+        assert _metric(ray_server, "zeroserve_workers_linked", name=model) == linked, model
     # The near models copied nothing but dbl's output, written once into a lease.
     assert after["ray_input"] == before["ray_input"]
     assert after["ray_output"] - before["ray_output"] == x.nbytes
@@ -271,6 +275,8 @@ def test_killed_actor_fails_in_flight_restarts_and_leaks_nothing(
     assert "error" in result[0].json()
     release.touch()
     _poll(lambda: httpx.get(f"{ray_server.url}/ready").status_code == 200, "the restart")
+    # The restarted actor is linked again (its new start's link socket).
+    assert _metric(ray_server, "zeroserve_workers_linked", name="stuck") == 1
     r = _raw(ray_server.url, "stuck", b"after the restart")
     assert r.status_code == 200 and r.content == b"after the restart"
     assert _metric(ray_server, "zeroserve_arena_used_bytes") == 0
@@ -348,6 +354,32 @@ def test_stream_hung_past_its_deadline_is_reclaimed_restarted_and_counted(
     assert started.read_text() != hung_pid  # served by the new process
     assert _metric(ray_server, "zeroserve_arena_used_bytes") == 0
     assert _metric(ray_server, "zeroserve_arena_leases") == 0
+
+
+def _link_sockets() -> set[str]:
+    """The abstract Unix sockets of the actors' links listening on this machine."""
+    names = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 8 and fields[7].startswith("@zeroserve-link-"):
+            names.add("\0" + fields[7][1:])
+    return names
+
+
+def test_a_link_socket_serves_the_ingress_alone(ray_server: ServerProcess) -> None:
+    """Anyone else who connects to an actor's link socket (here: this test, with a made-up
+    token) is closed on without an answer, and the model keeps serving."""
+    from zeroserve.runtime.process import wire
+
+    sockets = _link_sockets()
+    assert sockets, "the near actors' link sockets should be listening"
+    for address in sockets:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(CLIENT_TIMEOUT_S)
+            sock.connect(address)
+            sock.sendall(wire.frame(wire.Link(b"\x00" * 16)))
+            assert sock.recv(64) == b"", address  # closed: no Ready, no worker protocol
+    assert _raw(ray_server.url, "echo", b"still served").content == b"still served"
 
 
 def test_disconnect_mid_stream_stops_the_actors_generator(

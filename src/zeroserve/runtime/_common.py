@@ -54,6 +54,9 @@ class WorkerStatistics:
     # hung workers killed and restarted (process); see docs/architecture.md, "Hung work".
     stuck: int = 0
     reclaimed: int = 0
+    # Ray actors on the ingress's node reached through a link (the worker protocol over a
+    # socket) rather than a Ray call per batch (docs/architecture.md, "Executors: ray").
+    linked: int = 0
 
 
 def make_model(factory: Callable[..., Model], options: Mapping[str, Any]) -> Model:

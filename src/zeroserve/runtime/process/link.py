@@ -207,7 +207,9 @@ class WorkerLink:
         self.sites = sites
         self.calls: dict[int, Call] = {}
         self.ready = True
-        self.busy = False  # a batch slot is taken (at most one batch at a time)
+        # A batch slot is held until the batch's end (call_ended): the process executor's
+        # from acquire on; the ray executor's only past release, for an abandoned batch.
+        self.busy = False
         self.hung = False  # killed for a hung call; its EOF is not counted as a crash
         self.task: asyncio.Task[None] | None = None  # the owner's task running read()
         self._ids = itertools.count(1)
@@ -394,30 +396,8 @@ class WorkerLink:
             self.owner.hung(self, call)
 
     def describe(self, arr: np.ndarray, call: Call) -> TensorDesc:
-        """``arr`` as a descriptor into the arena (copied in, counted, if not already);
-        the lease holding it is kept on ``call``."""
-        arena = self.arena
-        if arr.dtype == object:
-            items = arr.reshape(-1)
-            n = bytes_tensor_size(items)
-            lease = arena.allocate(n)
-            call.leases.append(lease)
-            write_bytes_tensor(list(items), lease.view)
-            metrics.count_copy(self.sites.input, n)
-            return TensorDesc(lease.offset, n, BYTES, (len(items),))
-        off = arena_offset(arr, arena.address, arena.size)
-        if off is not None:
-            owner = arena.lease_containing(off, arr.nbytes)
-            if owner is not None:
-                call.leases.append(owner.retain())
-                return TensorDesc(off, arr.nbytes, arr.dtype.str, arr.shape)
-        lease = arena.allocate(arr.nbytes)
-        call.leases.append(lease)
-        if arr.nbytes:
-            flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            np.frombuffer(lease.view, dtype=np.uint8)[:] = flat
-            metrics.count_copy(self.sites.input, arr.nbytes)
-        return TensorDesc(lease.offset, arr.nbytes, arr.dtype.str, arr.shape)
+        """``arr`` as a descriptor into the arena; the lease holding it is kept on ``call``."""
+        return describe(self.arena, arr, call.leases, self.sites.input)
 
     async def _roundtrip(self, call: Call, msg: Any) -> Any:
         self._register(call)
@@ -482,6 +462,33 @@ class WorkerLink:
             channel.on_take = lambda n: self._return_credit(call, n)
         self.send(p.Generate(call.id, msgspec.msgpack.encode(req), raw, call.window))
         return LinkStream(self, call)
+
+
+def describe(arena: Arena, arr: np.ndarray, leases: list[Lease], site: str) -> TensorDesc:
+    """``arr`` as a descriptor into ``arena``: in place when it is already there (the lease
+    holding it retained into ``leases``), else copied once into a new lease (counted at
+    ``site``). BYTES tensors are laid out in a new lease."""
+    if arr.dtype == object:
+        items = arr.reshape(-1)
+        n = bytes_tensor_size(items)
+        lease = arena.allocate(n)
+        leases.append(lease)
+        write_bytes_tensor(list(items), lease.view)
+        metrics.count_copy(site, n)
+        return TensorDesc(lease.offset, n, BYTES, (len(items),))
+    off = arena_offset(arr, arena.address, arena.size)
+    if off is not None:
+        owner = arena.lease_containing(off, arr.nbytes)
+        if owner is not None:
+            leases.append(owner.retain())
+            return TensorDesc(off, arr.nbytes, arr.dtype.str, arr.shape)
+    lease = arena.allocate(arr.nbytes)
+    leases.append(lease)
+    if arr.nbytes:
+        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        np.frombuffer(lease.view, dtype=np.uint8)[:] = flat
+        metrics.count_copy(site, arr.nbytes)
+    return TensorDesc(lease.offset, arr.nbytes, arr.dtype.str, arr.shape)
 
 
 def _owner(call: Call, desc: TensorDesc) -> Lease:

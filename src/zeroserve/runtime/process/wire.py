@@ -130,12 +130,22 @@ class Fail(_Msg, tag="fail"):
     status: int
 
 
+# -- opening a link to a Ray actor ---------------------------------------------------------
+class Link(_Msg, tag="link"):
+    """The first frame on a connection to a same-node Ray actor's link socket: the arena's
+    token, which only the ingress (and whoever attached its arena) knows. The actor
+    answers ``Ready`` and serves the worker protocol, or closes the connection."""
+
+    token: bytes
+
+
 ToWorker = Infer | Embed | Generate | Credit | Abort | Allocated | Shutdown
 ToServer = Ready | LoadFailed | Alloc | InferDone | EmbedDone | Pieces | End | Fail
 
 ENCODER = msgspec.msgpack.Encoder()
 TO_WORKER = msgspec.msgpack.Decoder(ToWorker)
 TO_SERVER = msgspec.msgpack.Decoder(ToServer)
+LINK = msgspec.msgpack.Decoder(Link)
 
 
 def frame(msg: _Msg) -> bytes:

@@ -41,8 +41,11 @@ Invariants
 from __future__ import annotations
 
 import asyncio
+import hmac
 import mmap
 import os
+import socket
+import struct
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +66,8 @@ from .._common import (
     model_failure,
 )
 from ..arena import read_token
+from ..process import wire
+from ..process.worker import WorkerLoop
 from ..tensors import (
     TensorDesc,
     arena_offset,
@@ -75,6 +80,15 @@ from ..tensors import (
 
 # Threads for sync model calls in one actor (as ``process.worker.WORKER_THREADS``).
 ACTOR_THREADS = 8
+
+
+# An attached actor's link socket: an abstract Unix socket (Linux; no file to clean up)
+# named for the actor's start, so a restarted actor never answers on its predecessor's.
+LINK_PREFIX = "\0zeroserve-link-"
+# How long a new link connection may take to send its first frame before it is closed.
+LINK_HELLO_TIMEOUT_S = 5.0
+# struct ucred (pid, uid, gid), what SO_PEERCRED returns.
+_UCRED = struct.Struct("3i")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +149,9 @@ class RayWorker:
     # Whether the model's batches run one at a time (the ``ray`` executor pipelines
     # them); a Serve replica takes as many as Serve sends it.
     serial_batches: ClassVar[bool] = True
+    # Whether an attached actor serves a link (the worker protocol over a socket) to the
+    # ingress; a Serve replica is reached through Serve's handles only.
+    links: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -166,11 +183,64 @@ class RayWorker:
         self.pending: dict[int, tuple[list[dict[str, TensorDesc]], list[Any]]] = {}
         self.credits: dict[int, StreamCredit] = {}
         self.aborted: set[int] = set()
+        self.arena = arena
+        self._link_server: asyncio.Server | None = None
+        self._linked = False  # a link is being served (one at a time)
 
-    async def hello(self) -> tuple[int, bool, str]:
-        """This actor's pid, whether it shares the ingress's arena, and which start of
-        the actor this is (``instance``)."""
-        return os.getpid(), self.view is not None, self.instance
+    async def hello(self) -> tuple[int, bool, str, str]:
+        """This actor's pid, whether it shares the ingress's arena, which start of the
+        actor this is (``instance``), and the address of its link socket ("" when it
+        serves no link: not attached, or a Serve replica)."""
+        return os.getpid(), self.view is not None, self.instance, await self._listen()
+
+    # -- the link: the worker protocol over a socket, for the ingress on this node ---------
+    async def _listen(self) -> str:
+        """Listen on an abstract Unix socket named for this start of the actor (once)."""
+        if self.view is None or not self.links:
+            return ""
+        if self._link_server is None:
+            address = LINK_PREFIX + self.instance
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.bind(address)
+                sock.listen(1)
+                sock.setblocking(False)
+                self._link_server = await asyncio.start_unix_server(self._serve_link, sock=sock)
+            except OSError:
+                sock.close()
+                return ""
+        return LINK_PREFIX + self.instance
+
+    async def _serve_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One link from the ingress: its process must be the arena's owner and its first
+        frame the arena's token; then the worker protocol, until EOF or ``Shutdown``."""
+        try:
+            ref = self.arena
+            sock = writer.get_extra_info("socket")
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+            peer_pid = _UCRED.unpack(creds)[0]
+            msg = wire.LINK.decode(
+                await asyncio.wait_for(wire.read_frame(reader), LINK_HELLO_TIMEOUT_S)
+            )
+            if (
+                ref is None
+                or self.view is None
+                or self._linked
+                or peer_pid != ref.pid
+                or not hmac.compare_digest(msg.token, ref.token)
+            ):
+                return
+            self._linked = True
+            try:
+                worker = WorkerLoop(self.model, self.view, writer, self.name)
+                writer.write(wire.frame(wire.Ready(os.getpid())))
+                await worker.run(reader)
+            finally:
+                self._linked = False
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, msgspec.DecodeError):
+            pass
+        finally:
+            writer.close()
 
     async def _call(
         self, fn: Callable[..., Any], *args: Any, pool: ThreadPoolExecutor | None = None

@@ -53,9 +53,10 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -67,15 +68,17 @@ from .._common import Executor, InferResult, Producer, Waiters, WorkerStatistics
 from ..arena import Arena, Lease
 from ..channel import Channel
 from ..inproc import validate_inputs
-from ..tensors import (
-    BYTES,
-    TensorDesc,
-    arena_offset,
-    as_array,
-    bytes_tensor_size,
-    from_desc,
-    write_bytes_tensor,
+from ..process import wire
+from ..process.link import (
+    Call,
+    CopySites,
+    LinkStream,
+    WorkerLink,
+    describe,
+    loop_now,
+    rebuild_error,
 )
+from ..tensors import TensorDesc, as_array, from_desc
 from . import actor as a
 from . import cluster
 from .placement import Placement, parse_placement
@@ -107,6 +110,12 @@ PIPELINE_DEPTH = 2
 # round trip, measured: 1.73 ms of CPU with events, 1.51 ms without).
 TASK_EVENTS = False
 
+# Where a link counts its copies: the same sites as an attached actor's Ray calls.
+SITES = CopySites(input="ray_input", output="ray_output")
+
+# How long opening a link to an attached actor may take (connect, token, its Ready).
+LINK_TIMEOUT_S = 5.0
+
 # How long one health ping of a restarting actor may take before it counts as failed.
 # Ray restarts an actor in about a second on an idle machine; 5 s covers a loaded one.
 PING_TIMEOUT_S = 5.0
@@ -119,13 +128,7 @@ def actor_name(model: str, index: int) -> str:
 
 
 def _rebuild(fail: a.Fail) -> errors.ZeroserveError:
-    cls = errors.error_class(fail.error)
-    if cls is not None:
-        try:
-            return cls(fail.message, status=fail.status)  # type: ignore[call-arg]
-        except TypeError:
-            pass
-    return WorkerError(fail.message, status=fail.status if fail.status >= 500 else 500)
+    return rebuild_error(fail.error, fail.message, fail.status)
 
 
 class RayWorkerHandle:
@@ -133,10 +136,12 @@ class RayWorkerHandle:
 
     __slots__ = (
         "actor",
+        "address",
         "attached",
         "batches",
         "index",
         "instance",
+        "link",
         "outstanding",
         "pid",
         "ready",
@@ -149,13 +154,29 @@ class RayWorkerHandle:
         self.attached = False
         self.pid = 0
         self.instance = ""  # which start of the actor answered its last ``hello``
+        self.address = ""  # its link socket ("" when it serves none)
+        self.link: WorkerLink | None = None  # the open link: every call goes through it
         self.ready = False
-        self.batches = 0  # batch slots taken (at most PIPELINE_DEPTH)
+        self.batches = 0  # batch slots taken (PIPELINE_DEPTH, or 1 through a link)
         self.outstanding = 0
         self.tasks: set[asyncio.Future[Any]] = set()
 
+    def hello(self, answer: tuple[int, bool, str, str]) -> None:
+        self.pid, self.attached, self.instance, self.address = answer
+
+    @property
+    def depth(self) -> int:
+        """Batches this actor may have in flight: a link's worker runs one at a time and
+        costs no round trip to hide; Ray calls are pipelined (``PIPELINE_DEPTH``)."""
+        return 1 if self.link is not None else PIPELINE_DEPTH
+
+    def usable(self, now: float | None) -> bool:
+        """Ready, and (through a link) not running a call past its deadline."""
+        return self.ready and (self.link is None or self.link.usable(now))
+
     def rank(self) -> tuple[int, int]:
-        return (0 if self.attached else 1, self.outstanding)
+        calls = self.outstanding + (len(self.link.calls) if self.link is not None else 0)
+        return (0 if self.attached else 1, calls)
 
 
 class _RayProducer(Producer):
@@ -182,6 +203,7 @@ class _RayProducer(Producer):
         # error or None, the result) once it arrived behind them.
         self.backlog: deque[Any] = deque()
         self.end: tuple[BaseException | None, Any] | None = None
+        self.linked: LinkStream | None = None  # the stream runs on the actor's link
         self.task = asyncio.get_running_loop().create_task(self._run(req, on_start))
         ex._producers.add(self)
         self.task.add_done_callback(lambda _: ex._producers.discard(self))
@@ -192,6 +214,8 @@ class _RayProducer(Producer):
         self.backlog.clear()
         if not self.channel.closed:
             self.channel.abort(err)
+        if self.linked is not None:
+            self.linked.abort()
         self.task.cancel()
 
     def _control(self) -> Any:
@@ -271,9 +295,13 @@ class _RayProducer(Producer):
         leases: list[Lease] = []
         w: RayWorkerHandle | None = None
         try:
-            w = await ex._pick(stream=True)
+            picked = await ex._pick(stream=True)
             if on_start is not None:  # an actor takes it: the queue wait is over
                 on_start()
+            if picked.link is not None:  # the worker protocol, as a process worker's
+                self.linked = picked.link.start_stream(req, channel, self.deadline_at)
+                return
+            w = picked
             self.worker, self.instance = w, w.instance
             w.outstanding += 1
             if channel.policy == "block":
@@ -331,6 +359,9 @@ class _RayProducer(Producer):
         if self.aborted:
             return
         self.aborted = True
+        if self.linked is not None:
+            self.linked.abort()  # the link watches it for hanging, as for any call
+            return
         w = self.worker
         if w is None:
             self.task.cancel()
@@ -342,6 +373,9 @@ class _RayProducer(Producer):
 
 class RayExecutor(Executor):
     kind = "ray"
+    # Whether attached actors are reached through a link (the worker protocol over a
+    # socket) rather than a Ray call per batch; Serve replicas are reached through handles.
+    links: ClassVar[bool] = True
 
     def __init__(self, spec: ResolvedModel, arena: Arena, options: RuntimeOptions) -> None:
         super().__init__(spec, arena)
@@ -396,8 +430,10 @@ class RayExecutor(Executor):
             if isinstance(exc, TimeoutError):
                 raise ModelLoadError(spec.name, f"actors did not load in {timeout} s") from exc
             raise ModelLoadError(spec.name, f"{type(exc).__name__}: {exc}") from exc
-        for w, (pid, attached, instance) in zip(self.workers, hellos, strict=True):
-            w.pid, w.attached, w.instance, w.ready = pid, attached, instance, True
+        for w, answer in zip(self.workers, hellos, strict=True):
+            w.hello(answer)
+            await self._connect(w)
+            w.ready = True
         self._started = True
         self._start_watch()
         self._notify()
@@ -467,6 +503,13 @@ class RayExecutor(Executor):
             w.ready = False
             for fut in list(w.tasks):
                 fut.cancel()
+            link, w.link = w.link, None
+            if link is not None:
+                link.send(wire.Shutdown())
+                if link.task is not None:
+                    link.task.cancel()
+                await link.aclose()
+                link.fail_calls(errors.Closed("the engine is shutting down"))
             if not self._cluster_up:  # nothing to kill them with; they went with it
                 continue
             try:
@@ -497,36 +540,123 @@ class RayExecutor(Executor):
             )
         return WorkerError(f"Ray call failed: {type(exc).__name__}", status=500)
 
-    def _start_recovery(self, w: RayWorkerHandle) -> None:
-        """``w`` is down: wait, in a task of this executor's, for Ray to restart it."""
-        task = asyncio.get_running_loop().create_task(self._recover(w))
+    def _start_recovery(self, w: RayWorkerHandle, *, same_start: bool = False) -> None:
+        """``w`` is down: wait, in a task of this executor's, for Ray to restart it (or,
+        ``same_start``, for its actor to answer again: its link was lost)."""
+        task = asyncio.get_running_loop().create_task(self._recover(w, same_start))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _recover(self, w: RayWorkerHandle) -> None:
+    async def _recover(self, w: RayWorkerHandle, same_start: bool = False) -> None:
         """Mark ``w`` up once a new start of its actor answers ``hello``. The start that
         went down may still answer one (``ray.kill`` is asynchronous): that is not a
-        restart, and calls sent to it would meet its death."""
+        restart, and calls sent to it would meet its death. After a lost link
+        (``same_start``) the same start answering is alive: it is linked again, or
+        killed for Ray to restart if that fails."""
         import ray.exceptions as rex
 
         delay = self.options.restart_backoff_s
         gone = w.instance
         while not self._closing:
             try:
-                pid, attached, instance = await asyncio.wait_for(
-                    w.actor.hello.remote(), PING_TIMEOUT_S
-                )
+                answer = await asyncio.wait_for(w.actor.hello.remote(), PING_TIMEOUT_S)
             except (TimeoutError, rex.RayActorError, rex.RaySystemError):
-                instance = gone
-            if instance == gone:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.options.max_restart_backoff_s)
-                continue
-            w.pid, w.attached, w.instance = pid, attached, instance
-            w.ready = True
-            self.restarts += 1
-            self._notify()
+                answer = None
+            restarted = answer is not None and answer[2] != gone
+            if answer is not None and (restarted or same_start):
+                w.hello(answer)
+                await self._connect(w)
+                if restarted or w.link is not None:
+                    w.ready = True
+                    if restarted:
+                        self.restarts += 1
+                    self._notify()
+                    return
+                same_start = False  # alive, but it takes no link: restart it
+                self._kill(w)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.options.max_restart_backoff_s)
+
+    def _kill(self, w: RayWorkerHandle) -> None:
+        """Kill ``w``'s actor for Ray to restart it (a no-op once it is gone)."""
+        import ray
+
+        try:
+            ray.kill(w.actor, no_restart=False)
+        except Exception:  # already gone: its recovery still waits for the restart
+            pass
+
+    # -- links -----------------------------------------------------------------------------
+    async def _connect(self, w: RayWorkerHandle) -> None:
+        """Open a link to ``w``'s actor when it serves one (attached, ``links``): from then
+        on its batches and streams go through the link, not through Ray calls. A link that
+        cannot be opened (another network namespace, say) leaves the actor on Ray calls."""
+        if not (self.links and w.attached and w.address):
             return
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, w.address), LINK_TIMEOUT_S)
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
+            writer.write(wire.frame(wire.Link(self.arena.token)))
+            msg = wire.TO_SERVER.decode(
+                await asyncio.wait_for(wire.read_frame(reader), LINK_TIMEOUT_S)
+            )
+            if not isinstance(msg, wire.Ready):
+                raise ConnectionError(f"unexpected first frame {type(msg).__name__}")
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, msgspec.DecodeError) as exc:
+            sock.close()
+            log.warning(
+                "model %r: no link to Ray actor %d (%s: %s); its calls go through Ray",
+                self.spec.name,
+                w.pid,
+                type(exc).__name__,
+                exc,
+            )
+            return
+        link = WorkerLink(self, self.arena, w.index, reader, writer, sock, msg.pid, SITES)
+        w.link = link
+        link.task = loop.create_task(self._read_link(w, link))
+
+    async def _read_link(self, w: RayWorkerHandle, link: WorkerLink) -> None:
+        failure = await link.read()
+        if self._closing:
+            return
+        if w.link is link:
+            w.link = None
+        if link.busy:  # its batch slot waited for the batch's end, which is now
+            link.busy = False
+            w.batches -= 1
+        await link.aclose()
+        link.fail_calls(
+            WorkerError(
+                f"Ray actor {link.pid} of model {self.spec.name!r} died while serving this request",
+                status=503,
+            )
+        )
+        if failure is not None:  # a protocol error: the actor is not trustworthy
+            log.warning("model %r: link protocol error from Ray actor %d", self.spec.name, link.pid)
+            self._kill(w)
+        if w.ready:
+            w.ready = False
+            if not link.hung:
+                self.crashes += 1
+            self._start_recovery(w, same_start=failure is None)
+        self._notify()
+
+    # -- LinkOwner -----------------------------------------------------------------------------
+    def call_ended(self, link: WorkerLink, call: Call) -> None:
+        if call.kind != "stream" and link.busy and not link.batch_running():
+            link.busy = False  # the batch its caller gave up on ended: the slot is free
+            self.workers[link.index].batches -= 1
+        self._notify()
+
+    def hung(self, link: WorkerLink, call: Call) -> None:
+        w = self.workers[link.index]
+        if w.link is link:
+            link.hung = True
+            self._reclaim(w, call.kind)
 
     # -- slots -----------------------------------------------------------------------------
     def _notify(self) -> None:
@@ -541,7 +671,8 @@ class RayExecutor(Executor):
                 raise errors.Closed("the engine is shutting down")
             if not self._cluster_up:
                 raise self._unreachable()
-            ready = [w for w in self.workers if w.ready and (stream or w.batches < PIPELINE_DEPTH)]
+            now = loop_now()
+            ready = [w for w in self.workers if w.usable(now) and (stream or w.batches < w.depth)]
             if ready:
                 return min(ready, key=RayWorkerHandle.rank)
             await self._wait()
@@ -553,34 +684,18 @@ class RayExecutor(Executor):
 
     def release(self, slot: Any) -> None:
         w: RayWorkerHandle = slot
+        if w.link is not None and w.link.batch_running():
+            # A batch abandoned by its requests (deadline, disconnect) still runs in the
+            # actor: its slot is free when it ended (call_ended), as a process worker's.
+            w.link.busy = True
+            return
         w.batches -= 1
         self._notify()
 
     # -- work ------------------------------------------------------------------------------
     def _describe(self, arr: np.ndarray, leases: list[Lease]) -> TensorDesc:
         """``arr`` as a descriptor into the arena (copied in, counted, if not already)."""
-        arena = self.arena
-        if arr.dtype == object:
-            items = arr.reshape(-1)
-            n = bytes_tensor_size(items)
-            lease = arena.allocate(n)
-            leases.append(lease)
-            write_bytes_tensor(list(items), lease.view)
-            metrics.count_copy("ray_input", n)
-            return TensorDesc(lease.offset, n, BYTES, (len(items),))
-        off = arena_offset(arr, arena.address, arena.size)
-        if off is not None:
-            owner = arena.lease_containing(off, arr.nbytes)
-            if owner is not None:
-                leases.append(owner.retain())
-                return TensorDesc(off, arr.nbytes, arr.dtype.str, arr.shape)
-        lease = arena.allocate(arr.nbytes)
-        leases.append(lease)
-        if arr.nbytes:
-            flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            np.frombuffer(lease.view, dtype=np.uint8)[:] = flat
-            metrics.count_copy("ray_input", arr.nbytes)
-        return TensorDesc(lease.offset, arr.nbytes, arr.dtype.str, arr.shape)
+        return describe(self.arena, arr, leases, SITES.input)
 
     async def _await(self, w: RayWorkerHandle, ref: Any, deadline_at: float | None = None) -> Any:
         """Await one Ray call on ``w``; cancelling the caller cancels the actor's task.
@@ -644,8 +759,6 @@ class RayExecutor(Executor):
         its deadline: kill its actor for Ray to restart, and wait for the restart."""
         if not w.ready or self._closing or not self._cluster_up:
             return  # its actor is already down (recovering) or going
-        import ray
-
         log.warning(
             "model %r: a %s on Ray actor %d is still running %.1f s past its deadline; "
             "killing the actor for Ray to restart",
@@ -657,10 +770,7 @@ class RayExecutor(Executor):
         self.reclaimed += 1
         w.ready = False
         self._notify()
-        try:
-            ray.kill(w.actor, no_restart=False)
-        except Exception:  # already gone: its recovery below still waits for the restart
-            pass
+        self._kill(w)
         self._start_recovery(w)
 
     async def _race(self, fut: asyncio.Future[Any]) -> Any:
@@ -678,6 +788,8 @@ class RayExecutor(Executor):
         self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
     ) -> list[InferResult | BaseException]:
         w: RayWorkerHandle = slot
+        if w.link is not None:
+            return await w.link.infer(batch, deadline_at)
         results: list[InferResult | BaseException] = []
         index: list[int] = []
         arrays: list[dict[str, np.ndarray]] = []
@@ -784,6 +896,8 @@ class RayExecutor(Executor):
         self, slot: Any, texts: list[str], *, deadline_at: float | None = None
     ) -> np.ndarray:
         w: RayWorkerHandle = slot
+        if w.link is not None:
+            return await w.link.embed(texts, deadline_at)
         out = await self._await(w, w.actor.embed.remote(texts), deadline_at)
         if isinstance(out, bytes):
             reply = a.REPLY.decode(out)
@@ -808,8 +922,11 @@ class RayExecutor(Executor):
             workers=len(self.workers),
             ready=sum(1 for w in self.workers if w.ready),
             busy=sum(1 for w in self.workers if w.batches),
-            streams=sum(w.outstanding for w in self.workers),
+            streams=sum(
+                w.outstanding + (w.link.streams if w.link is not None else 0) for w in self.workers
+            ),
             restarts=self.restarts,
             crashes=self.crashes,
             reclaimed=self.reclaimed,
+            linked=sum(1 for w in self.workers if w.link is not None),
         )

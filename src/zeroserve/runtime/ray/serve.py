@@ -189,6 +189,7 @@ class ServeReplica(a.RayWorker):
 
     # Serve sends a replica up to ``max_ongoing_requests`` calls at once; they run at once.
     serial_batches: ClassVar[bool] = False
+    links: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -319,6 +320,7 @@ def app_name(model: str) -> str:
 
 class RayServeExecutor(RayExecutor):
     kind = "ray-serve"
+    links: ClassVar[bool] = False  # replicas are reached through Serve's handles
 
     def __init__(self, spec: ResolvedModel, arena: Arena, options: RuntimeOptions) -> None:
         rest = {k: v for k, v in spec.placement.items() if k not in AUTOSCALING_KEYS}
@@ -348,7 +350,7 @@ class RayServeExecutor(RayExecutor):
         self._connected = True
         try:
             handle = await asyncio.wait_for(loop.run_in_executor(None, self._deploy), timeout)
-            pid, _, _ = await asyncio.wait_for(handle.hello.remote(), timeout)
+            pid, *_ = await asyncio.wait_for(handle.hello.remote(), timeout)
         except BaseException as exc:
             await self.aclose()
             if isinstance(exc, TimeoutError):
