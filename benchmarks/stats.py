@@ -1,4 +1,5 @@
-"""The harness's one percentile and one median: every table of BENCHMARKS.md uses these.
+"""The harness's one percentile, median and quartiles: every table of BENCHMARKS.md uses
+these.
 
 ``percentile`` interpolates linearly between the two nearest ranks (numpy's default,
 ``method="linear"``), so p50 of an even count is the mean of the middle two. wrk's own
@@ -25,3 +26,10 @@ def percentile(values: Sequence[float], p: float) -> float:
 def median(values: Iterable[float]) -> float:
     """The median of the non-NaN values; NaN when none are left."""
     return percentile([v for v in values if not math.isnan(v)], 50)
+
+
+def quartiles(values: Iterable[float]) -> tuple[float, float]:
+    """The first and third quartiles (p25, p75) of the non-NaN values: the middle half of
+    a set of ratios, which a report shows beside their median. NaN, NaN when none."""
+    kept = [v for v in values if not math.isnan(v)]
+    return percentile(kept, 25), percentile(kept, 75)
