@@ -208,6 +208,12 @@ def probe_note(what: str, priority: str) -> str:
     )
 
 
+def first_event_note(grid: Grid) -> str:
+    """:func:`probe_note` for the first-event probe of ``grid``'s runs ("" when no run
+    probed)."""
+    return " ".join(probe_note("first-event probe", words) for words in grid.probe_priorities())
+
+
 def error_text(grid: Grid, case: str, server: str) -> str:
     runs = grid.ok(case, server)
     errors = sum(r.wrk_errors for r in runs)

@@ -65,6 +65,7 @@ class RunResult:
     rss_per_stream_kib: float = math.nan
     first_event_ms: list[float] = field(default_factory=list)
     probe_failures: int = 0
+    probe_priority: str = ""  # the first-event probe's, in machine.probe_priority's words
     writes_per_stream: float = math.nan
     copied: dict[str, float] = field(default_factory=dict)
     payload: dict[str, float] = field(default_factory=dict)
@@ -136,6 +137,7 @@ def _finish_probe(proc: subprocess.Popen[str], result: RunResult) -> None:
         return
     result.first_event_ms = [float(x) for x in data["samples_ms"]]
     result.probe_failures = int(data["failures"])
+    result.probe_priority = str(data.get("priority", ""))
 
 
 def count_writes(server: ServerProcess, case: Case, script: Path, settings: Settings) -> float:
@@ -376,6 +378,14 @@ class Grid:
 
     def first_event_n(self, case: str, server: str) -> int:
         return sum(len(r.first_event_ms) for r in self.ok(case, server))
+
+    def probe_priorities(self) -> list[str]:
+        """The priorities the first-event probe ran at in this grid, each once."""
+        return list(
+            dict.fromkeys(
+                r.probe_priority for rs in self.runs.values() for r in rs if r.probe_priority
+            )
+        )
 
     def to_json(self) -> list[dict[str, Any]]:
         return [r.to_json() for runs in self.runs.values() for r in runs]

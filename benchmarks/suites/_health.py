@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from ..context import Settings, SuiteContext
 from ..machine import probe_priority
+from ..probe import NOT_RAISED
 from ..procs import LOOPBACK, ServerFailed, busy_loop
 from ..report import num, probe_note
 from ..servers import started, zeroserve
@@ -43,8 +44,6 @@ PROBE_SLACK_S = 10.0
 # /health is sent this often: often enough for a p99 over a few seconds of load, rarely
 # enough that the probe adds nothing measurable to the server's work.
 PROBE_INTERVAL_S = 0.005
-# The priority words of a probe that was not asked to raise itself (a comparison run).
-NOT_RAISED = "normal priority (real-time not asked for)"
 # The floor's cases: no busy loop, one on the server's CPU, one on each CPU.
 FLOOR_IDLE, FLOOR_SERVER_BUSY, FLOOR_BOTH_BUSY = "idle", "server CPU busy", "both CPUs busy"
 FLOOR_CASES = (FLOOR_IDLE, FLOOR_SERVER_BUSY, FLOOR_BOTH_BUSY)
