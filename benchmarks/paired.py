@@ -11,8 +11,9 @@ a side that gains from going first or second does so in half the pairs only.
 
 Each slice is one :class:`~benchmarks.runner.RunResult` whose ``round`` is its pair, so
 :meth:`Grid.ratio <benchmarks.runner.Grid.ratio>` is the median of the per-pair ratios
-and :meth:`Grid.ratios <benchmarks.runner.Grid.ratios>` the ratios whose quartiles a
-report prints beside it (:func:`pair_spread`), so a reader sees the noise.
+and :meth:`Grid.ratios <benchmarks.runner.Grid.ratios>` the ratios whose spread a report
+prints beside it (:func:`pair_spread`: the median's 95 % interval and the middle half of
+the pairs), so a reader sees the noise and whether the median can be judged.
 """
 
 from __future__ import annotations
@@ -31,15 +32,20 @@ from .procs import ServerFailed, ServerProcess
 from .runner import Grid, RunResult, check_request, prepare, record
 from .scenarios import Case
 from .servers import Server, started
-from .stats import median, quartiles
+from .stats import median, median_interval, quartiles
 
 # Seconds of load per slice: wrk's -d takes whole seconds, and the shortest slice gives
 # the most pairs in a given time (the noise a pair cancels is the drift between its halves).
 SLICE_S = 1
-# Pairs per case at least: enough for the quartiles of the pair ratios to mean something.
-MIN_PAIRS = 20
+# Pairs per case for each of --rounds: 60 at the default 3. Measured on the 2-CPU VM this
+# was written on (an A/A of two identical servers, 60 pairs of W1 64 KiB x32), one pair's
+# ratio scatters by about 10 % (middle half 0.96 to 1.08) even on a quiet machine, so the
+# median of n pairs is within about 1.25 x 10 % / sqrt(n) of the truth: 1.6 % at 60 pairs,
+# enough to tell a 3 % loss at two standard errors; 20 pairs (2.8 %) were not. One pair
+# takes about 2 s, so three cases stay under 7 minutes.
+PAIRS_PER_ROUND = 20
 # --quick: a handful, to show the method runs (numbers as noisy as any quick run's).
-QUICK_MIN_PAIRS = 4
+QUICK_PAIRS_PER_ROUND = 4
 # A fresh server's first requests pay one-time costs (imports, caches, the allocator):
 # each server gets at least one slice's worth of warm-up load before the first pair.
 MIN_WARMUP_S = SLICE_S
@@ -48,12 +54,10 @@ T = TypeVar("T")
 
 
 def pair_count(settings: Settings, quick: bool) -> int:
-    """Pairs per case: each server gets at least the load-seconds that ``rounds`` x
-    ``duration`` give it in a suite of fresh-server rounds (so ``--rounds`` and
-    ``--duration`` keep their meaning), and at least :data:`MIN_PAIRS`
-    (:data:`QUICK_MIN_PAIRS` with ``--quick``)."""
-    least = QUICK_MIN_PAIRS if quick else MIN_PAIRS
-    return max(least, settings.rounds * settings.duration_s // SLICE_S)
+    """Pairs per case: :data:`PAIRS_PER_ROUND` for each of ``--rounds``
+    (:data:`QUICK_PAIRS_PER_ROUND` with ``--quick``). ``--duration`` does not apply: every
+    slice is :data:`SLICE_S`, the shortest wrk runs."""
+    return settings.rounds * (QUICK_PAIRS_PER_ROUND if quick else PAIRS_PER_ROUND)
 
 
 def pair_order(pair: int, a: T, b: T) -> tuple[T, T]:
@@ -63,9 +67,12 @@ def pair_order(pair: int, a: T, b: T) -> tuple[T, T]:
 
 @dataclass(frozen=True)
 class PairSpread:
-    """The per-pair ratios of one case: their median, quartiles and count."""
+    """The per-pair ratios of one case: their median with its 95 % interval, their
+    quartiles (the middle half: the noise one pair carries), and their count."""
 
     median: float
+    low: float  # the median's 95 % interval (``stats.median_interval``)
+    high: float
     q1: float
     q3: float
     pairs: int
@@ -73,15 +80,23 @@ class PairSpread:
     @classmethod
     def of(cls, ratios: Sequence[float]) -> PairSpread:
         kept = [r for r in ratios if not math.isnan(r)]
+        low, high = median_interval(kept)
         q1, q3 = quartiles(kept)
-        return cls(median(kept), q1, q3, len(kept))
+        return cls(median(kept), low, high, q1, q3, len(kept))
 
     def text(self, scale: float = 1.0, fmt: str = "{:.3f}") -> str:
-        """``"middle half Q1 to Q3, N pairs"``, each quartile times ``scale`` (100 for percent)."""
+        """``"95% CI L to H; middle half Q1 to Q3, N pairs"``, each bound times ``scale``
+        (100 for percent) in ``fmt``."""
         if not self.pairs:
             return "no pairs"
-        lo, hi = fmt.format(self.q1 * scale), fmt.format(self.q3 * scale)
-        return f"middle half {lo} to {hi}, {self.pairs} pairs"
+
+        def two(a: float, b: float) -> str:
+            return f"{fmt.format(a * scale)} to {fmt.format(b * scale)}"
+
+        return (
+            f"95% CI {two(self.low, self.high)}; "
+            f"middle half {two(self.q1, self.q3)}, {self.pairs} pairs"
+        )
 
 
 def pair_spread(

@@ -171,11 +171,12 @@ def _tls_copies(grid: Grid, case: Case) -> tuple[float, float]:
 
 
 def _key_table(grid: Grid, cases: list[Case]) -> list[str]:
-    """Per case: both servers' throughput, the median and middle half of the per-pair
-    ratios, and the same for CPU per request."""
+    """Per case: both servers' throughput, the median of the per-pair ratios with its 95 %
+    interval and the middle half of the pairs, and the same median for CPU per request."""
     lines = [
-        "| case | no key | with a key | with / without, median of pairs | middle half "
-        "of pairs | CPU µs / req, no key | CPU with / without (middle half) | errors with a key |",
+        "| case | no key | with a key | with / without, median of pairs (95% CI) "
+        "| middle half of pairs | CPU µs / req, no key | CPU with / without (95% CI) "
+        "| errors with a key |",
         "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for case in cases:
@@ -189,10 +190,11 @@ def _key_table(grid: Grid, cases: list[Case]) -> list[str]:
         work = pair_spread(grid, k, KEYED, PLAIN, cpu)
         lines.append(
             f"| {case.label} | {num(grid.med(k, PLAIN, get))} {unit} "
-            f"| {num(grid.med(k, KEYED, get))} {unit} | {num(rate.median)}x "
+            f"| {num(grid.med(k, KEYED, get))} {unit} "
+            f"| {num(rate.median)}x ({num(rate.low)} to {num(rate.high)}) "
             f"| {num(rate.q1)} to {num(rate.q3)} ({rate.pairs} pairs) "
             f"| {num(1000 * grid.med(k, PLAIN, cpu))} "
-            f"| {num(work.median)}x ({num(work.q1)} to {num(work.q3)}) "
+            f"| {num(work.median)}x ({num(work.low)} to {num(work.high)}) "
             f"| {error_text(grid, k, KEYED)} |"
         )
     return lines
@@ -277,8 +279,10 @@ def edge(ctx: SuiteContext) -> Section:
         "both servers run side by side (pinned to the server CPU; the idle one costs "
         f"nothing), each checked and warmed up, then {pairs} pairs of {SLICE_S} s wrk "
         "slices alternate between them (no key first in even pairs, the keyed server in odd "
-        "ones). Ratios are medians of the per-pair ratios; the middle half of the pair "
-        "ratios (first to third quartile) shows the noise the median is read against. "
+        "ones). Ratios are medians of the per-pair ratios, each with its 95% confidence "
+        "interval (order statistics of the pairs, no assumption on their distribution); "
+        "the middle half of the pair ratios (first to third quartile) is the noise one "
+        "pair carries. "
         "CPU per request: the server process's CPU time over each slice (from /proc, in "
         "clock ticks) over its 2xx answers.",
         "",
@@ -299,8 +303,9 @@ def edge(ctx: SuiteContext) -> Section:
             ctx,
             ctx.settings(),
             notes=[
-                f"API keys: {pairs} pairs of {SLICE_S} s slices per case; the rounds below "
-                "are the TLS comparison's."
+                f"API keys: {pairs} pairs of {SLICE_S} s slices per case (20 per round; "
+                "`--duration` does not change the slice); the rounds below are the TLS "
+                "comparison's."
             ],
         ),
     ]

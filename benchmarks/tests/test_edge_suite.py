@@ -31,7 +31,7 @@ def _importable(mod: str) -> bool:
 )
 def test_quick_edge_measures_keys_and_tls(tmp_path: Path) -> None:
     from benchmarks.cli import main
-    from benchmarks.paired import QUICK_MIN_PAIRS
+    from benchmarks.paired import QUICK_PAIRS_PER_ROUND
 
     out, results = tmp_path / "BENCHMARKS.md", tmp_path / "results"
     rc = main(["--quick", "--suites", "EDGE", "--out", str(out), "--results-dir", str(results)])
@@ -43,7 +43,7 @@ def test_quick_edge_measures_keys_and_tls(tmp_path: Path) -> None:
         slices.setdefault((r["server"], r["case"]), []).append(r["round"])
     # Every server has one slice per pair of every case.
     assert slices == {
-        (s, c): list(range(QUICK_MIN_PAIRS))
+        (s, c): list(range(QUICK_PAIRS_PER_ROUND))
         for s in ("zeroserve", "zeroserve-key")
         for c in ("W1-64KiB", "W2-sse-c32")
     }
@@ -55,7 +55,8 @@ def test_quick_edge_measures_keys_and_tls(tmp_path: Path) -> None:
     # Decryption is the one copy: at least every body byte received, at site tls.
     assert tls["zeroserve-tls"]["copied"]["tls"] >= tls["zeroserve-tls"]["payload"]["in"]
     text = out.read_text()
-    pairs = rf"\(middle half [\d.]+% to [\d.]+%, {QUICK_MIN_PAIRS} pairs\)"
+    pct = r"[\d.]+%"
+    pairs = rf"\(95% CI {pct} to {pct}; middle half {pct} to {pct}, {QUICK_PAIRS_PER_ROUND} pairs\)"
     assert re.search(
         rf"^\| 64 KiB x32 with a key \| ≥97% of no-key req/s \| [\d.]+% {pairs} \|", text, re.M
     ), text

@@ -11,9 +11,15 @@ import pytest
 
 from benchmarks.context import DURATION_S, QUICK_DURATION_S, QUICK_ROUNDS, ROUNDS, Settings
 from benchmarks.machine import Pinning
-from benchmarks.paired import MIN_PAIRS, QUICK_MIN_PAIRS, PairSpread, pair_count, pair_order
+from benchmarks.paired import (
+    PAIRS_PER_ROUND,
+    QUICK_PAIRS_PER_ROUND,
+    PairSpread,
+    pair_count,
+    pair_order,
+)
 from benchmarks.runner import Grid, RunResult
-from benchmarks.stats import quartiles
+from benchmarks.stats import median_interval, quartiles
 
 
 def _settings(rounds: int, duration_s: int) -> Settings:
@@ -33,16 +39,16 @@ def _rps(r: RunResult) -> float:
     return r.rps
 
 
-def test_the_defaults_give_twenty_pairs_and_a_handful_in_quick_mode() -> None:
-    assert pair_count(_settings(ROUNDS, DURATION_S), quick=False) == MIN_PAIRS == 20
-    assert pair_count(_settings(QUICK_ROUNDS, QUICK_DURATION_S), quick=True) == QUICK_MIN_PAIRS
+def test_the_defaults_give_sixty_pairs_and_a_handful_in_quick_mode() -> None:
+    assert pair_count(_settings(ROUNDS, DURATION_S), quick=False) == 3 * PAIRS_PER_ROUND == 60
+    assert pair_count(_settings(QUICK_ROUNDS, QUICK_DURATION_S), quick=True) == 4
+    assert QUICK_PAIRS_PER_ROUND == 4
 
 
-def test_more_rounds_or_longer_runs_give_more_pairs() -> None:
-    # --rounds 10 --duration 5: the 50 load-seconds per server that fresh rounds would take.
-    assert pair_count(_settings(10, 5), quick=False) == 50
-    assert pair_count(_settings(3, 10), quick=False) == 30
-    assert pair_count(_settings(3, 10), quick=True) == 30
+def test_rounds_scale_the_pairs_and_duration_does_not() -> None:
+    assert pair_count(_settings(5, 5), quick=False) == 100
+    assert pair_count(_settings(3, 10), quick=False) == 60
+    assert pair_count(_settings(3, 10), quick=True) == 12
 
 
 def test_the_order_alternates_by_pair() -> None:
@@ -66,8 +72,22 @@ def test_the_spread_is_the_quartiles_of_the_pair_ratios() -> None:
     spread = PairSpread.of([0.97, 0.95, 0.98, 0.98, 0.97])
     assert spread.median == pytest.approx(0.97)
     assert (spread.q1, spread.q3) == pytest.approx((0.97, 0.98))
+    # Five pairs are too few to narrow the median: its interval is all of them.
+    assert (spread.low, spread.high) == pytest.approx((0.95, 0.98))
     assert spread.pairs == 5
-    assert spread.text(100, "{:.1f}%") == "middle half 97.0% to 98.0%, 5 pairs"
+    assert spread.text(100, "{:.1f}%") == (
+        "95% CI 95.0% to 98.0%; middle half 97.0% to 98.0%, 5 pairs"
+    )
+
+
+def test_the_median_interval_takes_the_order_statistics_around_the_middle() -> None:
+    # 60 values 1..60: ranks 30 -/+ 1.96 x sqrt(60) / 2 = 7.6, so the 22nd and the 39th.
+    assert median_interval([float(v) for v in range(60, 0, -1)]) == (22.0, 39.0)
+    # 100 values: ranks 50 -/+ 9.8, so the 40th and the 61st.
+    assert median_interval([float(v) for v in range(1, 101)]) == (40.0, 61.0)
+    assert median_interval([2.0, math.nan]) == (2.0, 2.0)
+    low, high = median_interval([])
+    assert math.isnan(low) and math.isnan(high)
 
 
 def test_a_pair_with_a_failed_slice_is_left_out() -> None:
