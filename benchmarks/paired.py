@@ -7,7 +7,10 @@ instead starts both servers once per case (both pinned to the server CPU: the on
 under load idles and costs nothing), checks one request on each and warms each up, then
 runs many pairs of short wrk slices back to back, the order alternating by pair (A B,
 B A, ...): background load that drifts over seconds hits both halves of a pair alike, and
-a side that gains from going first or second does so in half the pairs only.
+a side that gains from going first or second does so in half the pairs only. One pair
+still scatters about as much as one round did (much of the machine's noise is faster
+than a second), but no start-up is paid per sample, so tens of pairs fit in the time of
+a few rounds, and their median narrows as one over the square root of their count.
 
 Each slice is one :class:`~benchmarks.runner.RunResult` whose ``round`` is its pair, so
 :meth:`Grid.ratio <benchmarks.runner.Grid.ratio>` is the median of the per-pair ratios
@@ -102,7 +105,7 @@ class PairSpread:
 def pair_spread(
     grid: Grid, case: str, a: str, b: str, get: Callable[[RunResult], float]
 ) -> PairSpread:
-    """Median and quartiles of a/b over the pairs of ``case``."""
+    """The median of a/b over the pairs of ``case``, its 95 % interval and quartiles."""
     return PairSpread.of(grid.ratios(case, a, b, get))
 
 
@@ -135,7 +138,9 @@ def run_pairs(
                     _pairs(grid, (a, b), running, case, sent, settings, pairs)
                     continue
         for srv in (a, b):
-            grid.add(_failed(srv, case, broken.get(srv.name, "not run: the other server failed")))
+            why = broken.get(srv.name, "not run: the other server failed")
+            grid.add(_failed(srv, case, why))
+            print(f"  {case.key} {srv.name}: {why[:300]}", flush=True)
     return grid
 
 
