@@ -5,6 +5,7 @@ the flags give, the alternating order, and the median and quartiles of per-pair 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,11 @@ from benchmarks.paired import (
     PairSpread,
     pair_count,
     pair_order,
+    run_pairs,
 )
 from benchmarks.runner import Grid, RunResult
+from benchmarks.scenarios import cases_for
+from benchmarks.servers import Server
 from benchmarks.stats import median_interval, quartiles
 
 
@@ -103,3 +107,25 @@ def test_quartiles_interpolate_and_skip_nan() -> None:
     assert math.isnan(q1) and math.isnan(q3)
     spread = PairSpread.of([])
     assert spread.pairs == 0 and math.isnan(spread.median) and spread.text() == "no pairs"
+
+
+def test_a_server_that_fails_to_start_fails_every_case_without_a_second_start(
+    tmp_path: Path,
+) -> None:
+    starts = tmp_path / "starts"
+
+    def exits(port: int, up: int | None, work: Path) -> list[str]:
+        # Counts its own starts, then exits before it ever answers /health.
+        code = f"open({str(starts)!r}, 'a').write('x'); raise SystemExit(3)"
+        return [sys.executable, "-c", code]
+
+    first, second = Server("first", "first", exits), Server("second", "second", exits)
+    settings = Settings(1, 1, 0, tmp_path, Pinning(None, None))
+    cases = cases_for(["W1"], quick=True)[:2]
+    grid = run_pairs(first, second, cases, settings, pairs=2)
+    assert starts.read_text() == "x"  # one start: the first server's, for the first case
+    for case in cases:
+        (mine,) = grid.runs[(case.key, "first")]
+        (other,) = grid.runs[(case.key, "second")]
+        assert not mine.ok and mine.error.startswith("start failed: first exited with 3")
+        assert not other.ok and other.error == "not run: the other server failed"
