@@ -4,8 +4,8 @@
   connections, zeroserve with one ``--api-key`` (every request sends it) against the same
   zeroserve with no key, by paired interleaving (``benchmarks/paired.py``): per case both
   servers are started once, then many pairs of 1 s wrk slices alternate between them
-  (A B, B A, ...); the ratio is the median of the per-pair ratios, reported with the
-  middle half of them and their count. Target: the keyed server keeps at least 97 % of
+  (A B, B A, ...); the ratio is the median of the per-pair ratios, reported with its
+  95 % interval, the middle half of the pair ratios and their count. Target: the keyed server keeps at least 97 % of
   the unkeyed req/s (tokens/s for streams), a difference the old fresh-server rounds
   (±10 % per round here) could not resolve. Beside it, the key's own cost in-process
   (``scripts/edge_key_cost.py``, pinned to the server CPU) as a share of the unkeyed
