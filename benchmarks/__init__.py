@@ -5,8 +5,10 @@ Not part of the zeroserve package (it is not in the wheel). It drives every serv
 subprocess over 127.0.0.1 and imports, from zeroserve, only the public Model API
 (``zeroserve.Model``, ``zeroserve.GenerateRequest``, the built-in models under
 ``zeroserve.models``) for the bench models the servers load and the peers that run the
-same models. The one exception is ``scripts/measure_overhead.py``, which times the
-gateway's own upstream client in-process. ``docs/architecture.md`` ("Benchmarks") says
+same models. The exceptions are ``scripts/measure_overhead.py``, which times the
+gateway's own upstream client in-process, and ``scripts/edge_key_cost.py``, which times
+the edge's API-key check (the EDGE suite runs it as a process of its own).
+``docs/architecture.md`` ("Benchmarks") says
 how the pieces fit:
 
 * ``machine.py``: machine facts and CPU pinning; ``procs.py``: starting, accounting and

@@ -4,6 +4,11 @@ The server under test is pinned to :data:`SERVER_CPU`, the load generator, probe
 harness itself to :data:`LOAD_CPU`, and a gateway's upstream to :data:`AUX_CPU` when the
 machine has a third CPU (else it shares the server's). With fewer than two CPUs nothing
 is pinned and the report says so.
+
+A latency probe process raises itself to real-time priority (:func:`probe_priority`): it
+shares the load CPU with the load generator, and at equal priority its wake-ups would
+wait for the load's time slice, so it would report that CPU's contention as the server's
+latency.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from pathlib import Path
 SERVER_CPU = 0
 LOAD_CPU = 1
 AUX_CPU = 2
+# A probe's real-time level: SCHED_FIFO's lowest. Any level preempts the load generator
+# (a normal-priority process) the moment the probe wakes; the lowest stays below anything
+# the machine itself runs at real-time priority. A probe sleeps between samples and spends
+# each one blocked on the server, so it cannot starve the load it shares the CPU with.
+PROBE_RT_PRIORITY = 1
 SOFTWARE = (
     "zeroserve",
     "uvicorn",
@@ -51,6 +61,30 @@ def pin_prefix(cpu: int | None) -> list[str]:
     if cpu is None or cpu not in _USABLE or shutil.which("taskset") is None:
         return []
     return ["taskset", "-c", str(cpu)]
+
+
+def probe_priority() -> str:
+    """Run the calling process at real-time priority (SCHED_FIFO, :data:`PROBE_RT_PRIORITY`)
+    if the machine permits it, else leave it as it is.
+
+    Children it forks start at normal priority again (``SCHED_RESET_ON_FORK``): only the
+    probe itself is meant to preempt the load.
+
+    Returns:
+        The priority the process now runs at, in words for a report: ``"real-time
+        (SCHED_FIFO 1)"``, or ``"normal priority (real-time refused: ...)"``.
+    """
+    policy = os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(PROBE_RT_PRIORITY))
+    except OSError as exc:  # EPERM without CAP_SYS_NICE or an RLIMIT_RTPRIO to cover it
+        return f"normal priority (real-time refused: {exc.strerror or exc})"
+    return f"real-time (SCHED_FIFO {PROBE_RT_PRIORITY})"
+
+
+def is_realtime(priority: str) -> bool:
+    """Whether :func:`probe_priority`'s words say the probe runs at real-time priority."""
+    return priority.startswith("real-time")
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,7 @@ class ServerFailed(RuntimeError):
     """The server exited or never answered /health."""
 
 
-def _env(extra: dict[str, str] | None) -> dict[str, str]:
+def child_env(extra: dict[str, str] | None) -> dict[str, str]:
     """The child's environment: the repository root on PYTHONPATH, so a server can load
     the bench models (``benchmarks.models``) and a peer module can run as ``-m``."""
     env = {**os.environ, **(extra or {})}
@@ -235,7 +235,7 @@ def start_server(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=_env(env),
+            env=child_env(env),
         )
     server = ServerProcess(name=name, argv=full, port=port, log_path=log_path, proc=proc, tls=tls)
     try:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .context import Settings, SuiteContext
-from .machine import load_average
+from .machine import is_realtime, load_average
 from .runner import Grid, RunResult
 from .scenarios import Case
 from .servers import Server
@@ -186,6 +186,32 @@ def footer(
         f"- Reproduce: `{ctx.command}`" + (" (quick mode: short, noisy)" if ctx.quick else "")
     )
     return lines
+
+
+def probe_note(what: str, priority: str) -> str:
+    """The one sentence every section with a probe's latency percentiles gives: at which
+    priority ``what`` (the probe, named as the section names it) ran, and why.
+
+    Args:
+        what: the probe as the section calls it ("probe", "first-event probe").
+        priority: ``machine.probe_priority``'s words, as the probe process reported them.
+    """
+    if is_realtime(priority):
+        return (
+            f"The {what} ran at {priority} on the load CPU, so its wake-ups do not wait for "
+            "the load generator's time slice there and its percentiles are the server's; "
+            "it is the same for every server."
+        )
+    return (
+        f"The {what} ran at {priority}: on the load CPU its wake-ups can wait for the load "
+        "generator's time slice, which adds to every server's percentiles alike."
+    )
+
+
+def first_event_note(grid: Grid) -> str:
+    """:func:`probe_note` for the first-event probe of ``grid``'s runs ("" when no run
+    probed)."""
+    return " ".join(probe_note("first-event probe", words) for words in grid.probe_priorities())
 
 
 def error_text(grid: Grid, case: str, server: str) -> str:

@@ -65,6 +65,7 @@ class RunResult:
     rss_per_stream_kib: float = math.nan
     first_event_ms: list[float] = field(default_factory=list)
     probe_failures: int = 0
+    probe_priority: str = ""  # the first-event probe's, in machine.probe_priority's words
     writes_per_stream: float = math.nan
     copied: dict[str, float] = field(default_factory=dict)
     payload: dict[str, float] = field(default_factory=dict)
@@ -136,6 +137,7 @@ def _finish_probe(proc: subprocess.Popen[str], result: RunResult) -> None:
         return
     result.first_event_ms = [float(x) for x in data["samples_ms"]]
     result.probe_failures = int(data["failures"])
+    result.probe_priority = str(data.get("priority", ""))
 
 
 def count_writes(server: ServerProcess, case: Case, script: Path, settings: Settings) -> float:
@@ -182,6 +184,31 @@ def count_writes(server: ServerProcess, case: Case, script: Path, settings: Sett
     return calls / res.requests if res.requests and calls else math.nan
 
 
+def check_request(port: int, case: Case, tls: bool) -> str | None:
+    """Send the case's request once and judge the answer with its validator.
+
+    Returns:
+        None when the server answered right, else what was wrong (the server does not
+        support the case).
+    """
+    status, headers, resp = http_post(port, case.path, case.body, case.headers, tls=tls)
+    return case.validate(status, headers, resp)
+
+
+def record(result: RunResult, res: wrk.WrkResult, case: Case, cpu_s: float) -> None:
+    """Fill ``result`` from one wrk run: throughput, latency, errors, and CPU per request
+    from ``cpu_s``, the server's CPU seconds over that run."""
+    result.requests = res.good
+    result.responses = res.requests
+    result.duration_s = res.duration_s
+    result.rps = res.rps
+    result.events_per_s = res.rps * case.events_per_request
+    result.latency_pct_ms = res.latency_pct_ms
+    result.wrk_errors = res.error_count
+    result.bytes_per_request = res.bytes / res.requests if res.requests else math.nan
+    result.cpu_ms_per_request = cpu_s * 1000 / res.good if res.good else math.nan
+
+
 def measure(srv: Server, case: Case, rnd: int, settings: Settings, delay_ms: int = 0) -> RunResult:
     """One fresh server (and upstream), one checked request, warm-up, then wrk for the
     duration under CPU, RSS and /metrics accounting; ``delay_ms`` is a pause after every
@@ -211,8 +238,7 @@ def _measure(
     result: RunResult,
 ) -> None:
     port, tls = server.port, srv.tls
-    status, headers, resp = http_post(port, case.path, case.body, case.headers, tls=tls)
-    problem = case.validate(status, headers, resp)
+    problem = check_request(port, case, tls)
     if problem is not None:
         result.error = f"unsupported: {problem}"
         return
@@ -245,15 +271,7 @@ def _measure(
         after = scrape(port, tls)
         result.copied = _delta(after[0], before[0])
         result.payload = _delta(after[1], before[1])
-    result.requests = res.good
-    result.responses = res.requests
-    result.duration_s = res.duration_s
-    result.rps = res.rps
-    result.events_per_s = res.rps * case.events_per_request
-    result.latency_pct_ms = res.latency_pct_ms
-    result.wrk_errors = res.error_count
-    result.bytes_per_request = res.bytes / res.requests if res.requests else math.nan
-    result.cpu_ms_per_request = (u1.cpu_s - u0.cpu_s) * 1000 / res.good if res.good else math.nan
+    record(result, res, case, u1.cpu_s - u0.cpu_s)
     result.peak_rss_mib = max(peak_kib, u1.hwm_kib) / 1024
     if case.kind == "stream":
         result.rss_per_stream_kib = (
@@ -306,13 +324,24 @@ class Grid:
         case_b: str | None = None,
     ) -> float:
         """Median over rounds of a/b, pairing runs of the same round."""
+        return median(self.ratios(case, a, b, get, case_b))
+
+    def ratios(
+        self,
+        case: str,
+        a: str,
+        b: str,
+        get: Callable[[RunResult], float],
+        case_b: str | None = None,
+    ) -> list[float]:
+        """a/b for every round in which both have a run (in round order): what
+        :meth:`ratio` takes the median of, and the spread a report shows beside it."""
         base = {r.round: get(r) for r in self.ok(case_b or case, b)}
-        vals = [
+        return [
             get(r) / base[r.round]
-            for r in self.ok(case, a)
+            for r in sorted(self.ok(case, a), key=lambda r: r.round)
             if base.get(r.round) and not math.isnan(base[r.round])
         ]
-        return median(vals)
 
     def why(self, case: str, server: str) -> str:
         errs = [r.error for r in self.runs.get((case, server), []) if r.error]
@@ -349,6 +378,14 @@ class Grid:
 
     def first_event_n(self, case: str, server: str) -> int:
         return sum(len(r.first_event_ms) for r in self.ok(case, server))
+
+    def probe_priorities(self) -> list[str]:
+        """The priorities the first-event probe ran at in this grid, each once."""
+        return list(
+            dict.fromkeys(
+                r.probe_priority for rs in self.runs.values() for r in rs if r.probe_priority
+            )
+        )
 
     def to_json(self) -> list[dict[str, Any]]:
         return [r.to_json() for runs in self.runs.values() for r in runs]

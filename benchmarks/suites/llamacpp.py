@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..context import Settings, SuiteContext
 from ..procs import ServerFailed
-from ..report import Section, footer, num, times
+from ..report import Section, footer, num, probe_note, times
 from ..servers import Server, importable, started, zeroserve
 from ..stats import median, percentile
 from ..streamclient import StreamStats, stream_load
@@ -87,7 +87,9 @@ def llamacpp(ctx: SuiteContext) -> Section:
         _measure(ctx, settings, servers, body, probe, res, errors, skipped, floor)
     finally:
         probe.close()
-    return _section(ctx, settings, servers, max_tokens, threads, res, errors, skipped, floor)
+    return _section(
+        ctx, settings, servers, max_tokens, threads, res, errors, skipped, floor, probe.priority
+    )
 
 
 def _measure(
@@ -124,7 +126,8 @@ def _measure(
                             )
                         )
                         cpu_s = server.usage().cpu_s - u0.cpu_s
-                        health = probing.result(timeout=settings.duration_s + PROBE_SLACK_S)
+                        window = probing.result(timeout=settings.duration_s + PROBE_SLACK_S)
+                        health = window.latencies_ms
                 except ServerFailed as exc:
                     errors[srv.name] = f"start failed: {exc}"
                     continue
@@ -147,6 +150,7 @@ def _section(
     errors: dict[str, str],
     skipped: dict[str, str],
     floor: dict[str, list[float]],
+    probe_priority: str,
 ) -> Section:
     def tps(conc: int, name: str) -> list[float]:
         return [s.tokens / s.duration_s for s, _, _ in res.get((conc, name), [])]
@@ -165,6 +169,7 @@ def _section(
         "`/health` is probed every 5 ms on one keep-alive connection during the load, from a "
         "process of its own (not a thread of the load client, whose loop would hold the GIL "
         "against it). "
+        f"{probe_note('probe', probe_priority)} "
         "Tokens per CPU-second: tokens received over the server process's CPU time in the "
         "window (the fair comparison where other work shares the server's CPU).",
         *footer(ctx, settings),
@@ -205,5 +210,5 @@ def _section(
         "≥1.5x FastAPI at 32 streams. Inter-token: the gap between two content chunks of a "
         "stream as the client read them (chunks arriving in one read are 0 ms apart).",
     ]
-    lines += floor_lines(floor, errors)
+    lines += floor_lines(floor, errors, probe_priority)
     return Section(GROUP, GROUP_TITLE, "\n".join(lines))

@@ -17,7 +17,7 @@ import dataclasses
 import json
 
 from ..context import SuiteContext
-from ..report import Section, cpu, fixed, footer, mark, p, rps
+from ..report import Section, cpu, first_event_note, fixed, footer, mark, p, rps
 from ..runner import run_grid
 from ..scenarios import SCENARIOS
 from ..servers import EXTERNAL_READY_TIMEOUT_S, Server, at_baseline, peer, zeroserve
@@ -98,6 +98,13 @@ def ray(ctx: SuiteContext) -> Section:
                 f"{fixed(grid.med(k, n, p(50)))} / {fixed(grid.med(k, n, p(99)))} | {first} | "
                 f"{fixed(grid.med(k, n, cpu), 2)} | {fixed(grid.copied_pct(k, n), 3)}% |"
             )
+    note = first_event_note(grid)
+    if note:
+        lines += [
+            "",
+            "First event: a new connection opened repeatedly while the stream load runs, "
+            f"time from connect to the first `data:`. {note}",
+        ]
     lines += [
         "",
         f"Against Ray Serve (second grid, same run): the same 4 MiB V2 binary infer, "

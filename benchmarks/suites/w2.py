@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..context import SuiteContext
-from ..report import Section, Target, eps, footer, skipped, targets
+from ..report import Section, Target, eps, first_event_note, footer, skipped, targets
 from ..scenarios import W2_TOKENS
 from ..servers import BASELINE, SUBJECT
 from ._scenario import GROUP, TITLE, copies_by_site, run, stream_table
@@ -70,7 +70,7 @@ def w2(ctx: SuiteContext) -> Section:
         f"{W2_TOKENS} space-separated tokens → {W2_TOKENS} events per request, "
         f"`Accept: text/event-stream`. Tokens/s = completed streams/s x {W2_TOKENS}. "
         "First event: a new connection opened repeatedly while the load runs, "
-        "time from connect to the first `data:`.",
+        f"time from connect to the first `data:`. {first_event_note(grid)}".rstrip(),
         "",
         *stream_table(grid, cases, servers),
         *targets(rows),

@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import math
-import socket
 import threading
 import time
 from typing import Any
 
 from .. import wrk
 from ..context import SuiteContext
-from ..procs import LOOPBACK, ServerFailed, ServerProcess
-from ..report import Section, fixed, footer, mark
+from ..procs import ServerFailed, ServerProcess
+from ..report import Section, fixed, footer, mark, probe_note
 from ..stats import percentile
+from ._health import PROBE_INTERVAL_S, PROBE_SLACK_S, HealthProbe
 from ._runtime import (
     GROUP,
-    IO_TIMEOUT_S,
     MODELS,
     TITLE,
     fastapi_available,
-    raw_request,
-    read_response,
     save_json,
     start_fastapi,
     start_zeroserve,
@@ -28,50 +25,18 @@ from ._runtime import (
 
 # W8: SpinModel at 20 ms of CPU per request; /health probed every 5 ms.
 W8_SPIN_MS = 20.0
-
-W8_PROBE_INTERVAL_S = 0.005
+# Seconds of model load per server (long enough for a /health p99 over ~1,800 probes).
+W8_LOAD_S, QUICK_W8_LOAD_S = 10.0, 3.0
+# Seconds of /health probing on the idle server, before the load starts.
+W8_IDLE_PROBE_S = 1.0
 
 W8_TARGET_MS = 2.0
-
-
-def _probe_health(port: int, seconds: float) -> tuple[list[float], int]:
-    """GET /health every 5 ms on one keep-alive connection: (latencies ms, failures)."""
-    req = raw_request("GET", "/health")
-    lat: list[float] = []
-    failures = 0
-    sock: socket.socket | None = None
-    buf = bytearray()
-    deadline = time.monotonic() + seconds
-    for _ in range(int(seconds / W8_PROBE_INTERVAL_S) + 1):
-        if time.monotonic() >= deadline:
-            break
-        try:
-            if sock is None:
-                sock = socket.create_connection((LOOPBACK, port), timeout=IO_TIMEOUT_S)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                buf.clear()
-            t0 = time.perf_counter()
-            sock.sendall(req)
-            status, _ = read_response(sock, buf)
-            dt_ms = (time.perf_counter() - t0) * 1000
-            if status == 200:
-                lat.append(dt_ms)
-            else:
-                failures += 1
-        except OSError:
-            failures += 1
-            if sock is not None:
-                sock.close()
-            sock = None
-        time.sleep(W8_PROBE_INTERVAL_S)
-    if sock is not None:
-        sock.close()
-    return lat, failures
 
 
 def _w8_one(
     ctx: SuiteContext,
     server: ServerProcess,
+    probe: HealthProbe,
     conns: int,
     seconds: float,
 ) -> dict[str, Any]:
@@ -80,7 +45,9 @@ def _w8_one(
     body = work / "w8.body"
     body.write_bytes(b"x")
     script = wrk.write_script(work / "w8.lua", body, {"Content-Type": "application/octet-stream"})
-    idle, idle_fail = _probe_health(server.port, 1.0)
+    idle, idle_fail = probe.start(server.port, W8_IDLE_PROBE_S).result(
+        timeout=W8_IDLE_PROBE_S + PROBE_SLACK_S
+    )
     out: list[wrk.WrkResult] = []
     errors: list[str] = []
 
@@ -103,7 +70,8 @@ def _w8_one(
     u0 = server.usage()
     t.start()
     time.sleep(0.5)
-    busy, busy_fail = _probe_health(server.port, max(0.5, math.ceil(seconds) - 1.0))
+    window = max(0.5, math.ceil(seconds) - 1.0)
+    busy, busy_fail = probe.start(server.port, window).result(timeout=window + PROBE_SLACK_S)
     t.join(timeout=math.ceil(seconds) + wrk.WRK_SLACK_S)
     u1 = server.usage()
     res = out[0] if out else None
@@ -124,7 +92,13 @@ def _w8_one(
 
 
 def w8(ctx: SuiteContext) -> Section:
-    seconds = 3.0 if ctx.quick else 10.0
+    with HealthProbe() as probe:
+        rows = _measure(ctx, probe)
+    return _section(ctx, rows, probe.priority)
+
+
+def _measure(ctx: SuiteContext, probe: HealthProbe) -> list[dict[str, Any]]:
+    seconds = QUICK_W8_LOAD_S if ctx.quick else W8_LOAD_S
     configs = (1,) if ctx.quick else (1, 2)
     rows: list[dict[str, Any]] = []
     for workers in configs:
@@ -141,7 +115,7 @@ def w8(ctx: SuiteContext) -> Section:
             row["error"] = str(exc)[:300]
             continue
         try:
-            row.update(_w8_one(ctx, server, conns, seconds))
+            row.update(_w8_one(ctx, server, probe, conns, seconds))
         finally:
             server.stop()
     if fastapi_available():
@@ -150,19 +124,25 @@ def w8(ctx: SuiteContext) -> Section:
         try:
             server = start_fastapi(ctx, "w8-fastapi", spin_ms=W8_SPIN_MS)
             try:
-                row.update(_w8_one(ctx, server, 4, seconds))
+                row.update(_w8_one(ctx, server, probe, 4, seconds))
             finally:
                 server.stop()
         except (ServerFailed, OSError) as exc:
             row["error"] = str(exc)[:300]
     save_json(ctx, "W8", rows)
+    return rows
+
+
+def _section(ctx: SuiteContext, rows: list[dict[str, Any]], priority: str) -> Section:
+    seconds = QUICK_W8_LOAD_S if ctx.quick else W8_LOAD_S
     lines = [
         "### W8: `GET /health` while a CPU-bound model is saturated",
         "",
         f"`SpinModel`: {W8_SPIN_MS:g} ms of pure-Python loops per request (GIL held) on the "
         f"process executor; wrk keeps 4 requests per worker outstanding for {seconds:.0f} s "
-        f"while a probe sends `GET /health` every {W8_PROBE_INTERVAL_S * 1000:g} ms on one "
-        "keep-alive connection (time from send to the whole response). FastAPI: a sync `def` "
+        f"while a probe sends `GET /health` every {PROBE_INTERVAL_S * 1000:g} ms on one "
+        "keep-alive connection from a process of its own (time from send to the whole "
+        f"response). {probe_note('probe', priority)} FastAPI: a sync `def` "
         "endpoint running the same loop (its threadpool), `/health` an `async def`. The "
         "server and its workers share CPU 0, so the OS scheduler, not only the GIL, sits "
         "between a /health request and the loop.",

@@ -1,8 +1,8 @@
 """The harness's boundaries, checked from the source with ``ast``: ``benchmarks/`` imports
 from zeroserve only the public Model API (``zeroserve`` and ``zeroserve.models``: the
-Model base, its request types, the built-in models), except the one script that times the
-gateway's own upstream client; nothing under ``src/`` imports ``benchmarks``; and the
-wheel's package list does not include it."""
+Model base, its request types, the built-in models), except the two scripts that time the
+gateway's own upstream client and the edge's key check; nothing under ``src/`` imports
+``benchmarks``; and the wheel's package list does not include it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "benchmarks"
 PUBLIC = ("zeroserve", "zeroserve.models")
-# Times the gateway's pooled upstream client in-process against aiohttp and httpx.
-INTERNAL_ALLOWED = {HARNESS / "scripts" / "measure_overhead.py"}
+# Time the gateway's pooled upstream client in-process against aiohttp and httpx, and the
+# edge's API-key check in-process (each in a process of its own; the harness reads output).
+INTERNAL_ALLOWED = {
+    HARNESS / "scripts" / "measure_overhead.py",
+    HARNESS / "scripts" / "edge_key_cost.py",
+}
 
 
 def _imports(path: Path) -> set[str]:

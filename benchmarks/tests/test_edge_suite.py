@@ -1,6 +1,7 @@
 """The EDGE suite end to end in --quick mode: the keyed and unkeyed zeroserve are both
-measured (the key accepted on every request), the HTTPS runs complete through wrk, and
-zeroserve's copies at the ``tls`` site are reported. No timing assertions."""
+measured in pairs of slices (the key accepted on every request), the target lines give
+the pairs' spread, the key's in-process cost is reported, the HTTPS runs complete through
+wrk, and zeroserve's copies at the ``tls`` site are reported. No timing assertions."""
 
 from __future__ import annotations
 
@@ -30,22 +31,35 @@ def _importable(mod: str) -> bool:
 )
 def test_quick_edge_measures_keys_and_tls(tmp_path: Path) -> None:
     from benchmarks.cli import main
+    from benchmarks.paired import QUICK_PAIRS_PER_ROUND
 
     out, results = tmp_path / "BENCHMARKS.md", tmp_path / "results"
     rc = main(["--quick", "--suites", "EDGE", "--out", str(out), "--results-dir", str(results)])
     assert rc == 0
     keys = json.loads((results / "wrk-EDGE-keys.json").read_text())
-    assert {(r["server"], r["case"]) for r in keys} == {
-        (s, c) for s in ("zeroserve", "zeroserve-key") for c in ("W1-64KiB", "W2-sse-c32")
-    }
+    slices: dict[tuple[str, str], list[int]] = {}
     for r in keys:
         assert r["ok"] and r["wrk_errors"] == 0, r["error"]  # a refused key would be 401s
+        slices.setdefault((r["server"], r["case"]), []).append(r["round"])
+    # Every server has one slice per pair of every case.
+    assert slices == {
+        (s, c): list(range(QUICK_PAIRS_PER_ROUND))
+        for s in ("zeroserve", "zeroserve-key")
+        for c in ("W1-64KiB", "W2-sse-c32")
+    }
+    cost = json.loads((results / "EDGE-key-cost.json").read_text())
+    assert set(cost) == {"plain_us", "keyed_us", "key_us", "number", "repeats"}, cost
     tls = {r["server"]: r for r in json.loads((results / "wrk-EDGE-tls.json").read_text())}
     for name in ("zeroserve-tls", "uvicorn-tls"):
         assert tls[name]["ok"] and tls[name]["requests"] > 0, tls[name]["error"]
     # Decryption is the one copy: at least every body byte received, at site tls.
     assert tls["zeroserve-tls"]["copied"]["tls"] >= tls["zeroserve-tls"]["payload"]["in"]
     text = out.read_text()
-    assert re.search(r"^\| 64 KiB x32 with a key \| ≥97% of no-key req/s \| [\d.]+% \|", text, re.M)
+    pct = r"[\d.]+%"
+    pairs = rf"\(95% CI {pct} to {pct}; middle half {pct} to {pct}, {QUICK_PAIRS_PER_ROUND} pairs\)"
+    assert re.search(
+        rf"^\| 64 KiB x32 with a key \| ≥97% of no-key req/s \| [\d.]+% {pairs} \|", text, re.M
+    ), text
+    assert re.search(r"^\| raw SSE x32 \| [\d,.]+ \| [\d.]+ \| [\d.]+% \|$", text, re.M), text
     assert re.search(r"^\| zeroserve TLS \| [\d,]+ \| [\d.]+x \|", text, re.M), text
     assert "copies at site `tls`" in text
