@@ -3,14 +3,16 @@
 ``run_grid`` starts every server fresh per round and compares two runs of several seconds
 taken one after the other; on a noisy two-CPU machine the ratio of such a pair swings by
 ±10 %, so a 3 % target cannot be judged from a handful of rounds. :func:`run_pairs`
-instead starts both servers once per case (both pinned to the server CPU: the one not
-under load idles and costs nothing), checks one request on each and warms each up, then
-runs many pairs of short wrk slices back to back, the order alternating by pair (A B,
-B A, ...): background load that drifts over seconds hits both halves of a pair alike, and
+instead starts both servers side by side (both pinned to the server CPU: the one not
+under load idles and costs nothing), afresh every few pairs, checks one request on each and warms
+each up, then runs many pairs of short wrk slices back to back, the order alternating by
+pair (A B, B A, ...): background load that drifts over seconds hits both halves of a pair alike, and
 a side that gains from going first or second does so in half the pairs only. One pair
 still scatters about as much as one round did (much of the machine's noise is faster
 than a second), but no start-up is paid per sample, so tens of pairs fit in the time of
 a few rounds, and their median narrows as one over the square root of their count.
+Starting both servers afresh every few pairs samples what lasts for a process's life (its
+memory layout, its hash seed), which pairs within one start cannot average out.
 
 Each slice is one :class:`~benchmarks.runner.RunResult` whose ``round`` is its pair, so
 :meth:`Grid.ratio <benchmarks.runner.Grid.ratio>` is the median of the per-pair ratios
@@ -49,6 +51,11 @@ SLICE_S = 1
 PAIRS_PER_ROUND = 20
 # --quick: a handful, to show the method runs (numbers as noisy as any quick run's).
 QUICK_PAIRS_PER_ROUND = 4
+# Pairs per start of the two servers: both are started afresh after this many, so what
+# lasts for a process's life (its memory layout, its hash seed) is sampled a dozen times
+# in a full run, not frozen into every pair. A start costs about 5 s (two servers, a
+# checked request and a warm-up each): 12 of them add a minute to a 60-pair case.
+PAIRS_PER_START = 5
 # A fresh server's first requests pay one-time costs (imports, caches, the allocator):
 # each server gets at least one slice's worth of warm-up load before the first pair.
 MIN_WARMUP_S = SLICE_S
@@ -118,9 +125,12 @@ def run_pairs(
     case_for: Callable[[Server, Case], Case] | None = None,
 ) -> Grid:
     """Per case, ``pairs`` pairs of :data:`SLICE_S` wrk slices on ``a`` and ``b``, both
-    started once. ``case_for`` picks the request a server gets (its script is written
-    under that case's key, so give the two distinct keys); every slice is filed under the
-    case. A server whose start failed once is not started again."""
+    started afresh (checked and warmed up) every :data:`PAIRS_PER_START` pairs: a
+    difference that lasts for a process's life (its memory layout, its hash seed) is then
+    sampled many times instead of frozen into every pair. ``case_for`` picks
+    the request a server gets (its script is written under that case's key, so give the
+    two distinct keys); every slice is filed under the case. A server whose start failed
+    once is not started again."""
     grid = Grid()
     for srv in (a, b):
         why = srv.missing()
@@ -129,14 +139,21 @@ def run_pairs(
     if grid.skipped:
         return grid
     broken: dict[str, str] = {}
+    starts = max(1, math.ceil(pairs / PAIRS_PER_START))
     for case in cases:
         sent = {srv.name: case_for(srv, case) if case_for else case for srv in (a, b)}
-        if not broken:
+        first = 0
+        for start in range(starts):
+            if broken:
+                break
+            count = (pairs - first) // (starts - start)  # the pairs spread evenly
             with contextlib.ExitStack() as stack:
                 running = _start_both(stack, (a, b), settings, broken)
                 if running is not None:
-                    _pairs(grid, (a, b), running, case, sent, settings, pairs)
-                    continue
+                    _pairs(grid, (a, b), running, case, sent, settings, first, count, pairs)
+            first += count
+        if not broken:
+            continue
         for srv in (a, b):
             why = broken.get(srv.name, "not run: the other server failed")
             grid.add(_failed(srv, case, why))
@@ -175,9 +192,12 @@ def _pairs(
     case: Case,
     sent: dict[str, Case],
     settings: Settings,
+    first: int,
+    count: int,
     pairs: int,
 ) -> None:
-    """Check, warm up, then the pairs of slices of one case on two running servers."""
+    """Check, warm up, then pairs ``first`` to ``first + count`` (of ``pairs``) of one
+    case on two running servers."""
     scripts: dict[str, Path] = {}
     try:
         for srv in servers:
@@ -201,7 +221,7 @@ def _pairs(
         for srv in servers:
             grid.add(_failed(srv, case, f"{type(exc).__name__}: {exc}"))
         return
-    for pair in range(pairs):
+    for pair in range(first, first + count):
         got = {}
         for srv in pair_order(pair, *servers):
             r = _slice(srv, running[srv.name], sent[srv.name], scripts[srv.name], settings, pair)

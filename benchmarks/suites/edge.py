@@ -3,7 +3,8 @@
 * API keys: W1 64 KiB raw echo and W2 raw SSE (and, in full runs, OpenAI chunks) at 32
   connections, zeroserve with one ``--api-key`` (every request sends it) against the same
   zeroserve with no key, by paired interleaving (``benchmarks/paired.py``): per case both
-  servers are started once, then many pairs of 1 s wrk slices alternate between them
+  servers run side by side (started afresh every few pairs), and many pairs of 1 s wrk
+  slices alternate between them
   (A B, B A, ...); the ratio is the median of the per-pair ratios, reported with its
   95 % interval, the middle half of the pair ratios and their count. Target: the keyed server keeps at least 97 % of
   the unkeyed req/s (tokens/s for streams), a difference the old fresh-server rounds
@@ -28,7 +29,7 @@ import sys
 
 from ..context import SuiteContext
 from ..machine import pin_prefix
-from ..paired import SLICE_S, pair_count, pair_spread, run_pairs
+from ..paired import PAIRS_PER_START, SLICE_S, pair_count, pair_spread, run_pairs
 from ..procs import child_env
 from ..report import Section, Target, cpu, eps, error_text, footer, num, rps, skipped, targets
 from ..runner import Grid, run_grid
@@ -277,9 +278,9 @@ def edge(ctx: SuiteContext) -> Section:
         f"API keys: the same zeroserve with and without `--api-key` (each request sends "
         f"`Authorization: Bearer …`), {', '.join(c.label for c in key_cases)}. Per case "
         "both servers run side by side (pinned to the server CPU; the idle one costs "
-        f"nothing), each checked and warmed up, then {pairs} pairs of {SLICE_S} s wrk "
-        "slices alternate between them (no key first in even pairs, the keyed server in odd "
-        "ones). Ratios are medians of the per-pair ratios, each with its 95% confidence "
+        f"nothing), started afresh every {PAIRS_PER_START} pairs, each start checked and "
+        f"warmed up; {pairs} pairs of {SLICE_S} s wrk slices in all alternate between them (no key "
+        "first in even pairs, the keyed server in odd ones). Ratios are medians of the per-pair ratios, each with its 95% confidence "
         "interval (order statistics of the pairs, no assumption on their distribution); "
         "the middle half of the pair ratios (first to third quartile) is the noise one "
         "pair carries. "
