@@ -4,6 +4,7 @@ asyncio and uvloop."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,38 @@ def test_generate_embed_and_capabilities(run: Any, executor: str, arena: Any) ->
             with pytest.raises(errors.ModelNotFound):
                 eng.model("nope")
             assert p.statistics().queue.in_flight == 0
+
+    run(main())
+
+
+def test_streams_leave_no_cyclic_garbage(run: Any, executor: str, arena: Any) -> None:
+    """A stream that ends, and one its consumer leaves, are freed by reference counting:
+    none of their objects waits for the cyclic GC (a channel's producer hooks, which hold
+    the channel, are dropped when it closes; docs/architecture.md, "The cyclic GC")."""
+
+    async def main() -> None:
+        async with engine(executor, {"echo": {"factory": Echo}}, arena=arena) as eng:
+            h = eng.model("echo")
+            for _ in range(3):  # warm: whatever the first streams set up once
+                assert [p async for p in h.generate(h.admit(), GenerateRequest(prompt="a b"))]
+            gc.collect()
+            gc.disable()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for _ in range(5):
+                    whole = h.generate(h.admit(), GenerateRequest(prompt="a b c", max_tokens=40))
+                    assert len([p async for p in whole]) == 40
+                    left = h.generate(h.admit(), GenerateRequest(prompt="x y", max_tokens=1000))
+                    assert await left.__anext__() == "x"
+                    await left.aclose()
+                await until(lambda: h.statistics().queue.in_flight == 0, "the streams to end")
+                gc.collect()
+                ours = [o for o in gc.garbage if type(o).__module__.startswith("zeroserve")]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
+            assert not ours, sorted({type(o).__qualname__ for o in ours})
 
     run(main())
 

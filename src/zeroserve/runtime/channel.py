@@ -214,6 +214,9 @@ class Channel:
         if self._send_closed:
             return
         self._send_closed = True
+        # The producer's hooks usually hold this channel (a closure over it): dropped once
+        # they are of no more use, so refcounting frees both, not the cyclic GC.
+        self.puller = self.on_take = None
         self.result = result
         if error is not None and self._error is None:
             self._error = error
@@ -226,6 +229,7 @@ class Channel:
         self._bytes = 0
         self._error = error
         self._send_closed = True
+        self.puller = self.on_take = None
         self._wake_getter()
         self._wake_putters()
 
@@ -327,6 +331,7 @@ class Channel:
     def close_receiver(self) -> None:
         """``aclose()`` for callers that cannot await (cancellation paths)."""
         self._recv_closed = True
+        self.puller = self.on_take = None
         self._items.clear()
         self._bytes = 0
         self._wake_putters()
