@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import shutil
@@ -19,6 +18,7 @@ from ..edge import Edge
 from ..edge.tracing import configure_otlp
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
 from ..runtime.priority import raise_loop
+from . import memory
 from .metrics_peers import MetricsPeers
 from .server import Server
 
@@ -75,7 +75,7 @@ async def serve_async(
         server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
-        freeze_startup_objects()
+        memory.settle()
         names = ", ".join(engine.names())
         scheme = "https" if options.tls is not None else "http"
         # One write per line: --workers children share this stdout, and print() writes
@@ -94,16 +94,6 @@ async def serve_async(
             await app.aclose()  # the gateway's pooled upstream connections
         await engine.aclose()
         arena.close()
-
-
-def freeze_startup_objects() -> None:
-    """Move everything startup made (modules, models, routes: tens to hundreds of
-    thousands of objects) out of the cyclic GC's reach, once it is collected: they live as
-    long as the process, and every full collection would traverse them again, a pause of
-    15-25 ms on the loop measured under streaming load (docs/architecture.md, "The cyclic
-    GC"). Objects made later are collected as usual."""
-    gc.collect()
-    gc.freeze()
 
 
 def run_loop(loop: str, coro: Any) -> None:
