@@ -87,7 +87,9 @@ def _faults_per_request(env: dict[str, str] | None) -> float:
 def test_requests_do_not_fault_their_memory_back_in() -> None:
     """The served process keeps the heap its requests free (no page faults per request in
     the steady state); with glibc's default trim threshold, which the control server
-    runs with (a deployment's own ``MALLOC_*`` setting is left alone), the same requests
-    fault their scratch back in every time."""
+    runs with (a deployment's own ``MALLOC_*`` variable or malloc tunable is left alone),
+    the same requests fault their scratch back in every time."""
     assert _faults_per_request(None) < 1
     assert _faults_per_request({"MALLOC_TRIM_THRESHOLD_": GLIBC_DEFAULT_TRIM}) > 5
+    tunable = f"glibc.malloc.trim_threshold={GLIBC_DEFAULT_TRIM}"
+    assert _faults_per_request({"GLIBC_TUNABLES": tunable}) > 5

@@ -28,8 +28,10 @@ TRIM_THRESHOLD = 32 << 20
 # see: bodies live in the arena, and below this a buffer is reused, not faulted in again.
 MMAP_THRESHOLD = 4 << 20
 # What glibc reads from the environment when malloc starts: a deployment that sets one
-# has chosen its own policy, and is left alone.
+# (or a ``glibc.malloc.*`` tunable in GLIBC_TUNABLES) has chosen its own policy, and is
+# left alone.
 MALLOC_ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
+MALLOC_TUNABLES = "glibc.malloc."
 
 
 def settle() -> None:
@@ -52,10 +54,12 @@ def freeze_startup_objects() -> None:
 def keep_freed_heap() -> bool:
     """Raise glibc's trim threshold (and pin its mmap threshold), so memory a request
     frees stays in the heap for the next one. True if set; False off glibc, or where the
-    deployment set glibc's ``MALLOC_*`` variables itself."""
+    deployment set glibc's ``MALLOC_*`` variables or malloc tunables itself."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     if any(os.environ.get(name) for name in MALLOC_ENV):
+        return False
+    if MALLOC_TUNABLES in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     try:
         libc = ctypes.CDLL(None)
