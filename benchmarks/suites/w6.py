@@ -12,6 +12,7 @@ from ..context import SuiteContext
 from ..models import create_counter, read_counter
 from ..procs import LOOPBACK, ServerFailed
 from ..report import Section, fixed, footer, mark
+from ..servers import importable
 from ..stats import percentile
 from ._runtime import (
     GROUP,
@@ -33,6 +34,10 @@ W6_TARGET_MS = 50.0
 W6_SETTLE_S = 0.2  # the counter must stay unchanged this long to count as stopped
 
 W6_STOP_WAIT_S = 3.0  # past this the model counts as never stopped
+
+# Always measured; ``ray`` (actors on this node, through their link) too in full runs
+# where Ray is installed: each start brings up a local Ray, too slow for --quick.
+W6_EXECUTORS = ("inline", "thread", "process")
 
 
 def _w6_trial(port: int, model: str, counter: str) -> dict[str, Any]:
@@ -73,7 +78,8 @@ def _w6_trial(port: int, model: str, counter: str) -> dict[str, Any]:
 
 def w6(ctx: SuiteContext) -> Section:
     trials = 5 if ctx.quick else 20
-    executors = ("inline", "thread", "process")
+    with_ray = not ctx.quick and importable("ray")() is None
+    executors = (*W6_EXECUTORS, *(("ray",) if with_ray else ()))
     work = ctx.results_dir / "work"
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -110,7 +116,9 @@ def w6(ctx: SuiteContext) -> Section:
         f"{W6_EVENTS} pieces, then resets the connection (SO_LINGER 0). Stop time = the "
         f"model's last piece - the disconnect (≤0: it had already stopped); the counter must "
         f"then stay unchanged {W6_SETTLE_S * 1000:.0f} ms. {trials} trials per executor "
-        "(inline: an async generator; thread/process: a sync generator with `time.sleep`).",
+        "(inline: an async generator; thread/process/ray: a sync generator with `time.sleep`; "
+        "ray: one actor on this node, started by the server's own local Ray, in full runs "
+        "where Ray is installed).",
         "",
         "| executor | trials | stop p50 ms | stop max ms | pieces after disconnect (max) "
         "| never stopped | in flight after | target ≤50 ms |",
