@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from ..machine import Pinning, harness_on_load_cpu
 from ..procs import ServerProcess
 from ..runner import prepare
 from ..scenarios import Case, cases_for
-from ..servers import BASELINE_SRC_ENV, ECHO, Server, start, zeroserve, zeroserve_cmd
+from ..servers import ECHO, Server, at_baseline, start, zeroserve, zeroserve_cmd
 
 RESULTS = Path("bench-results/gc_pauses")
 CASE = "W2-sse-c32"
@@ -95,8 +94,7 @@ def measure(srv: Server, case: Case, settings: Settings) -> Pauses:
     out, mark = work / f"{srv.name}.gc.json", work / f"{srv.name}.gc.mark"
     for p in (out, mark):
         p.unlink(missing_ok=True)
-    env = dict(os.environ)
-    env.update(ZSBENCH_GC_OUT=str(out), ZSBENCH_GC_MARK=str(mark))
+    env = {"ZSBENCH_GC_OUT": str(out), "ZSBENCH_GC_MARK": str(mark)}
     _, script = prepare(case, settings)
     proc: ServerProcess = start(_with_env(srv, env), pins, work)
     try:
@@ -158,11 +156,8 @@ def main() -> int:
     settings.results_dir.mkdir(parents=True, exist_ok=True)
     (case,) = [c for c in cases_for(["W2"], quick=False) if c.key == CASE]
     subject = zeroserve(extra=("--model", ECHO))
-    servers = [gc_server(subject)]
-    base_src = os.environ.get(BASELINE_SRC_ENV)
-    if base_src:
-        base = dataclasses.replace(subject, name="zeroserve-base")
-        servers.append(_with_env(gc_server(base), {"PYTHONPATH": str(Path(base_src).resolve())}))
+    base = at_baseline(gc_server(subject), "zeroserve-base", "zeroserve@base")
+    servers = [gc_server(subject), *([base] if base is not None else [])]
     print("| server | tokens/s | gen0 n / ms | gen1 n / ms | gen2 n / ms (longest) | GC % of CPU |")
     print("|---|--:|--:|--:|--:|--:|")
     with harness_on_load_cpu(settings.pins):
