@@ -1,17 +1,38 @@
-"""API keys: where the credential is read from, constant-time matching, the keys file."""
+"""API keys: where the credential is read from, constant-time matching, the keys file.
+A request's credential is checked as the server checks it: ``Edge.start`` reads the
+headers once, ``Edge.admit`` matches the key."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from zeroserve.edge import ApiKey, KeyLimits, KeyRing, load_keys_file
+from zeroserve.edge import ApiKey, Edge, EdgeOptions, KeyLimits, KeyRing, load_keys_file
 from zeroserve.errors import Unauthorized
 
 ALICE = ApiKey("alice", b"sk-alice-0123456789")
 BOB = ApiKey("bob", b"sk-bob-9876543210", KeyLimits(max_concurrent=2))
 RING = KeyRing([ALICE, BOB])
+PATH = "/v1/chat/completions"
+
+Headers = list[tuple[bytes, bytes]]
+
+
+@pytest.fixture(scope="module")
+def edge() -> Iterator[Edge]:
+    e = Edge(EdgeOptions(keys=(ALICE, BOB)))
+    yield e
+    e.close()
+
+
+def authenticate(edge: Edge, headers: Headers, query: str = "") -> ApiKey | None:
+    """The key the edge admits a request with these headers (and query) under."""
+    ctx = edge.start("POST", headers, PATH)
+    edge.admit(ctx, PATH, query)
+    edge.release_lease(ctx)
+    return ctx.key
 
 
 @pytest.mark.parametrize(
@@ -23,8 +44,8 @@ RING = KeyRing([ALICE, BOB])
         [(b"x-api-key", b"sk-bob-9876543210")],
     ],
 )
-def test_each_header_form_finds_the_key(headers: list[tuple[bytes, bytes]]) -> None:
-    assert RING.authenticate([(b"host", b"x"), *headers]) is BOB
+def test_each_header_form_finds_the_key(edge: Edge, headers: Headers) -> None:
+    assert authenticate(edge, [(b"host", b"x"), *headers]) is BOB
 
 
 @pytest.mark.parametrize(
@@ -42,31 +63,29 @@ def test_each_header_form_finds_the_key(headers: list[tuple[bytes, bytes]]) -> N
         [(b"api-key", b"sk-alice-012345678")],  # a prefix of a real key
     ],
 )
-def test_missing_malformed_or_unknown_credentials_are_401(
-    headers: list[tuple[bytes, bytes]],
-) -> None:
+def test_missing_malformed_or_unknown_credentials_are_401(edge: Edge, headers: Headers) -> None:
     with pytest.raises(Unauthorized) as info:
-        RING.authenticate(headers)
+        authenticate(edge, headers)
     exc = info.value
     assert exc.status == 401 and exc.code == "invalid_api_key"
     assert (b"www-authenticate", b'Bearer realm="zeroserve"') in exc.headers
     assert b"sk-" not in exc.message.encode()
 
 
-def test_authorization_wins_over_the_other_headers() -> None:
+def test_authorization_wins_over_the_other_headers(edge: Edge) -> None:
     headers = [(b"x-api-key", b"sk-alice-0123456789"), (b"authorization", b"Bearer sk-wrong")]
     with pytest.raises(Unauthorized):
-        RING.authenticate(headers)
+        authenticate(edge, headers)
 
 
 @pytest.mark.parametrize("query", ["api_key=sk-alice-0123456789", "a=1&key=x", "ACCESS_TOKEN=t"])
-def test_a_key_in_the_query_is_refused_even_with_a_good_header(query: str) -> None:
+def test_a_key_in_the_query_is_refused_even_with_a_good_header(edge: Edge, query: str) -> None:
     with pytest.raises(Unauthorized, match="not accepted in the URL"):
-        RING.authenticate([(b"authorization", b"Bearer sk-alice-0123456789")], query)
+        authenticate(edge, [(b"authorization", b"Bearer sk-alice-0123456789")], query)
 
 
-def test_an_unrelated_query_is_fine() -> None:
-    assert RING.authenticate([(b"api-key", b"sk-alice-0123456789")], "stream=true") is ALICE
+def test_an_unrelated_query_is_fine(edge: Edge) -> None:
+    assert authenticate(edge, [(b"api-key", b"sk-alice-0123456789")], "stream=true") is ALICE
 
 
 def test_repr_never_shows_the_secret() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hmac
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -63,8 +63,9 @@ class ApiKey:
 
 
 class KeyRing:
-    """The configured keys. ``authenticate`` returns the key a request presents, or raises
-    ``Unauthorized`` (401) for a missing, malformed or unknown credential."""
+    """The configured keys. ``match`` returns the key whose secret a request presents (its
+    credential, from ``parse_credential``), or raises ``Unauthorized`` (401) for an
+    unknown one; ``Edge.admit`` calls both."""
 
     __slots__ = ("_keys",)
 
@@ -95,11 +96,6 @@ class KeyRing:
                 return k
         raise KeyError(name)
 
-    def authenticate(self, headers: Iterable[tuple[bytes, bytes]], query: str = "") -> ApiKey:
-        if query:
-            refuse_query_key(query)
-        return self.match(credential_from(headers))
-
     def match(self, credential: bytes) -> ApiKey:
         """The key whose secret is ``credential``, or ``Unauthorized``."""
         found: ApiKey | None = None
@@ -109,21 +105,6 @@ class KeyRing:
         if found is None:
             raise Unauthorized("invalid API key")
         return found
-
-
-def credential_from(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """The credential a request presents, or ``Unauthorized``. Header names are lower case
-    (as ``http/`` delivers them). ``Authorization`` wins; else the first ``api-key`` or
-    ``x-api-key``. One pass, no allocation: this runs on every request when keys are on."""
-    auth: bytes | None = None
-    other: bytes | None = None
-    for name, value in headers:
-        if name == b"authorization":
-            if auth is None:
-                auth = value
-        elif (name == b"api-key" or name == b"x-api-key") and other is None:
-            other = value
-    return parse_credential(auth, other)
 
 
 def parse_credential(auth: bytes | None, other: bytes | None) -> bytes:
