@@ -41,6 +41,15 @@ def settle() -> None:
     keep_freed_heap()
 
 
+def unsettle() -> None:
+    """Undo the freeze when the server stops, before its models close: frozen objects are
+    never collected, so an object in a reference cycle from startup (an engine holding
+    its own threads, such as llama.cpp's server in ``llamacpp``) would outlive the
+    interpreter's last collection and never be finalized, its native threads still
+    running as the process exits."""
+    gc.unfreeze()
+
+
 def freeze_startup_objects() -> None:
     """Move everything startup made (modules, models, routes: tens to hundreds of
     thousands of objects) out of the cyclic GC's reach, once it is collected: they live as

@@ -88,6 +88,7 @@ async def serve_async(
             ready(server)
         await server.wait_stopped()
     finally:
+        memory.unsettle()
         if peers is not None:
             await peers.aclose()
         if app is not None:
