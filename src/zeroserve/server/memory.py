@@ -1,7 +1,7 @@
 """The serving process's memory policy, set once it listens (docs/architecture.md, "Memory
-between requests"): what startup made leaves the cyclic GC's reach, and the C allocator
-keeps the heap it already has instead of handing it back to the kernel after every
-request."""
+between requests"): what startup made leaves the cyclic GC's reach (and returns to it when
+the server stops), and the C allocator keeps the heap it already has instead of handing it
+back to the kernel after every request."""
 
 from __future__ import annotations
 
