@@ -11,13 +11,12 @@ from ..scenarios import W2_TOKENS
 from ..servers import BASELINE, SUBJECT
 from ._scenario import GROUP, TITLE, copies_by_site, run, stream_table
 
-# New-client first event under load, p99.
-FIRST_EVENT_P99_MS = 10.0
-# (case, label, goal against FastAPI)
+# (case, label, tokens/s goal against FastAPI, new client's first event p99 goal in ms
+# under that load: 10 at 32 streams, 60 at 256)
 GOALS = (
-    ("W2-sse-c32", "W2 raw SSE x32", 6.0),
-    ("W2-openai-c32", "W2 OpenAI chunks x32", 5.0),
-    ("W2-openai-c256", "W2 OpenAI chunks x256", 5.0),
+    ("W2-sse-c32", "W2 raw SSE x32", 6.0, 10.0),
+    ("W2-openai-c32", "W2 OpenAI chunks x32", 5.0, 10.0),
+    ("W2-openai-c256", "W2 OpenAI chunks x256", 5.0, 60.0),
 )
 
 
@@ -25,10 +24,14 @@ def _at_least(goal: float) -> Callable[[float], bool]:
     return lambda v: v >= goal
 
 
+def _at_most(goal: float) -> Callable[[float], bool]:
+    return lambda v: v <= goal
+
+
 def w2(ctx: SuiteContext) -> Section:
     cases, servers, grid, settings, notes = run(ctx, "W2")
     rows: list[Target] = []
-    for key, label, goal in GOALS:
+    for key, label, goal, first_ms in GOALS:
         if not grid.ok(key, SUBJECT):
             continue
         share = grid.error_share(key, SUBJECT)
@@ -57,10 +60,10 @@ def w2(ctx: SuiteContext) -> Section:
         rows.append(
             Target(
                 f"{label} new client first event p99",
-                f"≤{FIRST_EVENT_P99_MS:g} ms",
+                f"≤{first_ms:g} ms",
                 grid.first_event(key, SUBJECT, 99),
                 "{:.1f} ms",
-                lambda v: v <= FIRST_EVENT_P99_MS,
+                _at_most(first_ms),
                 error_share=share,
             )
         )

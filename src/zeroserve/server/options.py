@@ -55,13 +55,16 @@ STREAM_BATCH_BYTES = 64 * 1024
 # later iteration (server/turns.py): the loop polls for new connections and heads between
 # iterations, so this bounds how long a new client waits behind the running streams
 # (about two iterations to its first event) without shrinking any batch. A deferred
-# batch costs a future and an iteration a poll. Measured on a busy 2-core machine
-# (turns against none, interleaved rounds), 32 raw SSE streams: at 2 ms 15-20 % more CPU
-# per stream; at 4 ms 6 % more (0.357 vs 0.336 CPU-ms), first event p50 16.6 vs 23.9 ms;
-# 256 streams (tens of ms per iteration without turns): first event p99 halved. Timed
-# in wall-clock time, a preempted batch counts as long, so a loaded machine defers more
-# than a quiet one; retune this on the quiet benchmark.
-TURN_BUDGET_S = 0.004
+# batch costs a future and an iteration a poll. First tuned with server and load sharing
+# one core (a benchmark harness bug): there 2 ms cost 15-20 % more CPU per stream and
+# 4 ms 6 %. Retuned with the server on its own core, two W2 runs of 1 ms against 4 ms
+# (interleaved rounds, each tree first in one run): new client's first event at 256 raw
+# SSE streams p50 6-7 against 46 ms, p99 26-35 against 78-94 ms; 256 OpenAI streams p50
+# 20-27 against 55-70 ms, p99 122-137 against 149-161 ms; at 32 streams p99 level to
+# 30 % lower; tokens/s and CPU per stream level within the rounds' noise. Timed in
+# wall-clock time, a preempted batch counts as long, so a loaded machine defers more
+# than a quiet one.
+TURN_BUDGET_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
