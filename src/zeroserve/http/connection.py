@@ -136,6 +136,12 @@ class HttpConnection:
         return self._mv[self._end :]
 
     @property
+    def unread_room(self) -> int:
+        """Bytes of the head buffer after the received ones: 0 when it is full (see
+        ``reading_blocked``)."""
+        return len(self._buf) - self._end
+
+    @property
     def reading_blocked(self) -> bool:
         """True when the I/O layer must pause reading (no room until a response ends)."""
         return self.state in (State.HANDLING, State.AWAIT_BODY) and self._end >= len(self._buf)
