@@ -37,8 +37,9 @@ from types import ModuleType
 # its parsers and framing, the server's asyncio glue, the runtime's stream channel, and
 # what every request passes through above them: the request and its route, the raw
 # endpoint, the OpenAI endpoints' request path (generation, telemetry, stream timing), the
-# edge's per-request context, admission, the model handle, the inline executor and the
-# arena. Not app/openai/streaming.py: mypyc does not compile async generators.
+# edge's per-request context with the API key check and the key's quota, admission, the
+# model handle, the inline executor and the arena. Not app/openai/streaming.py: mypyc
+# does not compile async generators.
 COMPILED_MODULES: tuple[str, ...] = (
     "zeroserve.http.chunked",
     "zeroserve.http.client",
@@ -65,6 +66,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "zeroserve.app.router",
     "zeroserve.app.endpoints.raw",
     "zeroserve.edge.gate",
+    "zeroserve.edge.keys",
+    "zeroserve.edge.quotas",
     "zeroserve.edge.request_id",
 )
 PURE_ENV = "ZEROSERVE_PURE"  # "1": load the pure-Python sources even when compiled
