@@ -13,13 +13,11 @@ from collections.abc import Awaitable, Callable
 import pytest
 import uvloop
 
-from zeroserve.app import App
 from zeroserve.models.echo import EchoModel
-from zeroserve.runtime import Arena, Engine, ModelConfig
 from zeroserve.server.connection import HttpProtocol
 from zeroserve.server.options import ServerOptions
-from zeroserve.server.server import Server
 
+from .inproc import serving
 from .models import Endless
 
 IO_TIMEOUT_S = 10.0
@@ -47,33 +45,21 @@ def _run(scenario: Scenario, loop_name: str) -> bytes:
 
     async def main() -> bytes:
         loop = asyncio.get_running_loop()
-        arena = Arena(1 << 26)
-        engine = Engine(
-            {
-                "echo": ModelConfig(name="echo", factory=EchoModel),
-                "endless": ModelConfig(name="endless", factory=Endless),
-            },
-            arena=arena,
-        )
-        await engine.start()
-        server = Server(App(engine), arena, ServerOptions(port=0))
-        await server.start()
-        listener = socket.create_server(("127.0.0.1", 0))
-        client = socket.create_connection(listener.getsockname(), timeout=IO_TIMEOUT_S)
-        accepted, _ = listener.accept()
-        listener.close()
-        accepted.setblocking(False)
+        models = {"echo": EchoModel, "endless": Endless}
+        async with serving(models, ServerOptions(port=0)) as server:
+            listener = socket.create_server(("127.0.0.1", 0))
+            client = socket.create_connection(listener.getsockname(), timeout=IO_TIMEOUT_S)
+            accepted, _ = listener.accept()
+            listener.close()
+            accepted.setblocking(False)
 
-        async def hand_over() -> None:
-            await loop.connect_accepted_socket(lambda: HttpProtocol(server), accepted)
+            async def hand_over() -> None:
+                await loop.connect_accepted_socket(lambda: HttpProtocol(server), accepted)
 
-        try:
-            return await scenario(client, hand_over)
-        finally:
-            client.close()
-            await server.shutdown()
-            await engine.aclose()
-            arena.close()
+            try:
+                return await scenario(client, hand_over)
+            finally:
+                client.close()
 
     return uvloop.run(main()) if loop_name == "uvloop" else asyncio.run(main())
 

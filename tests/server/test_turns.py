@@ -9,12 +9,10 @@ import threading
 
 import uvloop
 
-from zeroserve.app import App
-from zeroserve.runtime import Arena, Engine, ModelConfig
 from zeroserve.server.options import ServerOptions
-from zeroserve.server.server import Server
 from zeroserve.server.turns import Turns
 
+from .inproc import serving
 from .models import Endless
 
 
@@ -121,55 +119,48 @@ def test_new_head_is_served_before_the_running_streams_write_their_next_batch() 
     connection and the one that reads its head)."""
 
     async def scenario() -> tuple[int, int]:
-        arena = Arena(1 << 24)
-        engine = Engine({"endless": ModelConfig(name="endless", factory=Endless)}, arena=arena)
-        await engine.start()
         # A zero budget: one batch a turn, so the bound below holds on any machine's speed
         # (with no turns at all, the same test counts a batch of every stream).
         options = ServerOptions(port=0, turn_budget_s=0.0)
-        server = Server(App(engine), arena, options)
-        await server.start()
-        stop = asyncio.Event()
-        clients: list[asyncio.StreamWriter] = []
+        async with serving({"endless": Endless}, options) as server:
+            stop = asyncio.Event()
+            clients: list[asyncio.StreamWriter] = []
 
-        async def reader(r: asyncio.StreamReader) -> None:
-            while not stop.is_set() and await r.read(1 << 16):
-                pass
+            async def reader(r: asyncio.StreamReader) -> None:
+                while not stop.is_set() and await r.read(1 << 16):
+                    pass
 
-        readers = []
-        try:
-            for _ in range(STREAMS):
-                r, w = await asyncio.open_connection("127.0.0.1", server.port)
-                w.write(
-                    b"POST /v1/raw/endless HTTP/1.1\r\nHost: t\r\n"
-                    b"Accept: text/event-stream\r\nContent-Length: 3\r\n\r\nold"
+            readers = []
+            try:
+                for _ in range(STREAMS):
+                    r, w = await asyncio.open_connection("127.0.0.1", server.port)
+                    w.write(
+                        b"POST /v1/raw/endless HTTP/1.1\r\nHost: t\r\n"
+                        b"Accept: text/event-stream\r\nContent-Length: 3\r\n\r\nold"
+                    )
+                    clients.append(w)
+                    readers.append(asyncio.create_task(reader(r)))
+                # Every old stream is under way before the new client comes.
+                while Endless.made < 4 * STREAMS * BATCH:
+                    await asyncio.sleep(0.01)
+                sent_at: list[int] = []
+                first_event = threading.Event()
+                thread = threading.Thread(
+                    target=_new_client, args=(server.port, sent_at, first_event), daemon=True
                 )
-                clients.append(w)
-                readers.append(asyncio.create_task(reader(r)))
-            # Every old stream is under way before the new client comes.
-            while Endless.made < 4 * STREAMS * BATCH:
-                await asyncio.sleep(0.01)
-            sent_at: list[int] = []
-            first_event = threading.Event()
-            thread = threading.Thread(
-                target=_new_client, args=(server.port, sent_at, first_event), daemon=True
-            )
-            thread.start()
-            while not first_event.is_set():
-                await asyncio.sleep(0.001)
-            thread.join(10)
-            assert sent_at and Endless.new_started_at is not None
-            return sent_at[0], Endless.new_started_at
-        finally:
-            stop.set()
-            for w in clients:
-                w.close()
-            for t in readers:
-                t.cancel()
-            await asyncio.gather(*readers, return_exceptions=True)
-            await server.shutdown()
-            await engine.aclose()
-            arena.close()
+                thread.start()
+                while not first_event.is_set():
+                    await asyncio.sleep(0.001)
+                thread.join(10)
+                assert sent_at and Endless.new_started_at is not None
+                return sent_at[0], Endless.new_started_at
+            finally:
+                stop.set()
+                for w in clients:
+                    w.close()
+                for t in readers:
+                    t.cancel()
+                await asyncio.gather(*readers, return_exceptions=True)
 
     Endless.made, Endless.new_started_at = 0, None
     sent, started = _run(scenario())

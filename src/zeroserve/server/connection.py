@@ -62,8 +62,8 @@ class Server(Protocol):
     def evict_idle(self) -> bool: ...
 
 
-# Reads a new connection makes before the loop reads for it (``_read_early``): a head in
-# its first windows (1, 2, 4, 8 KiB), then its body.
+# Reads a new connection makes before the loop reads for it (``_read_early``): a head over
+# its first windows (1 KiB, doubling as the head grows), then its body.
 EARLY_READS = 6
 
 log = logging.getLogger("zeroserve.server")
@@ -119,9 +119,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self.flow.attach(transport)
         self.deadline = self.loop.time() + server.options.head_timeout
         if tcp and not self.tls:
-            self._read_early(sock.fileno())
+            self._read_early(sock.fileno(), transport)
 
-    def _read_early(self, fd: int) -> None:
+    def _read_early(self, fd: int, transport: asyncio.Transport) -> None:
         """Read what the client sent with its connect, now (docs/architecture.md, "A new
         connection's first bytes"). The loop calls ``connection_made`` one iteration after
         the accept and only then starts reading, so the request, usually already in the
@@ -149,7 +149,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             if n <= 0:
                 return
             self.buffer_updated(n)
-            if self.flow.closed or self.transport is None or self.transport.is_closing():
+            if self.flow.closed or transport.is_closing():
                 return
 
     def get_buffer(self, sizehint: int) -> memoryview:
