@@ -106,9 +106,19 @@ class EdgeServer:
 
     def stop(self) -> None:
         server = self.server
-        if self.loop is not None and server is not None:
-            self.call_soon(server.request_shutdown)
-            self.call_soon(server.request_shutdown)  # skip any ready delay
+        loop = self.loop
+        if loop is not None and server is not None:
+
+            def shutdown_now() -> None:
+                # Both requests from one callback on the server's loop: the first starts
+                # the drain (or, if a test already started one, ends its ready delay);
+                # the second, queued behind the drain task's first step, skips the ready
+                # delay. Sent as two calls from this thread, the first could stop the
+                # server and close its loop before the second arrived.
+                server.request_shutdown()
+                loop.call_soon(server.request_shutdown)
+
+            self.call_soon(shutdown_now)
         self._thread.join(STOP_TIMEOUT_S)
         assert not self._thread.is_alive(), "server did not stop"
 
