@@ -122,6 +122,45 @@ def test_an_edited_source_is_never_shadowed_by_its_stale_extension(tmp_path: Pat
     assert f"without {buildinfo.MANIFEST}" in _version(env)
 
 
+def _compiled_names(path: Path, package: str, seen: frozenset[Path] = frozenset()) -> set[str]:
+    """The names ``path`` (a module of ``package``) imports from compiled modules, directly
+    or through a package that re-exports them (``from zeroserve.app import App``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        parts = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+        module = ".".join([*parts, *([node.module] if node.module else [])])
+        if module in buildinfo.COMPILED_MODULES:
+            names.update(a.asname or a.name for a in node.names)
+            continue
+        init = SRC / module.replace(".", "/") / "__init__.py"
+        if module.startswith("zeroserve") and init.exists() and init not in seen | {path}:
+            exported = _compiled_names(init, module, seen | {path})
+            names.update(a.asname or a.name for a in node.names if a.name in exported)
+    return names
+
+
+def test_no_interpreted_class_subclasses_a_compiled_one() -> None:
+    # A compiled class is a native class: an interpreted subclass fails at import with
+    # "interpreted classes cannot inherit from compiled" (in the compiled build only).
+    compiled = set(buildinfo.COMPILED_MODULES)
+    root = SRC.parent
+    found: list[str] = []
+    for path in [*(SRC / "zeroserve").rglob("*.py"), *(root / "tests").rglob("*.py")]:
+        rel = path.relative_to(SRC if path.is_relative_to(SRC) else root).with_suffix("")
+        module = ".".join(rel.parts)
+        if module in compiled:
+            continue
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        imported = _compiled_names(path, package.removesuffix(".__init__"))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                found += [f"{module}.{node.name}({b})" for b in bases if b in imported]
+    assert found == []
+
+
 # -- what compiled code must not do ------------------------------------------------------
 # mypyc keeps a compiled coroutine's handled exception in the thread's exception state,
 # not in a frame of its own. A compiled coroutine that suspends inside an ``except`` or

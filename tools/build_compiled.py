@@ -14,6 +14,7 @@ compiler, or no mypyc, leaves a pure-Python tree and says so in one line.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -48,10 +49,17 @@ JOBS = max(1, min(len(buildinfo.COMPILED_MODULES), os.cpu_count() or 1))
 
 
 def artifacts() -> list[Path]:
-    found = [p for m in buildinfo.COMPILED_MODULES for p in buildinfo.extension_paths(m)]
-    found += sorted(SRC.glob(f"{GROUP}__mypyc.*"))
+    # Every extension module in the package is this build's (zeroserve has no other C
+    # code), including those of modules since dropped from COMPILED_MODULES: left behind,
+    # one would shadow its source and fail to load against the new shared library.
+    found = _extensions() + sorted(SRC.glob(f"{GROUP}__mypyc.*"))
     manifest = buildinfo.PACKAGE_DIR / buildinfo.MANIFEST
     return [*found, manifest] if manifest.exists() else found
+
+
+def _extensions() -> list[Path]:
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    return sorted(p for p in buildinfo.PACKAGE_DIR.rglob("*") if p.name.endswith(suffixes))
 
 
 def clean() -> None:
@@ -71,10 +79,12 @@ def up_to_date(mypy_version: str) -> bool:
     except (FileNotFoundError, ValueError):
         return False
     expected = {m: buildinfo.source_digest(m) for m in buildinfo.COMPILED_MODULES}
+    built = {p for m in expected for p in buildinfo.extension_paths(m)}
     return (
         doc.get("mypy") == mypy_version
         and doc.get("modules") == expected
         and all(buildinfo.extension_paths(m) for m in expected)
+        and all(p in built for p in _extensions())  # none left by a dropped module
     )
 
 
