@@ -38,8 +38,14 @@ from types import ModuleType
 # what every request passes through above them: the request and its route, the raw
 # endpoint, the OpenAI endpoints' request path (generation, telemetry, stream timing), the
 # edge's per-request context with the API key check and the key's quota, admission, the
-# model handle, the inline executor and the arena. Not app/openai/streaming.py: mypyc
-# does not compile async generators.
+# model handle, the inline executor and the arena; and what the hot path calls on every
+# request or piece (responses, deadlines, metrics, batchers, the runtime's shared
+# helpers, arena offsets, the deadline clock, OpenAI chunk encoding). Not
+# app/openai/streaming.py: mypyc does not compile async generators. Not the classes
+# interpreted code subclasses (app/application.py's App, which a test extends;
+# runtime/contract.py's Executor and Producer, which the process and Ray executors
+# implement): an interpreted class cannot subclass a compiled one. Not runtime/engine.py:
+# the relays keep weak references to the Engine, which a native class does not take.
 COMPILED_MODULES: tuple[str, ...] = (
     "zeroserve.http.chunked",
     "zeroserve.http.client",
@@ -69,6 +75,14 @@ COMPILED_MODULES: tuple[str, ...] = (
     "zeroserve.edge.keys",
     "zeroserve.edge.quotas",
     "zeroserve.edge.request_id",
+    "zeroserve.app.response",
+    "zeroserve.app.deadlines",
+    "zeroserve.metrics",
+    "zeroserve.runtime._common",
+    "zeroserve.runtime.tensors",
+    "zeroserve.runtime.clock",
+    "zeroserve.runtime.batcher",
+    "zeroserve.app.openai.chunks",
 )
 PURE_ENV = "ZEROSERVE_PURE"  # "1": load the pure-Python sources even when compiled
 MANIFEST = "_compiled.json"  # {"mypy": version, "modules": {name: source sha256}}

@@ -411,11 +411,15 @@ def merge_expositions(texts: Iterable[bytes]) -> bytes:
     for name, fam in families.items():
         for (sample_name, labels), value in values[name].items():
             fam.add_sample(sample_name, dict(labels), value)
-
-    class _Merged:
-        def collect(self) -> Iterator[Metric]:
-            yield procs
-            yield from families.values()
-
-    out.register(_Merged())  # type: ignore[arg-type]
+    out.register(_Merged([procs, *families.values()]))  # type: ignore[arg-type]
     return generate_latest(out)
+
+
+class _Merged:
+    """A collector of families already summed (what ``merged_view`` registers)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)

@@ -3,7 +3,6 @@ from ``zeroserve.runtime``)."""
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import inspect
 import logging
@@ -13,15 +12,13 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import WorkerError, ZeroserveError
-from ..models.base import GenerateRequest, Model
+from ..models.base import Model
 from .arena import Arena, Lease
-from .channel import Channel
-from .options import ResolvedModel
 from .tensors import arena_offset
 
 log = logging.getLogger("zeroserve.runtime")
@@ -73,10 +70,11 @@ async def run_to_end(fut: asyncio.Future[Any]) -> Any:
     it as running until its thread is free again (that is how hung work is detected)."""
     try:
         return await asyncio.shield(fut)
-    except asyncio.CancelledError:
-        if not fut.done():
-            await asyncio.wait({fut})
-        raise
+    except asyncio.CancelledError as exc:
+        cancelled = exc  # awaited after the handler: compiled (docs/architecture.md)
+    if not fut.done():
+        await asyncio.wait({fut})
+    raise cancelled
 
 
 async def maybe_await(value: Any) -> Any:
@@ -126,7 +124,7 @@ class ThreadStepper:
     mid-step closes the generator right after that step; the generator's return value
     (a finish reason) is kept in ``result``."""
 
-    END: Any = object()  # what ``step`` returns once the generator is exhausted
+    END: ClassVar[object] = object()  # what ``step`` returns once the generator is exhausted
 
     def __init__(self, gen: Iterator[Any]) -> None:
         self.gen = gen
@@ -296,84 +294,6 @@ class SlicedSteps:
 
 def _always() -> bool:
     return True
-
-
-class Producer(abc.ABC):
-    """A running generation feeding a channel."""
-
-    @abc.abstractmethod
-    def abort(self) -> None:
-        """Stop generating as soon as possible (the model's generator is closed)."""
-
-
-class Executor(abc.ABC):
-    """Runs one model's work: batches of infer/embed on slots, and generations."""
-
-    kind: str
-
-    def __init__(self, spec: ResolvedModel, arena: Arena) -> None:
-        self.spec = spec
-        self.arena = arena
-
-    @abc.abstractmethod
-    async def start(self, timeout: float) -> None: ...
-
-    @abc.abstractmethod
-    def ready(self) -> bool: ...
-
-    @abc.abstractmethod
-    async def acquire(self) -> Any: ...
-
-    @abc.abstractmethod
-    def release(self, slot: Any) -> None: ...
-
-    # ``deadline_at`` (event-loop time): the latest deadline of the requests a call serves.
-    # A call still running ``hang_grace_s`` after it is hung: its slot or worker is
-    # reclaimed (see docs/architecture.md, "Hung work").
-    @abc.abstractmethod
-    async def infer(
-        self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
-    ) -> list[InferResult | BaseException]: ...
-
-    @abc.abstractmethod
-    async def embed(
-        self, slot: Any, texts: list[str], *, deadline_at: float | None = None
-    ) -> np.ndarray: ...
-
-    def has_capacity(self) -> bool:
-        """Whether a new request could ever be run: false when every slot is held by
-        work that outlived its deadline (admission then answers 503 at the head)."""
-        return True
-
-    def unavailable(self) -> ZeroserveError | None:
-        """Why no new request can run, when the reason is not hung work (say, the cluster
-        the workers run on is gone): the error admission answers with while
-        ``has_capacity()`` is false, and the reason ``/ready`` gives; None otherwise."""
-        return None
-
-    def infer_now(self, inputs: Mapping[str, Any]) -> InferResult | None:
-        """Run one request to completion right now, on the calling (loop) thread, when
-        this executor can do so without blocking; else None. Only the inline executor
-        with a sync ``infer`` can: everything else needs a thread, a worker or an await."""
-        return None
-
-    # ``on_start`` (tracing's queue wait, None when off): called once, when a worker or
-    # the loop starts the generation.
-    @abc.abstractmethod
-    def generate(
-        self,
-        req: GenerateRequest,
-        channel: Channel,
-        *,
-        deadline_at: float | None = None,
-        on_start: Callable[[], None] | None = None,
-    ) -> Producer: ...
-
-    @abc.abstractmethod
-    async def aclose(self) -> None: ...
-
-    @abc.abstractmethod
-    def statistics(self) -> WorkerStatistics: ...
 
 
 class StreamCredit:

@@ -45,9 +45,7 @@ import numpy as np
 from ..errors import ModelLoadError, RequestError, WouldBlock
 from ..models.base import GenerateRequest, Model
 from ._common import (
-    Executor,
     InferResult,
-    Producer,
     ThreadStepper,
     WorkerStatistics,
     check_outputs,
@@ -58,6 +56,7 @@ from ._common import (
 )
 from .arena import Arena
 from .channel import Channel
+from .contract import Executor, Producer
 from .options import DEFAULT_HANG_GRACE_S, DEFAULT_YIELD_EVERY, ResolvedModel
 from .priority import call_lowered, lower_thread
 
@@ -188,6 +187,9 @@ class InProcessExecutor(Executor):
         self._streams = 0
         self._ready = False
         self._async_infer: bool | None = None  # known after the first infer_now
+        # Whether ``generate`` is a plain or generator function (not async): known after
+        # the first stream, not asked of ``inspect`` again for every one.
+        self._sync_generate: bool | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, timeout: float) -> None:
@@ -376,12 +378,15 @@ class InProcessExecutor(Executor):
         model = self.model
         assert model is not None
         it: Any = None
-        if (
-            self.pool is None
-            and channel.policy == "block"  # coalesce wants a producer that runs ahead
-            and not inspect.iscoroutinefunction(model.generate)
-            and not inspect.isasyncgenfunction(model.generate)
-        ):
+        sync = self._sync_generate
+        if sync is None:
+            gen_fn = model.generate
+            sync = not inspect.iscoroutinefunction(gen_fn) and not inspect.isasyncgenfunction(
+                gen_fn
+            )
+            self._sync_generate = sync
+        # Coalesce wants a producer that runs ahead, so only "block" channels step inline.
+        if self.pool is None and channel.policy == "block" and sync:
             # Inline: the call would happen on the loop anyway, now: no queue wait.
             if on_start is not None:
                 on_start()

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import DeadlineExceeded
-from ._common import Producer
 from .admission import Ticket
 from .channel import Channel, ChannelStatistics
 from .clock import Timer
+from .contract import Producer
 from .timing import StreamTiming
 
 

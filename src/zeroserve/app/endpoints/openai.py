@@ -49,9 +49,10 @@ from ..engine_relay import engine_for_request
 from ..engine_tools import release_ticket
 from ..limits import SEED_SPACE, ApiLimits, check_count, check_output_tokens
 from ..openai import schemas as s
+from ..openai.chunks import Chunks
 from ..openai.generation import Generation, count_tokens
 from ..openai.params import refuse_unsupported
-from ..openai.streaming import ChoiceStream, Chunks
+from ..openai.streaming import ChoiceStream
 from ..relay import relay_for_request
 from ..request import Request
 from ..response import JSON, HandlerResult, Response, StreamResponse

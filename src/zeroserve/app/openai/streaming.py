@@ -30,92 +30,12 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
-from msgspec import UNSET
-
+from .chunks import Chunks
 from .generation import Generation
-from .schemas import (
-    ChatCompletionChunk,
-    ChunkChoice,
-    Completion,
-    CompletionChoice,
-    Delta,
-    Usage,
-    encoder,
-)
+from .schemas import Usage
 
 DONE = b"[DONE]"
-# Stands for the text while a content chunk's template is made (any string works; a
-# control character keeps it from occurring in an id or a model name by chance).
-_MARKER = "\x00text\x00"
-
 Starter = Callable[[], Generation]
-
-
-class Chunks:
-    """Encodes the chunks of one stream (same id/created/model on every chunk)."""
-
-    __slots__ = ("_templates", "chat", "created", "id", "model", "usage_default")
-
-    def __init__(self, *, chat: bool, ident: str, created: int, model: str, usage: bool) -> None:
-        self.chat = chat
-        self.id = ident
-        self.created = created
-        self.model = model
-        self.usage_default: Any = None if usage else UNSET
-        # Per choice index: the content chunk's bytes before and after its text.
-        self._templates: dict[int, tuple[bytes, bytes] | None] = {}
-
-    def _chat(self, choices: list[ChunkChoice], usage: Any) -> bytes:
-        return encoder.encode(
-            ChatCompletionChunk(
-                self.id, "chat.completion.chunk", self.created, self.model, choices, usage
-            )
-        )
-
-    def _text(self, choices: list[CompletionChoice], usage: Any) -> bytes:
-        return encoder.encode(
-            Completion(self.id, "text_completion", self.created, self.model, choices, usage)
-        )
-
-    def role(self, index: int) -> bytes:
-        delta = Delta(role="assistant", content="")
-        return self._chat([ChunkChoice(index, delta, None, None)], self.usage_default)
-
-    def content(self, index: int, text: str) -> bytes:
-        """One content chunk: the encoded text between the bytes every content chunk of
-        this choice shares (found once by encoding a chunk around a marker), so a token
-        costs one string encode instead of building and encoding four structs."""
-        templates = self._templates
-        if index in templates:
-            template = templates[index]
-        else:
-            template = templates[index] = self._template(index)
-        if template is not None:
-            return template[0] + encoder.encode(text) + template[1]
-        return self._content(index, text)
-
-    def _template(self, index: int) -> tuple[bytes, bytes] | None:
-        marked = self._content(index, _MARKER)
-        mark = encoder.encode(_MARKER)
-        if marked.count(mark) != 1:  # the marker also in the id or model name: no template
-            return None
-        before, _, after = marked.partition(mark)
-        return before, after
-
-    def _content(self, index: int, text: str) -> bytes:
-        if self.chat:
-            return self._chat(
-                [ChunkChoice(index, Delta(content=text), None, None)], self.usage_default
-            )
-        return self._text([CompletionChoice(text, index, None, None)], self.usage_default)
-
-    def finish(self, index: int, reason: str) -> bytes:
-        if self.chat:
-            return self._chat([ChunkChoice(index, Delta(), None, reason)], self.usage_default)
-        return self._text([CompletionChoice("", index, None, reason)], self.usage_default)
-
-    def usage(self, usage: Usage) -> bytes:
-        return self._chat([], usage) if self.chat else self._text([], usage)
 
 
 class ChoiceStream:
@@ -189,8 +109,7 @@ class ChoiceStream:
         return self._contents(live.index, live.take_ready(max_items))
 
     def _contents(self, index: int, texts: list[str]) -> list[bytes]:
-        content = self.chunks.content
-        return [content(index, text) for text in texts]
+        return self.chunks.contents(index, texts)
 
     async def _run(self) -> AsyncGenerator[Any]:
         chunks = self.chunks

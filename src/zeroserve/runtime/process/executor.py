@@ -42,14 +42,13 @@ from ... import errors
 from ...errors import ModelLoadError, WorkerError
 from ...models.base import GenerateRequest
 from .._common import (
-    Executor,
     InferResult,
-    Producer,
     Waiters,
     WorkerStatistics,
 )
 from ..arena import Arena
 from ..channel import Channel
+from ..contract import Executor, Producer
 from . import wire as p
 from .link import Call, CopySites, LinkStream, WorkerLink, loop_now
 from .worker import worker_main

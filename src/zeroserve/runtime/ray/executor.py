@@ -64,9 +64,10 @@ import numpy as np
 from ... import errors, metrics
 from ...errors import ClusterUnavailable, ModelLoadError, WorkerError, WouldBlock
 from ...models.base import GenerateRequest
-from .._common import Executor, InferResult, Producer, Waiters, WorkerStatistics
+from .._common import InferResult, Waiters, WorkerStatistics
 from ..arena import Arena, Lease
 from ..channel import Channel
+from ..contract import Executor, Producer
 from ..inproc import validate_inputs
 from ..process import wire
 from ..process.link import (

@@ -68,9 +68,10 @@ import numpy as np
 from ... import errors, metrics
 from ...errors import ClusterUnavailable, ModelLoadError, WorkerError
 from ...models.base import GenerateRequest, Model
-from .._common import InferResult, Producer, StreamCredit, WorkerStatistics
+from .._common import InferResult, StreamCredit, WorkerStatistics
 from ..arena import Arena, Lease
 from ..channel import Channel
+from ..contract import Producer
 from ..tensors import TensorDesc
 from . import actor as a
 from . import cluster

@@ -1,0 +1,100 @@
+"""The executor contract: ``Executor``, what runs one model's work, and ``Producer``, one
+running generation. Every executor implements them: the inline and thread executors
+(``inproc.py``), process workers and Ray actors.
+
+Its own module, kept interpreted: the process and Ray executors are not compiled, and an
+interpreted class cannot subclass a compiled one (docs/architecture.md, "The compiled
+build")."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import ZeroserveError
+from ..models.base import GenerateRequest
+from ._common import InferResult, WorkerStatistics
+from .arena import Arena
+from .channel import Channel
+from .options import ResolvedModel
+
+
+class Producer(abc.ABC):
+    """A running generation feeding a channel."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Stop generating as soon as possible (the model's generator is closed)."""
+
+
+class Executor(abc.ABC):
+    """Runs one model's work: batches of infer/embed on slots, and generations."""
+
+    kind: str
+
+    def __init__(self, spec: ResolvedModel, arena: Arena) -> None:
+        self.spec = spec
+        self.arena = arena
+
+    @abc.abstractmethod
+    async def start(self, timeout: float) -> None: ...
+
+    @abc.abstractmethod
+    def ready(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def acquire(self) -> Any: ...
+
+    @abc.abstractmethod
+    def release(self, slot: Any) -> None: ...
+
+    # ``deadline_at`` (event-loop time): the latest deadline of the requests a call serves.
+    # A call still running ``hang_grace_s`` after it is hung: its slot or worker is
+    # reclaimed (see docs/architecture.md, "Hung work").
+    @abc.abstractmethod
+    async def infer(
+        self, slot: Any, batch: list[Mapping[str, Any]], *, deadline_at: float | None = None
+    ) -> list[InferResult | BaseException]: ...
+
+    @abc.abstractmethod
+    async def embed(
+        self, slot: Any, texts: list[str], *, deadline_at: float | None = None
+    ) -> np.ndarray: ...
+
+    def has_capacity(self) -> bool:
+        """Whether a new request could ever be run: false when every slot is held by
+        work that outlived its deadline (admission then answers 503 at the head)."""
+        return True
+
+    def unavailable(self) -> ZeroserveError | None:
+        """Why no new request can run, when the reason is not hung work (say, the cluster
+        the workers run on is gone): the error admission answers with while
+        ``has_capacity()`` is false, and the reason ``/ready`` gives; None otherwise."""
+        return None
+
+    def infer_now(self, inputs: Mapping[str, Any]) -> InferResult | None:
+        """Run one request to completion right now, on the calling (loop) thread, when
+        this executor can do so without blocking; else None. Only the inline executor
+        with a sync ``infer`` can: everything else needs a thread, a worker or an await."""
+        return None
+
+    # ``on_start`` (tracing's queue wait, None when off): called once, when a worker or
+    # the loop starts the generation.
+    @abc.abstractmethod
+    def generate(
+        self,
+        req: GenerateRequest,
+        channel: Channel,
+        *,
+        deadline_at: float | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> Producer: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...
+
+    @abc.abstractmethod
+    def statistics(self) -> WorkerStatistics: ...
