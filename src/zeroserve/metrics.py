@@ -416,7 +416,7 @@ def merge_expositions(texts: Iterable[bytes]) -> bytes:
 
 
 class _Merged:
-    """A collector of families already summed (what ``merged_view`` registers)."""
+    """A collector of families already summed (what ``merge_expositions`` registers)."""
 
     def __init__(self, families: list[Metric]) -> None:
         self.families = families
