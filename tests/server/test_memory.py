@@ -14,8 +14,8 @@ from tests.conftest import start_server
 # A long chat prompt for echo: 160 KB, whose decoded text and the token scratch it makes
 # are blocks around and above glibc's starting mmap threshold (128 KiB). Left to itself,
 # glibc maps and unmaps such blocks, then raises its thresholds and trims the heap they
-# leave: the next request faults the pages in again, zero-filled (163 faults per request
-# one at a time, 206 under load, in both builds, measured here). With a 64 KB prompt (W3's
+# leave: the next request faults the pages in again, zero-filled (163-164 faults per
+# request one at a time, in both builds, measured here). With a 64 KB prompt (W3's
 # size) the count varied with the timing and the build, 0 to 20 per request.
 PROMPT = " ".join(f"w{i % 9973}" for i in range(32_000))[:160_000]
 BODY = {"model": "echo", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
@@ -32,8 +32,11 @@ ROUNDS = 4
 GLIBC_OWN = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}
 GLIBC_DEFAULT_TRIM = {"MALLOC_TRIM_THRESHOLD_": "131072"}
 # Faults per request. With the policy, what is left is growth to a new high-water mark
-# when the timing packs more requests in at once than the warm-up did (0.02-1.2 measured
-# under load with the other core busy); left to itself, glibc faults 163-560.
+# when the timing packs more requests in at once than the warm-up did (0.02-1.4 measured
+# under load); left to itself, glibc faults 163-164 per request one at a time (480-560
+# with the trim threshold variable), every run in both builds. The controls run one
+# request at a time: under load glibc's own count depends on how its dynamic thresholds
+# adapt to the timing (7.7 in one run, 203-208 in five others, the same code).
 KEPT = 5
 HANDED_BACK = 50
 
@@ -103,9 +106,8 @@ def test_requests_do_not_fault_their_memory_back_in() -> None:
     """The served process keeps the heap its requests free: no page faults per request in
     the steady state, under load and one request at a time, where the same server with
     glibc left to itself (the policy standing down for a deployment's own malloc tunable or
-    ``MALLOC_*`` variable) faults hundreds of pages back in for every request."""
+    ``MALLOC_*`` variable) faults a hundred pages and more back in for every request."""
     assert _faults_per_request(None) < KEPT
     assert _faults_per_request(None, connections=1) < KEPT
-    assert _faults_per_request(GLIBC_OWN) > HANDED_BACK
     assert _faults_per_request(GLIBC_OWN, connections=1) > HANDED_BACK
     assert _faults_per_request(GLIBC_DEFAULT_TRIM, connections=1) > HANDED_BACK
