@@ -8,6 +8,7 @@ compiled run that silently fell back to the sources fails here."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.machinery
 import json
 import os
@@ -122,23 +123,35 @@ def test_an_edited_source_is_never_shadowed_by_its_stale_extension(tmp_path: Pat
     assert f"without {buildinfo.MANIFEST}" in _version(env)
 
 
-def _compiled_names(path: Path, package: str, seen: frozenset[Path] = frozenset()) -> set[str]:
-    """The names ``path`` (a module of ``package``) imports from compiled modules, directly
-    or through a package that re-exports them (``from zeroserve.app import App``)."""
+def _compiled_names(tree: ast.Module, this: str, package: str) -> set[str]:
+    """The names module ``this`` of ``package`` (parsed: ``tree``) imports from compiled
+    modules, directly or through a package that re-exports them (``from zeroserve.app
+    import App``)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
             continue
-        parts = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-        module = ".".join([*parts, *([node.module] if node.module else [])])
+        parts = package.split(".")
+        base = parts[: len(parts) - node.level + 1] if node.level else []
+        module = ".".join([*base, *([node.module] if node.module else [])])
         if module in buildinfo.COMPILED_MODULES:
             names.update(a.asname or a.name for a in node.names)
-            continue
-        init = SRC / module.replace(".", "/") / "__init__.py"
-        if module.startswith("zeroserve") and init.exists() and init not in seen | {path}:
-            exported = _compiled_names(init, module, seen | {path})
+        # (this != module: an __init__ importing from its own package is no re-export)
+        elif module != this and module.startswith("zeroserve"):
+            exported = _package_exports(module)
             names.update(a.asname or a.name for a in node.names if a.name in exported)
     return names
+
+
+@functools.cache
+def _package_exports(package: str) -> frozenset[str]:
+    """What a package's ``__init__`` imports from compiled modules (empty for a module or a
+    package without one). No recursion loop: the package graph has no import cycle
+    (tests/test_layers.py)."""
+    init = SRC / package.replace(".", "/") / "__init__.py"
+    if not init.exists():
+        return frozenset()
+    return frozenset(_compiled_names(ast.parse(init.read_text()), package, package))
 
 
 def test_no_interpreted_class_subclasses_a_compiled_one() -> None:
@@ -149,12 +162,13 @@ def test_no_interpreted_class_subclasses_a_compiled_one() -> None:
     found: list[str] = []
     for path in [*(SRC / "zeroserve").rglob("*.py"), *(root / "tests").rglob("*.py")]:
         rel = path.relative_to(SRC if path.is_relative_to(SRC) else root).with_suffix("")
-        module = ".".join(rel.parts)
+        module = ".".join(rel.parts).removesuffix(".__init__")
         if module in compiled:
             continue
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        imported = _compiled_names(path, package.removesuffix(".__init__"))
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        imported = _compiled_names(tree, module, package)
+        for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
                 found += [f"{module}.{node.name}({b})" for b in bases if b in imported]

@@ -79,12 +79,13 @@ def up_to_date(mypy_version: str) -> bool:
     except (FileNotFoundError, ValueError):
         return False
     expected = {m: buildinfo.source_digest(m) for m in buildinfo.COMPILED_MODULES}
-    built = {p for m in expected for p in buildinfo.extension_paths(m)}
+    built = {m: buildinfo.extension_paths(m) for m in expected}
     return (
         doc.get("mypy") == mypy_version
         and doc.get("modules") == expected
-        and all(buildinfo.extension_paths(m) for m in expected)
-        and all(p in built for p in _extensions())  # none left by a dropped module
+        and all(built.values())
+        # and no extension left by a module since dropped from the list
+        and set(_extensions()) == {p for paths in built.values() for p in paths}
     )
 
 

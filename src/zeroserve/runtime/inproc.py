@@ -378,15 +378,13 @@ class InProcessExecutor(Executor):
         model = self.model
         assert model is not None
         it: Any = None
-        sync = self._sync_generate
-        if sync is None:
-            gen_fn = model.generate
-            sync = not inspect.iscoroutinefunction(gen_fn) and not inspect.isasyncgenfunction(
-                gen_fn
+        if self._sync_generate is None:
+            gen = model.generate
+            self._sync_generate = not (
+                inspect.iscoroutinefunction(gen) or inspect.isasyncgenfunction(gen)
             )
-            self._sync_generate = sync
         # Coalesce wants a producer that runs ahead, so only "block" channels step inline.
-        if self.pool is None and channel.policy == "block" and sync:
+        if self.pool is None and channel.policy == "block" and self._sync_generate:
             # Inline: the call would happen on the loop anyway, now: no queue wait.
             if on_start is not None:
                 on_start()

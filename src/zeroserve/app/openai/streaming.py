@@ -105,11 +105,8 @@ class ChoiceStream:
                 return []  # ``_run`` awaits the first piece of the choice started here
             self._opened = True
             head = [self.chunks.role(live.index)] if self.chunks.chat else []
-            return head + self._contents(live.index, texts)
-        return self._contents(live.index, live.take_ready(max_items))
-
-    def _contents(self, index: int, texts: list[str]) -> list[bytes]:
-        return self.chunks.contents(index, texts)
+            return head + self.chunks.contents(live.index, texts)
+        return self.chunks.contents(live.index, live.take_ready(max_items))
 
     async def _run(self) -> AsyncGenerator[Any]:
         chunks = self.chunks
