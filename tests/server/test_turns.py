@@ -141,7 +141,10 @@ def test_new_head_is_served_before_the_running_streams_write_their_next_batch() 
                     clients.append(w)
                     readers.append(asyncio.create_task(reader(r)))
                 # Every old stream is under way before the new client comes.
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 30
                 while Endless.made < 4 * STREAMS * BATCH:
+                    assert loop.time() < deadline, "the old streams never got under way"
                     await asyncio.sleep(0.01)
                 sent_at: list[int] = []
                 first_event = threading.Event()
@@ -149,8 +152,8 @@ def test_new_head_is_served_before_the_running_streams_write_their_next_batch() 
                     target=_new_client, args=(server.port, sent_at, first_event), daemon=True
                 )
                 thread.start()
-                while not first_event.is_set():
-                    await asyncio.sleep(0.001)
+                # Waited on a thread, so the loop keeps serving the streams meanwhile.
+                assert await asyncio.to_thread(first_event.wait, 30), "no first event"
                 thread.join(10)
                 assert sent_at and Endless.new_started_at is not None
                 return sent_at[0], Endless.new_started_at
