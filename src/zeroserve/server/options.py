@@ -66,11 +66,12 @@ STREAM_BATCH_BYTES = 64 * 1024
 # than a quiet one.
 # The budget bounds only the deferrable batches: stream starts (from I/O callbacks), task
 # steps and request handling are not charged to it and grow with the iteration, so under
-# saturating OpenAI streams an iteration ran 3-5 ms (time-weighted) at 1 ms. W2 at 0.5
-# against 1 ms (two runs, 3 interleaved rounds each, compiled): new client's first event
-# p99 10.7 and 9.95 against 14.0 and 12.5 ms (OpenAI x32), 36.5 and 55.7 against 103 and
-# 89 ms (OpenAI x256); tokens/s 0.88x-1.13x the 1 ms tree's, within the rounds' noise.
-# 0.25 ms cost raw SSE x32 0.83x its tokens/s in 30 paired slices.
+# saturating OpenAI streams an iteration ran 3-5 ms (time-weighted) at 1 ms, about 2 ms at
+# 0.5 ms. W2 at 0.5 against 1 ms (3 interleaved rounds a run, compiled): new client's first
+# event p99 10.7, 9.95 and 9.39 ms in three runs against 14.0 and 12.5 ms in two (OpenAI
+# x32), 36.5, 55.7 and 34.7 against 103 and 89 ms (OpenAI x256); tokens/s 0.88x-1.13x the
+# 1 ms tree's, within the rounds' noise (BENCHMARKS.md, W2). 0.25 ms cost raw SSE x32
+# 0.83x its tokens/s in 30 paired slices.
 TURN_BUDGET_S = 0.0005
 
 
