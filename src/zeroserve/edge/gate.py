@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from .. import metrics
 from .access_log import AccessLog, AccessRecord, Outcome
@@ -31,7 +32,7 @@ Headers = list[tuple[bytes, bytes]]
 HeaderList = Sequence[tuple[bytes, bytes]]
 
 # The request headers the edge reads.
-_READ = frozenset((b"x-request-id", b"origin", b"authorization", b"api-key", b"x-api-key"))
+_READ: Final = frozenset((b"x-request-id", b"origin", b"authorization", b"api-key", b"x-api-key"))
 Clock = Callable[[], float]
 
 

@@ -17,20 +17,25 @@ import hmac
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qsl
 
 from ..errors import Unauthorized
 
 # A credential longer than this is refused without being compared. OpenAI keys are about
 # 170 characters; 512 leaves room for JWT-like tokens while bounding the comparison work.
-MAX_CREDENTIAL_BYTES = 512
+MAX_CREDENTIAL_BYTES: Final = 512
 # Query parameters that carry a key in other servers' URLs (Google's ``key``, the
 # ``api_key`` / ``access_token`` of many REST APIs). URLs end up in proxy and browser
 # logs, so a key there is refused rather than accepted.
 QUERY_KEY_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "access_token", "token"})
-_BEARER = b"bearer "
-_BEARER_LEN = len(_BEARER)
+# ``Final``: every request reads these, and the compiled build then reads them as C
+# constants and statics, not by a lookup in this module's dict (docs/architecture.md,
+# "The compiled build (mypyc)"); the same for the comparison function, otherwise an
+# attribute lookup on the ``hmac`` module per key per request.
+_BEARER: Final = b"bearer "
+_BEARER_LEN: Final = len(_BEARER)
+_compare_digest: Final = hmac.compare_digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +105,7 @@ class KeyRing:
         """The key whose secret is ``credential``, or ``Unauthorized``."""
         found: ApiKey | None = None
         for key in self._keys:  # no early exit: constant time in which key matched
-            if hmac.compare_digest(key.secret, credential):
+            if _compare_digest(key.secret, credential):
                 found = key
         if found is None:
             raise Unauthorized("invalid API key")

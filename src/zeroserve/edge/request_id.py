@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Final
 
 # Longest client id kept, bytes. UUIDs are 36, AWS X-Ray and W3C trace ids 35-55;
 # 128 leaves room for a prefix while keeping log lines and headers bounded.
 MAX_REQUEST_ID_BYTES = 128
 _WELL_FORMED = re.compile(rb"[A-Za-z0-9\-_.:/+=@]{1,%d}\Z" % MAX_REQUEST_ID_BYTES)
-HEADER = b"x-request-id"
+HEADER: Final = b"x-request-id"  # Final: read per request (see keys.py)
 
 
 class RequestIds:
