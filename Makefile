@@ -93,10 +93,10 @@ pytest: install-test compiled
 test: lint typecheck pytest
 
 # Debian tools the benchmark drives: wrk (HTTP load), h2load (nghttp2-client), strace
-# (write syscalls per stream).
+# (write syscalls per stream), valgrind (EDGE: the API key in instructions, callgrind).
 bench-tools:
-	@command -v wrk >/dev/null && command -v h2load >/dev/null && command -v strace >/dev/null || \
-	  (apt-get update -q && apt-get install -y -q wrk nghttp2-client strace)
+	@command -v wrk >/dev/null && command -v h2load >/dev/null && command -v strace >/dev/null && command -v valgrind >/dev/null || \
+	  (apt-get update -q && apt-get install -y -q wrk nghttp2-client strace valgrind)
 
 # Optional peers, each in its own venv outside the project (best effort: a peer that does
 # not install is reported as skipped). PyTriton's stub needs the system Python's libpython.

@@ -10,7 +10,11 @@
   the unkeyed req/s (tokens/s for streams), a difference the old fresh-server rounds
   (±10 % per round here) could not resolve. Beside it, the key's own cost in-process
   (``scripts/edge_key_cost.py``, pinned to the server CPU) as a share of the unkeyed
-  server's measured CPU per request.
+  server's measured CPU per request; an A/A control (the unkeyed server against an
+  identical twin, W1 64 KiB, paired the same way) shows what the pairing reads when
+  nothing differs; and the key in user-space instructions per request
+  of the whole server (``scripts/edge_key_instructions.py``, under callgrind: exact,
+  where the slices carry the machine's noise).
 * TLS: W1 64 KiB over HTTPS (wrk, TLS 1.3 as every server negotiates it with wrk's
   OpenSSL), zeroserve ``--ssl-certfile/--ssl-keyfile`` against uvicorn ``--ssl-*``
   (FastAPI) and granian with TLS, on one self-signed certificate made for the run. Reported:
@@ -24,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import subprocess
 import sys
 
@@ -53,8 +58,19 @@ KEY_CASES = ("W1-64KiB", "W2-sse-c32", "W2-openai-c32")
 TLS_CASE = "W1-64KiB"
 KEYED = "zeroserve-key"
 PLAIN = "zeroserve"
+# The A/A control: the unkeyed server against a second, identical one, on this case, by
+# the same pairing; its spread is what the harness reads when nothing differs.
+TWIN = "zeroserve-twin"
+AA_CASE = "W1-64KiB"
 # The in-process timing of the key (a few seconds of timeit) must finish within this.
 KEY_COST_TIMEOUT_S = 120
+# The key's instruction count (three servers under callgrind, three starts each, about
+# three minutes).
+KEY_INSTRUCTIONS_TIMEOUT_S = 600
+# Requests it measures per server, and starts, with --quick (the full run takes the
+# script's defaults).
+QUICK_KEY_INSTRUCTIONS_REQUESTS = 100
+QUICK_KEY_INSTRUCTIONS_STARTS = 1
 TLS_SUBJECT = "zeroserve-tls"
 TLS_BASE = "uvicorn-tls"
 
@@ -75,7 +91,7 @@ def _keyed(case: Case) -> Case:
     )
 
 
-def _keys(ctx: SuiteContext) -> tuple[list[Case], Grid, int]:
+def _keys(ctx: SuiteContext) -> tuple[list[Case], Grid, Grid, int]:
     settings = ctx.settings()
     cases = [_quiet(c) for c in cases_for(["W1", "W2"], ctx.quick) if c.key in KEY_CASES]
     plain = zeroserve(extra=ctx.zeroserve_args)
@@ -92,7 +108,21 @@ def _keys(ctx: SuiteContext) -> tuple[list[Case], Grid, int]:
         pairs,
         case_for=lambda srv, case: keyed_cases[case.key] if srv.name == KEYED else case,
     )
-    return cases, grid, pairs
+    # The A/A control, a grid of its own: both sides send the unkeyed request (the twin's
+    # case under a key of its own, so each side has its own wrk script).
+    twin = zeroserve(name=TWIN, title="zeroserve (A/A twin)", extra=ctx.zeroserve_args)
+    aa = [c for c in cases if c.key == AA_CASE]
+    control = run_pairs(
+        plain,
+        twin,
+        aa,
+        settings,
+        pairs,
+        case_for=lambda srv, case: (
+            dataclasses.replace(case, key=f"{case.key}-twin") if srv.name == TWIN else case
+        ),
+    )
+    return cases, grid, control, pairs
 
 
 def _key_cost(ctx: SuiteContext) -> dict[str, float] | str:
@@ -123,6 +153,70 @@ def _key_cost(ctx: SuiteContext) -> dict[str, float] | str:
         return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:140]
     got: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return got
+
+
+def _key_instructions(ctx: SuiteContext) -> dict[str, float] | str:
+    """The key's cost in user-space instructions per W1 64 KiB request
+    (``scripts/edge_key_instructions.py``): its JSON, or why it gave none."""
+    if not shutil.which("valgrind"):
+        return "valgrind is not installed (make bench-tools)"
+    argv = [sys.executable, "-m", "benchmarks.scripts.edge_key_instructions", "--json"]
+    if ctx.quick:
+        argv += ["--requests", str(QUICK_KEY_INSTRUCTIONS_REQUESTS)]
+        argv += ["--starts", str(QUICK_KEY_INSTRUCTIONS_STARTS)]
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=KEY_INSTRUCTIONS_TIMEOUT_S,
+            check=False,
+            env=child_env(None),
+        )
+    except subprocess.TimeoutExpired:
+        return f"timed out after {KEY_INSTRUCTIONS_TIMEOUT_S} s"
+    if done.returncode:
+        return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:140]
+    got: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return got
+
+
+def _instruction_lines(counts: dict[str, float] | str) -> list[str]:
+    """The key in instructions: counts that do not depend on what else the machine runs,
+    where the slices above do."""
+    what = (
+        "The key in instructions (`python -m benchmarks.scripts.edge_key_instructions`): "
+        "zeroserve under valgrind's callgrind, W1 64 KiB requests one at a time, user-space "
+        "instructions per request. Unlike the slices above, a count does not depend on what "
+        "else the machine runs; it moves by about ±0.5 % between server processes (hash "
+        "seed, memory layout), so each server is started several times and the counts "
+        "averaged. The kernel's work differs between the three only by the header's bytes"
+    )
+    if isinstance(counts, str):
+        return ["", f"{what}: not measured: {counts}"]
+    plain, header, keyed = counts["plain"], counts["header"], counts["keyed"]
+
+    def spread(case: str) -> str:
+        return f"{num(counts[f'{case}_low'])} to {num(counts[f'{case}_high'])}"
+
+    def share(added: float) -> str:
+        return f"{num(100 * added / plain, 2)}%"
+
+    return [
+        "",
+        f"{what}. {counts['starts']:.0f} starts of each server, {counts['requests']:,.0f} "
+        "requests measured per start:",
+        "",
+        "| server, request | instructions / request, mean | starts, lowest to highest "
+        "| added | share of the plain request's |",
+        "|---|--:|--:|--:|--:|",
+        f"| no key, no `Authorization` | {num(plain)} | {spread('plain')} | | |",
+        f"| no key, with `Authorization: Bearer …` | {num(header)} | {spread('header')} "
+        f"| {num(header - plain)} | {share(header - plain)} |",
+        f"| one `--api-key`, presented | {num(keyed)} | {spread('keyed')} "
+        f"| {num(keyed - header)} | {share(keyed - header)} |",
+        f"| the key in all | | | {num(keyed - plain)} | {share(keyed - plain)} |",
+    ]
 
 
 def _tls_servers(ctx: SuiteContext) -> list[Server]:
@@ -201,6 +295,23 @@ def _key_table(grid: Grid, cases: list[Case]) -> list[str]:
     return lines
 
 
+def _control_lines(grid: Grid, cases: list[Case]) -> list[str]:
+    """The A/A control: what the pairing reads between two identical servers."""
+    case = next((c for c in cases if c.key == AA_CASE), None)
+    if case is None:
+        return []
+    if not grid.ok(AA_CASE, PLAIN) or not grid.ok(AA_CASE, TWIN):
+        return ["", f"A/A control ({case.label}): {grid.why(AA_CASE, TWIN)}"]
+    spread = pair_spread(grid, AA_CASE, TWIN, PLAIN, rps)
+    return [
+        "",
+        f"A/A control, same run: the unkeyed server against a second, identical one, "
+        f"{case.label}, paired the same way: {num(spread.median, 3)}x "
+        f"({spread.text(1, '{:.3f}')}). Identical servers differ by nothing, so a keyed "
+        "ratio within this distance of 1.0x is within what the pairing reads as noise.",
+    ]
+
+
 def _key_goals(grid: Grid, cases: list[Case]) -> list[Target]:
     goals = []
     for case in cases:
@@ -246,13 +357,15 @@ def _cost_lines(cost: dict[str, float] | str, grid: Grid, cases: list[Case]) -> 
 def edge(ctx: SuiteContext) -> Section:
     # In-process first, while no server runs: the server CPU is otherwise idle.
     cost = _key_cost(ctx)
-    key_cases, key_grid, pairs = _keys(ctx)
+    counts = _key_instructions(ctx)
+    key_cases, key_grid, control, pairs = _keys(ctx)
     tls_cases, tls_servers, tls_grid = _tls(ctx)
-    for part, grid in (("keys", key_grid), ("tls", tls_grid)):
+    for part, grid in (("keys", key_grid), ("aa", control), ("tls", tls_grid)):
         (ctx.results_dir / f"wrk-EDGE-{part}.json").write_text(
             json.dumps(grid.to_json(), indent=1, default=str)
         )
     (ctx.results_dir / "EDGE-key-cost.json").write_text(json.dumps(cost, indent=1))
+    (ctx.results_dir / "EDGE-key-instructions.json").write_text(json.dumps(counts, indent=1))
     tls_case = tls_cases[0]
     per_request, share = _tls_copies(tls_grid, tls_case)
     tls_rows = [
@@ -289,7 +402,9 @@ def edge(ctx: SuiteContext) -> Section:
         "",
         *_key_table(key_grid, key_cases),
         *targets(_key_goals(key_grid, key_cases)),
+        *_control_lines(control, key_cases),
         *_cost_lines(cost, key_grid, key_cases),
+        *_instruction_lines(counts),
         *skipped(key_grid),
         "",
         f"TLS: {tls_case.label}, one self-signed RSA-2048 certificate, wrk over HTTPS.",

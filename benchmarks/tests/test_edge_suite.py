@@ -1,6 +1,7 @@
 """The EDGE suite end to end in --quick mode: the keyed and unkeyed zeroserve are both
 measured in pairs of slices (the key accepted on every request), the target lines give
-the pairs' spread, the key's in-process cost is reported, the HTTPS runs complete through
+the pairs' spread, the key's in-process cost and its instructions (where valgrind is
+installed) are reported, the HTTPS runs complete through
 wrk, and zeroserve's copies at the ``tls`` site are reported. No timing assertions."""
 
 from __future__ import annotations
@@ -47,8 +48,27 @@ def test_quick_edge_measures_keys_and_tls(tmp_path: Path) -> None:
         for s in ("zeroserve", "zeroserve-key")
         for c in ("W1-64KiB", "W2-sse-c32")
     }
+    # The A/A control: the unkeyed server and its twin, one slice each per pair of W1.
+    control: dict[tuple[str, str], list[int]] = {}
+    for r in json.loads((results / "wrk-EDGE-aa.json").read_text()):
+        assert r["ok"] and r["wrk_errors"] == 0, r["error"]
+        control.setdefault((r["server"], r["case"]), []).append(r["round"])
+    assert control == {
+        (s, "W1-64KiB"): list(range(QUICK_PAIRS_PER_ROUND)) for s in ("zeroserve", "zeroserve-twin")
+    }
     cost = json.loads((results / "EDGE-key-cost.json").read_text())
     assert set(cost) == {"plain_us", "keyed_us", "key_us", "number", "repeats"}, cost
+    counts = json.loads((results / "EDGE-key-instructions.json").read_text())
+    if shutil.which("valgrind"):
+        # The header and the key add about 5 k instructions to a ~140 k request; one
+        # server process's count moves by about 700 from the next one's.
+        assert 50_000 < counts["plain"] < counts["keyed"] < 500_000, counts
+        assert counts["starts"] == 1 and counts["requests"] == 100, counts
+        assert re.search(
+            r"^\| the key in all \| \| \| [\d,]+ \| [\d.]+% \|$", out.read_text(), re.M
+        )
+    else:
+        assert counts == "valgrind is not installed (make bench-tools)"
     tls = {r["server"]: r for r in json.loads((results / "wrk-EDGE-tls.json").read_text())}
     for name in ("zeroserve-tls", "uvicorn-tls"):
         assert tls[name]["ok"] and tls[name]["requests"] > 0, tls[name]["error"]
@@ -63,3 +83,4 @@ def test_quick_edge_measures_keys_and_tls(tmp_path: Path) -> None:
     assert re.search(r"^\| raw SSE x32 \| [\d,.]+ \| [\d.]+ \| [\d.]+% \|$", text, re.M), text
     assert re.search(r"^\| zeroserve TLS \| [\d,]+ \| [\d.]+x \|", text, re.M), text
     assert "copies at site `tls`" in text
+    assert re.search(r"^A/A control, same run: .* [\d.]+x \(95% CI ", text, re.M), text
