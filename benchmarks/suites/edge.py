@@ -125,60 +125,43 @@ def _keys(ctx: SuiteContext) -> tuple[list[Case], Grid, Grid, int]:
     return cases, grid, control, pairs
 
 
-def _key_cost(ctx: SuiteContext) -> dict[str, float] | str:
-    """The key's cost in-process (``scripts/edge_key_cost.py``), in a process of its own
-    pinned to the server CPU, where the servers' CPU per request is measured: its JSON,
-    or why it gave none."""
-    argv = [
-        *pin_prefix(ctx.pins.server_cpu),
-        sys.executable,
-        "-m",
-        "benchmarks.scripts.edge_key_cost",
-        "--json",
-        "--key",
-        BENCH_KEY,
-    ]
+def _script_json(argv: list[str], timeout_s: int) -> dict[str, float] | str:
+    """Run one of ``scripts/`` with ``--json``: its last line's JSON, or why it gave none."""
     try:
         done = subprocess.run(
             argv,
             capture_output=True,
             text=True,
-            timeout=KEY_COST_TIMEOUT_S,
+            timeout=timeout_s,
             check=False,
             env=child_env(None),
         )
     except subprocess.TimeoutExpired:
-        return f"timed out after {KEY_COST_TIMEOUT_S} s"
+        return f"timed out after {timeout_s} s"
     if done.returncode:
         return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:140]
     got: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return got
 
 
+def _key_cost(ctx: SuiteContext) -> dict[str, float] | str:
+    """The key's cost in-process (``scripts/edge_key_cost.py``), in a process of its own
+    pinned to the server CPU, where the servers' CPU per request is measured."""
+    script = [sys.executable, "-m", "benchmarks.scripts.edge_key_cost", "--json"]
+    argv = [*pin_prefix(ctx.pins.server_cpu), *script, "--key", BENCH_KEY]
+    return _script_json(argv, KEY_COST_TIMEOUT_S)
+
+
 def _key_instructions(ctx: SuiteContext) -> dict[str, float] | str:
     """The key's cost in user-space instructions per W1 64 KiB request
-    (``scripts/edge_key_instructions.py``): its JSON, or why it gave none."""
+    (``scripts/edge_key_instructions.py``)."""
     if not shutil.which("valgrind"):
         return "valgrind is not installed (make bench-tools)"
     argv = [sys.executable, "-m", "benchmarks.scripts.edge_key_instructions", "--json"]
     if ctx.quick:
         argv += ["--requests", str(QUICK_KEY_INSTRUCTIONS_REQUESTS)]
         argv += ["--starts", str(QUICK_KEY_INSTRUCTIONS_STARTS)]
-    try:
-        done = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=KEY_INSTRUCTIONS_TIMEOUT_S,
-            check=False,
-            env=child_env(None),
-        )
-    except subprocess.TimeoutExpired:
-        return f"timed out after {KEY_INSTRUCTIONS_TIMEOUT_S} s"
-    if done.returncode:
-        return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:140]
-    got: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return got
+    return _script_json(argv, KEY_INSTRUCTIONS_TIMEOUT_S)
 
 
 def _instruction_lines(counts: dict[str, float] | str) -> list[str]:
