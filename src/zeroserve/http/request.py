@@ -13,10 +13,10 @@ Invariants
 from __future__ import annotations
 
 import re
+from typing import Final
 from urllib.parse import unquote
 
 import httptools
-import msgspec
 
 from ..errors import ProtocolError
 from .limits import HttpLimits
@@ -24,23 +24,60 @@ from .limits import HttpLimits
 __all__ = ["HeadCollector", "RequestHead", "parse_head", "split_target"]
 
 
-class RequestHead(msgspec.Struct, frozen=True, gc=False):
-    """A parsed request head. Frozen: what the connection decides from it (keep-alive,
-    framing) cannot be changed behind its back. A ``msgspec.Struct`` because it is built
-    once per request: several times faster than a frozen dataclass. Not tracked by the
-    GC (``gc=False``): it holds only strings, bytes and a list of byte pairs."""
+class RequestHead:
+    """A parsed request head. Read-only: what the connection decides from it (keep-alive,
+    framing) cannot be changed behind its back. Its attributes are ``Final``, which mypy
+    checks everywhere and the compiled build enforces at run time (AttributeError).
 
-    method: str
-    target: bytes
-    path: str
-    query: str
-    version: str
-    headers: list[tuple[bytes, bytes]]  # names lower-cased, values as received
-    content_length: int | None
-    chunked: bool
-    keep_alive: bool  # what the request allows; end_response() decides
-    expect_continue: bool
-    head_bytes: int
+    A plain class, so that the compiled build makes it native: compiled code then reads a
+    field as a struct load. It was a ``msgspec.Struct`` (the fastest to build in the
+    interpreter), whose fields compiled code can only read by Python's generic
+    ``getattr``, about 190 instructions each and some twenty reads a request
+    (docs/architecture.md, "The compiled build (mypyc)", "Types decide the calls")."""
+
+    __slots__ = (
+        "chunked",
+        "content_length",
+        "expect_continue",
+        "head_bytes",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "target",
+        "version",
+    )
+
+    def __init__(
+        self,
+        *,
+        method: str,
+        target: bytes,
+        path: str,
+        query: str,
+        version: str,
+        headers: list[tuple[bytes, bytes]],
+        content_length: int | None,
+        chunked: bool,
+        keep_alive: bool,
+        expect_continue: bool,
+        head_bytes: int,
+    ) -> None:
+        self.method: Final = method
+        self.target: Final = target
+        self.path: Final = path
+        self.query: Final = query
+        self.version: Final = version
+        self.headers: Final = headers  # names lower-cased, values as received
+        self.content_length: Final = content_length
+        self.chunked: Final = chunked
+        self.keep_alive: Final = keep_alive  # what the request allows; end_response() decides
+        self.expect_continue: Final = expect_continue
+        self.head_bytes: Final = head_bytes
+
+    def __repr__(self) -> str:
+        return f"RequestHead({self.method} {self.target!r} HTTP/{self.version})"
 
     @property
     def has_body(self) -> bool:
