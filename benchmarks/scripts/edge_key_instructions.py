@@ -48,7 +48,7 @@ from benchmarks.servers import ECHO, zeroserve_cmd
 DEFAULT_KEY = "sk-zeroserve-bench-0123456789abcdef"
 PATH = "/v1/raw/echo"
 BODY_BYTES = 64 * 1024
-# Requests measured per server: at ~145 k instructions each, 1,000 take about 15 s under
+# Requests measured per server: at 130-150 k instructions each, 1,000 take about 15 s under
 # callgrind; more would not narrow the spread between processes (above).
 DEFAULT_REQUESTS = 1000
 # Starts of each server, interleaved (plain, header, keyed, plain, ...): measured here,
