@@ -80,7 +80,9 @@ def test_quick_edge_measures_keys_and_tls(tmp_path: Path) -> None:
     assert re.search(
         rf"^\| 64 KiB x32 with a key \| ≥97% of no-key req/s \| [\d.]+% {pairs} \|", text, re.M
     ), text
-    assert re.search(r"^\| raw SSE x32 \| [\d,.]+ \| [\d.]+ \| [\d.]+% \|$", text, re.M), text
+    # The key's in-process cost is a difference of two timings; on a busy machine it can
+    # read below zero, and the table prints it as measured.
+    assert re.search(r"^\| raw SSE x32 \| [\d,.]+ \| -?[\d.]+ \| -?[\d.]+% \|$", text, re.M), text
     assert re.search(r"^\| zeroserve TLS \| [\d,]+ \| [\d.]+x \|", text, re.M), text
     assert "copies at site `tls`" in text
     assert re.search(r"^A/A control, same run: .* [\d.]+x \(95% CI ", text, re.M), text
