@@ -31,7 +31,7 @@ def authenticate(edge: Edge, headers: Headers, query: str = "") -> ApiKey | None
     """The key the edge admits a request with these headers (and query) under."""
     ctx = edge.start("POST", headers, PATH)
     edge.admit(ctx, PATH, query)
-    edge.release_lease(ctx)
+    edge.release_quota(ctx)
     return ctx.key
 
 
@@ -40,6 +40,7 @@ def authenticate(edge: Edge, headers: Headers, query: str = "") -> ApiKey | None
     [
         [(b"authorization", b"Bearer sk-bob-9876543210")],
         [(b"authorization", b"bearer   sk-bob-9876543210  ")],
+        [(b"authorization", b"BEARER sk-bob-9876543210")],
         [(b"api-key", b"sk-bob-9876543210")],
         [(b"x-api-key", b"sk-bob-9876543210")],
     ],
@@ -70,6 +71,19 @@ def test_missing_malformed_or_unknown_credentials_are_401(edge: Edge, headers: H
     assert exc.status == 401 and exc.code == "invalid_api_key"
     assert (b"www-authenticate", b'Bearer realm="zeroserve"') in exc.headers
     assert b"sk-" not in exc.message.encode()
+
+
+def test_the_sdk_form_finds_every_key_of_the_ring(edge: Edge) -> None:
+    # "Bearer KEY" is compared whole with each key's; the first and the last key both match.
+    for key in (ALICE, BOB):
+        assert authenticate(edge, [(b"authorization", b"Bearer " + key.secret)]) is key
+        assert authenticate(edge, [(b"authorization", b"Bearer  " + key.secret)]) is key
+
+
+def test_the_ring_refuses_a_secret_no_header_can_carry() -> None:
+    for secret in (b" sk-lead", b"sk-trail ", b"sk in", b"sk-\x7f"):
+        with pytest.raises(ValueError, match="visible ASCII"):
+            KeyRing([ApiKey("x", secret)])
 
 
 def test_authorization_wins_over_the_other_headers(edge: Edge) -> None:

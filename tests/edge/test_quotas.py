@@ -39,7 +39,8 @@ def test_requests_per_minute_reach_429_with_the_refill_time() -> None:
     clock = Clock()
     quota = KeyQuota(ApiKey("alice", b"k", KeyLimits(requests_per_minute=3)), clock)
     for _ in range(3):
-        quota.admit().release()
+        quota.admit()
+    quota.release()
     with pytest.raises(RateLimited) as info:
         quota.admit()
     exc = info.value
@@ -56,37 +57,41 @@ def test_requests_per_minute_reach_429_with_the_refill_time() -> None:
         quota.admit()
     assert info.value.retry_after == pytest.approx(15.0)
     clock.now += 15
-    quota.admit().release()
+    quota.admit()
+    quota.release()
     stats = quota.statistics()
     assert (stats.requests, stats.rejected, stats.rejected_requests) == (4, 2, 2)
 
 
 def test_concurrency_reaches_429_and_frees_on_release() -> None:
     quota = KeyQuota(ApiKey("bob", b"k", KeyLimits(max_concurrent=2)), Clock())
-    a, b = quota.admit(), quota.admit()
+    quota.admit()
+    quota.admit()
     with pytest.raises(RateLimited) as info:
         quota.admit()
     assert info.value.retry_after == CONCURRENCY_RETRY_AFTER_S
     assert headers_of(info.value)[b"retry-after"] == b"1"
     assert "2 requests in flight" in info.value.message
-    a.release()
-    c = quota.admit()
+    quota.release()
+    quota.admit()
     assert quota.statistics().in_flight == 2
-    b.release()
-    c.release()
+    quota.release()
+    quota.release()
     assert quota.statistics().in_flight == 0
-    with pytest.raises(RuntimeError):
-        c.release()
+    # A release with nothing held is a bug in its caller: refused, never a negative count.
+    with pytest.raises(RuntimeError, match="released more requests than admitted"):
+        quota.release()
+    assert quota.statistics().in_flight == 0
 
 
 def test_tokens_per_minute_are_debited_as_produced_and_refused_in_debt() -> None:
     clock = Clock()
     quota = KeyQuota(ApiKey("carol", b"k", KeyLimits(tokens_per_minute=600)), clock)
-    lease = quota.admit()
-    lease.debit_tokens(100)  # the prompt
+    quota.admit()
+    quota.debit_tokens(100)  # the prompt
     for _ in range(60):  # a stream of 600 completion tokens, 10 per piece
-        lease.debit_tokens(10)
-    lease.release()
+        quota.debit_tokens(10)
+    quota.release()
     with pytest.raises(RateLimited) as info:
         quota.admit()
     h = headers_of(info.value)
@@ -97,7 +102,8 @@ def test_tokens_per_minute_are_debited_as_produced_and_refused_in_debt() -> None
     assert h[b"x-ratelimit-remaining-tokens"] == b"0"
     assert h[b"x-ratelimit-reset-tokens"] == b"1m10s"
     clock.now += 10.1
-    quota.admit().release()
+    quota.admit()
+    quota.release()
     assert quota.statistics().tokens == 700
     assert quota.statistics().rejected_tokens == 1
 
@@ -107,7 +113,8 @@ def test_admitted_requests_carry_the_remaining_counts() -> None:
     quota = KeyQuota(
         ApiKey("d", b"k", KeyLimits(requests_per_minute=10, tokens_per_minute=1000)), clock
     )
-    quota.admit().release()
+    quota.admit()
+    quota.release()
     h = dict(quota.headers())
     assert h[b"x-ratelimit-remaining-requests"] == b"9"
     assert h[b"x-ratelimit-reset-requests"] == b"6s"
@@ -117,10 +124,11 @@ def test_admitted_requests_carry_the_remaining_counts() -> None:
 
 def test_an_unlimited_key_is_counted_and_never_refused() -> None:
     quota = KeyQuota(ApiKey("e", b"k"), Clock())
-    leases = [quota.admit() for _ in range(1000)]
-    for lease in leases:
-        lease.debit_tokens(5)
-        lease.release()
+    for _ in range(1000):
+        quota.admit()
+    for _ in range(1000):
+        quota.debit_tokens(5)
+        quota.release()
     assert quota.headers() == []
     assert quota.statistics().requests == 1000 and quota.statistics().tokens == 5000
 

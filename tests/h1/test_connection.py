@@ -197,6 +197,22 @@ def test_head_fields() -> None:
 
 
 @pytest.mark.parametrize(
+    "spelling", [b"Content-Type", b"content-type", b"CONTENT-TYPE", b"cOnTeNt-TyPe"]
+)
+def test_header_names_arrive_lower_case_however_spelled(spelling: bytes) -> None:
+    # Common names map to one shared lower-case object, any other is lower-cased.
+    data = (
+        b"GET / HTTP/1.1\r\nHost: a\r\n" + spelling + b": text/plain\r\n"
+        b"X-Request-ID: r1\r\nX-Other-Thing: v\r\n\r\n"
+    )
+    (req,) = feed(data).requests
+    names = [k for k, _ in req.head.headers]
+    assert names == [b"host", b"content-type", b"x-request-id", b"x-other-thing"]
+    assert req.head.header(b"content-type") == b"text/plain"
+    assert req.head.header(b"x-request-id") == b"r1"
+
+
+@pytest.mark.parametrize(
     ("data", "keep_alive"),
     [
         (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", True),

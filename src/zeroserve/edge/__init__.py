@@ -12,7 +12,7 @@ from .cors import CorsPolicy
 from .gate import Edge, EdgeContext, EdgeEnd
 from .keys import ApiKey, KeyLimits, KeyRing, load_keys_file
 from .options import EdgeOptions
-from .quotas import KeyQuota, QuotaLease, TokenBucket
+from .quotas import KeyQuota, TokenBucket
 from .request_id import RequestIds
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
     "KeyLimits",
     "KeyQuota",
     "KeyRing",
-    "QuotaLease",
     "RequestIds",
     "TokenBucket",
     "load_keys_file",

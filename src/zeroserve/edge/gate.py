@@ -1,5 +1,5 @@
 """The edge at a request's head: request id, CORS, API key, quota; and its end: the
-access-log record and the quota lease's release.
+access-log record and the release of the key's quota.
 
 Strategy
 --------
@@ -21,9 +21,9 @@ from typing import Final
 from .. import metrics
 from .access_log import AccessLog, AccessRecord, Outcome
 from .cors import CorsPolicy, is_preflight
-from .keys import ApiKey, KeyRing, parse_credential, refuse_query_key
+from .keys import ApiKey, KeyRing, refuse_query_key
 from .options import METRICS_PATH, OPEN_PATHS, EdgeOptions
-from .quotas import KeyQuota, QuotaLease, QuotaStatistics
+from .quotas import KeyQuota, QuotaStatistics
 from .request_id import HEADER as REQUEST_ID_HEADER
 from .request_id import RequestIds
 from .tracing import RequestTrace, Tracing
@@ -39,7 +39,8 @@ Clock = Callable[[], float]
 class EdgeContext:
     """What the edge decided for one request. ``headers`` go on its response (any
     response, errors included); ``preflight`` means: answer 204 with them and stop.
-    ``lease`` is owned by this context and released by ``Edge.finish``."""
+    ``quota`` is the key's quota this request holds (admitted, not yet ended): the context
+    owns that hold, and ``Edge.finish`` releases it once."""
 
     __slots__ = (
         "_auth",
@@ -50,9 +51,9 @@ class EdgeContext:
         "failed",
         "headers",
         "key",
-        "lease",
         "model",
         "preflight",
+        "quota",
         "request_id",
         "started",
         "status",
@@ -75,7 +76,7 @@ class EdgeContext:
         self._auth: bytes | None = None
         self._other_key: bytes | None = None
         self.key: ApiKey | None = None
-        self.lease: QuotaLease | None = None
+        self.quota: KeyQuota | None = None
         self.model: str | None = None
         self.tokens = 0
         self.ttft_s: float | None = None
@@ -110,8 +111,8 @@ class EdgeContext:
         """Tokens the model counted (prompt, then each completion piece): debited from the
         key's tokens-per-minute as they are produced."""
         self.tokens += n
-        if self.lease is not None:
-            self.lease.debit_tokens(n)
+        if self.quota is not None:
+            self.quota.debit_tokens(n)
 
 
 @dataclass(slots=True)
@@ -152,6 +153,10 @@ class Edge:
         self._ids = RequestIds() if opts.request_ids else None
         self.keys = KeyRing(opts.keys) if opts.keys else None
         self._quotas = {k.name: KeyQuota(k, clock) for k in opts.keys}
+        # The quotas in the key ring's order: ``KeyRing.find`` gives the index.
+        self._quota_at = (
+            tuple(self._quotas[k.name] for k in self.keys.keys) if self.keys is not None else ()
+        )
         self.cors = (
             CorsPolicy(opts.cors_origins, allow_credentials=opts.cors_allow_credentials)
             if opts.cors_origins
@@ -171,8 +176,9 @@ class Edge:
         if tracing is None and opts.tracing:
             tracing = Tracing()
         self.tracing = tracing
-        # Whether finish() has anything to do (a lease, a log line, a span), and whether it
-        # writes a record (a log line or a span); with keys alone it only drops the lease.
+        # Whether finish() has anything to do (a quota's hold, a log line, a span), and
+        # whether it writes a record (a log line or a span); with keys alone it only
+        # releases the quota.
         self.records = bool(self.access_log or self.tracing)
         self.needs_end = bool(self.keys) or self.records
         if self._quotas:
@@ -223,10 +229,10 @@ class Edge:
             return
         if query:
             refuse_query_key(query)
-        key = keys.match(parse_credential(ctx._auth, ctx._other_key))
-        ctx.key = key
-        quota = self._quotas[key.name]
-        ctx.lease = quota.admit()
+        quota = self._quota_at[keys.find(ctx._auth, ctx._other_key)]
+        ctx.key = quota.key
+        quota.admit()
+        ctx.quota = quota
         if quota.limited:
             ctx.headers += quota.headers()
 
@@ -242,11 +248,11 @@ class Edge:
         tracing.phase(rt, name)
 
     def finish(self, ctx: EdgeContext, end: EdgeEnd) -> None:
-        """The request ended (sent, refused, or the client left): release the quota lease
+        """The request ended (sent, refused, or the client left): release the key's quota
         and write the access-log record. Called once per context."""
         if not self.needs_end:
             return
-        self.release_lease(ctx)
+        self.release_quota(ctx)
         if self.access_log is None and ctx.trace is None:
             return
         outcome = ctx.failed or end.outcome or outcome_of(ctx.status)
@@ -283,13 +289,13 @@ class Edge:
                 )
             )
 
-    def release_lease(self, ctx: EdgeContext) -> None:
-        """Drop the request's hold on its key's concurrency: all ``finish`` does when the
-        edge writes no record (keys without an access log or tracing), which the server
-        calls directly then, without building an ``EdgeEnd``."""
-        lease, ctx.lease = ctx.lease, None
-        if lease is not None:
-            lease.release()
+    def release_quota(self, ctx: EdgeContext) -> None:
+        """Drop the request's hold on its key's concurrency (once: the context forgets the
+        quota): all ``finish`` does when the edge writes no record (keys without an access
+        log or tracing), which the server calls directly then, without an ``EdgeEnd``."""
+        quota, ctx.quota = ctx.quota, None
+        if quota is not None:
+            quota.release()
 
     def quota(self, name: str) -> KeyQuota:
         return self._quotas[name]

@@ -35,6 +35,8 @@ QUERY_KEY_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "access_tok
 # attribute lookup on the ``hmac`` module per key per request.
 _BEARER: Final = b"bearer "
 _BEARER_LEN: Final = len(_BEARER)
+_SDK_BEARER: Final = b"Bearer "
+_MAX_BEARER_BYTES: Final = len(_SDK_BEARER) + MAX_CREDENTIAL_BYTES
 _compare_digest: Final = hmac.compare_digest
 
 
@@ -68,11 +70,10 @@ class ApiKey:
 
 
 class KeyRing:
-    """The configured keys. ``match`` returns the key whose secret a request presents (its
-    credential, from ``parse_credential``), or raises ``Unauthorized`` (401) for an
-    unknown one; ``Edge.admit`` calls both."""
+    """The configured keys. ``find`` returns which key a request's credential headers
+    present, or raises ``Unauthorized`` (401); ``Edge.admit`` calls it."""
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_bearers", "_keys")
 
     def __init__(self, keys: Sequence[ApiKey]) -> None:
         if not keys:
@@ -89,7 +90,23 @@ class KeyRing:
                 raise ValueError(
                     f"API key {key.name!r} must be 1 to {MAX_CREDENTIAL_BYTES} bytes long"
                 )
+            # What a header can carry as one token: a space or a control byte could never
+            # be presented as sent (parsers strip a value's edges), and "Bearer KEY" is
+            # compared whole below.
+            if not all(0x21 <= b <= 0x7E for b in key.secret):
+                raise ValueError(
+                    f"API key {key.name!r} must be visible ASCII, without spaces or control "
+                    "characters"
+                )
         self._keys = tuple(keys)
+        # Each key as the whole Authorization value the SDKs send ("Bearer KEY"):
+        # comparing a request's value with these whole takes no parsing and no slice.
+        self._bearers = tuple(_SDK_BEARER + k.secret for k in keys)
+
+    @property
+    def keys(self) -> tuple[ApiKey, ...]:
+        """The keys, in the order ``find`` numbers them."""
+        return self._keys
 
     @property
     def names(self) -> list[str]:
@@ -101,13 +118,32 @@ class KeyRing:
                 return k
         raise KeyError(name)
 
-    def match(self, credential: bytes) -> ApiKey:
-        """The key whose secret is ``credential``, or ``Unauthorized``."""
-        found: ApiKey | None = None
-        for key in self._keys:  # no early exit: constant time in which key matched
+    def find(self, auth: bytes | None, other: bytes | None) -> int:
+        """The index in ``keys`` of the key a request presents (its ``Authorization``
+        value, else its ``api-key`` / ``x-api-key`` value), or ``Unauthorized``.
+
+        The SDKs' exact form, ``Bearer KEY``, is compared whole with every key's
+        ``Bearer`` value; anything else (another case, extra spaces, the other headers)
+        is parsed by ``parse_credential`` and its credential compared with every secret.
+        Neither loop stops early, so the time taken says nothing about which key matched;
+        that the exact form took the short way says only that it matched."""
+        if auth is not None and len(auth) <= _MAX_BEARER_BYTES:
+            found = -1
+            for i, bearer in enumerate(self._bearers):
+                if _compare_digest(bearer, auth):
+                    found = i
+            if found >= 0:
+                return found
+        return self.index(parse_credential(auth, other))
+
+    def index(self, credential: bytes) -> int:
+        """The index in ``keys`` of the key whose secret is ``credential``, or
+        ``Unauthorized``."""
+        found = -1
+        for i, key in enumerate(self._keys):  # no early exit: constant time in which matched
             if _compare_digest(key.secret, credential):
-                found = key
-        if found is None:
+                found = i
+        if found < 0:
             raise Unauthorized("invalid API key")
         return found
 
@@ -116,7 +152,7 @@ def parse_credential(auth: bytes | None, other: bytes | None) -> bytes:
     """The credential from an ``Authorization`` value, else an ``api-key`` /
     ``x-api-key`` value; ``Unauthorized`` if neither is there or it is malformed."""
     if auth is not None:
-        if auth.startswith(b"Bearer ") and len(auth) > _BEARER_LEN and auth[-1] > 32 < auth[7]:
+        if auth.startswith(_SDK_BEARER) and len(auth) > _BEARER_LEN and auth[-1] > 32 < auth[7]:
             credential = auth[_BEARER_LEN:]  # the SDKs' exact form: nothing to strip
             if len(credential) > MAX_CREDENTIAL_BYTES:
                 raise Unauthorized("invalid API key")

@@ -81,8 +81,9 @@ class QuotaStatistics:
 
 
 class KeyQuota:
-    """One key's limits and its usage. ``admit()`` returns a ``QuotaLease`` or raises
-    ``RateLimited``; every key is counted (requests, tokens), limited or not."""
+    """One key's limits and its usage. ``admit()`` takes a request or raises
+    ``RateLimited``, ``release()`` ends it; every key is counted (requests, tokens),
+    limited or not."""
 
     __slots__ = (
         "_in_flight",
@@ -112,11 +113,14 @@ class KeyQuota:
         self._tokens = 0
         self._rejected = {"concurrency": 0, "requests": 0, "tokens": 0}
 
-    def admit(self) -> QuotaLease:
+    def admit(self) -> None:
+        """Take one request: counted, and held until ``release()``; raises
+        ``RateLimited`` if a limit refuses it. No object stands for the hold: its owner
+        (the request's edge context) keeps the quota and releases it exactly once."""
         if not self.limited:  # counted only
             self._in_flight += 1
             self._requests += 1
-            return QuotaLease(self)
+            return
         rb, tb = self.request_bucket, self.token_bucket
         if rb is not None:
             rb.refill()
@@ -147,7 +151,6 @@ class KeyQuota:
             rb.debit(1.0)
         self._in_flight += 1
         self._requests += 1
-        return QuotaLease(self)
 
     def headers(self) -> Headers:
         """OpenAI's rate-limit headers for the key's current state (empty if unlimited)."""
@@ -168,12 +171,19 @@ class KeyQuota:
         return out
 
     def debit_tokens(self, n: int) -> None:
+        """Tokens the model counted for one of the key's requests (the prompt, then each
+        completion piece)."""
+        if n <= 0:
+            return
         self._tokens += n
         if self.token_bucket is not None:
             self.token_bucket.refill()
             self.token_bucket.debit(n)
 
-    def _end(self) -> None:
+    def release(self) -> None:
+        """One admitted request ended: its hold on the key's concurrency is dropped."""
+        if self._in_flight <= 0:
+            raise RuntimeError(f"API key '{self.key.name}': released more requests than admitted")
         self._in_flight -= 1
 
     def _refuse(self, reason: str, retry_after: float, message: str) -> None:
@@ -196,31 +206,6 @@ class KeyQuota:
             rejected_requests=r["requests"],
             rejected_tokens=r["tokens"],
         )
-
-
-class QuotaLease:
-    """One admitted request's hold on its key's concurrency. Its owner (the request's
-    edge context) debits tokens as they are counted and calls ``release()`` once, when
-    the request ends for any reason."""
-
-    __slots__ = ("_quota",)
-
-    def __init__(self, quota: KeyQuota) -> None:
-        self._quota: KeyQuota | None = quota
-
-    def debit_tokens(self, n: int) -> None:
-        if self._quota is not None and n > 0:
-            self._quota.debit_tokens(n)
-
-    def release(self) -> None:
-        quota, self._quota = self._quota, None
-        if quota is None:
-            raise RuntimeError("quota lease released twice")
-        quota._end()
-
-    @property
-    def held(self) -> bool:
-        return self._quota is not None
 
 
 def format_duration(seconds: float) -> bytes:

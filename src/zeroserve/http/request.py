@@ -90,6 +90,57 @@ class RequestHead:
         return None
 
 
+# Header names as clients commonly spell them, each mapped to one shared lower-case
+# object. A name found here is not lower-cased into a new bytes object per request (a
+# method call and an allocation), and its hash is computed once, so the edge's and the
+# app's lookups of it are cheaper too (docs/architecture.md, "The compiled build
+# (mypyc)"). Any other name is lower-cased as before.
+_COMMON_NAMES = (
+    b"accept",
+    b"accept-encoding",
+    b"accept-language",
+    b"api-key",
+    b"authorization",
+    b"cache-control",
+    b"connection",
+    b"content-encoding",
+    b"content-length",
+    b"content-type",
+    b"expect",
+    b"host",
+    b"inference-header-content-length",
+    b"origin",
+    b"request-timeout",
+    b"traceparent",
+    b"tracestate",
+    b"transfer-encoding",
+    b"user-agent",
+    b"x-api-key",
+    b"x-request-id",
+    # What the openai SDKs send with every request.
+    b"x-stainless-arch",
+    b"x-stainless-async",
+    b"x-stainless-lang",
+    b"x-stainless-os",
+    b"x-stainless-package-version",
+    b"x-stainless-read-timeout",
+    b"x-stainless-retry-count",
+    b"x-stainless-runtime",
+    b"x-stainless-runtime-version",
+    b"x-stainless-timeout",
+)
+
+
+def _spellings(name: bytes) -> list[bytes]:
+    """``content-type``, ``Content-Type``, ``CONTENT-TYPE``, and ``X-Request-ID``'s kind."""
+    title = b"-".join(part.capitalize() for part in name.split(b"-"))
+    return [name, title, name.upper(), title.replace(b"-Id", b"-ID")]
+
+
+_CANONICAL: Final[dict[bytes, bytes]] = {
+    spelling: name for name in _COMMON_NAMES for spelling in _spellings(name)
+}
+
 # RFC 9110 §7.2 / RFC 3986 §3.2.2: host = IP-literal / IPv4address / reg-name, then [":" port].
 _HOST_RE = re.compile(rb"(\[[0-9A-Fa-f:.vV]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]*)?")
 
@@ -116,7 +167,8 @@ class HeadCollector:
         if len(self.headers) >= self.max_headers:
             self.too_many = True
             return
-        self.headers.append((name.lower(), value))
+        canonical = _CANONICAL.get(name)
+        self.headers.append((name.lower() if canonical is None else canonical, value))
 
     def on_headers_complete(self) -> None:
         self.complete = True

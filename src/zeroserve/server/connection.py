@@ -93,7 +93,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self._paused_reading = False
         self._responding = False  # a handler runs or a response is being written
         self._started = 0.0
-        # Typed: with ``app: Any`` every call on it (start, admit, release_lease, and the
+        # Typed: with ``app: Any`` every call on it (start, admit, release_quota, and the
         # attribute reads) went through Python's generic method lookup, ~1.5 k instructions
         # a keyed request under callgrind (docs/architecture.md, "The compiled build").
         self.edge: Edge = server.app.edge
@@ -510,14 +510,14 @@ class HttpProtocol(asyncio.BufferedProtocol):
         return ctx.request_id if ctx is not None else b""
 
     def _edge_end(self, outcome: Outcome | None, bytes_in: int = 0) -> None:
-        """The current request ended: the edge releases its quota lease and logs it."""
+        """The current request ended: the edge releases its key's quota and logs it."""
         ctx, self._ctx = self._ctx, None
         head, self._head = self._head, None
         edge = self.edge
         if ctx is None or not edge.needs_end:
             return
-        if not edge.records:  # keys alone: only the quota lease to drop
-            edge.release_lease(ctx)
+        if not edge.records:  # keys alone: only the key's quota to release
+            edge.release_quota(ctx)
             return
         method, path = (head.method, head.path) if head is not None else ("", "")
         edge.finish(ctx, EdgeEnd(method, path, outcome, bytes_in))
