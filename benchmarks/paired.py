@@ -14,6 +14,17 @@ a few rounds, and their median narrows as one over the square root of their coun
 Starting both servers afresh every few pairs samples what lasts for a process's life (its
 memory layout, its hash seed), which pairs within one start cannot average out.
 
+``together=True`` runs the two slices of a pair at the same time instead: each server
+gets half the case's connections from a wrk of its own (both wrk on the load CPU), and
+the two servers share the server CPU for the same seconds. The scheduler splits that CPU
+evenly between two busy processes, so each one's throughput is what its CPU per request
+allows, and whatever the machine does in those seconds falls on both at once: measured
+on the 2-CPU VM this was written on, a pair's ratio then scatters by about 2 % (an A/A
+of identical servers, W1 64 KiB) where alternating slices scatter by about 10 %. Its
+ratio answers "how much more does one request cost", which for a server saturating its
+CPU is how much lower its requests per second are; it says nothing about latency under
+a load one server alone would see.
+
 Each slice is one :class:`~benchmarks.runner.RunResult` whose ``round`` is its pair, so
 :meth:`Grid.ratio <benchmarks.runner.Grid.ratio>` is the median of the per-pair ratios
 and :meth:`Grid.ratios <benchmarks.runner.Grid.ratios>` the ratios whose spread a report
@@ -27,6 +38,7 @@ import contextlib
 import math
 import subprocess
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -49,6 +61,12 @@ SLICE_S = 1
 # enough to tell a 3 % loss at two standard errors; 20 pairs (2.8 %) were not. One pair
 # takes about 2 s, so three cases stay under 7 minutes.
 PAIRS_PER_ROUND = 20
+# Pairs per case for each of --rounds when the two slices run together, each as long as
+# --duration (5 s by default: the two wrk start a few milliseconds apart, an edge that
+# 5 s makes negligible; measured, a 5 s pair scattered by about 2 %, A/A of W1 64 KiB).
+# 8 such pairs cost what 20 alternating pairs of two 1 s slices do (with their starts),
+# and their median is about twice as narrow.
+TOGETHER_PAIRS_PER_ROUND = 8
 # --quick: a handful, to show the method runs (numbers as noisy as any quick run's).
 QUICK_PAIRS_PER_ROUND = 4
 # Pairs per start of the two servers: both are started afresh after this many, so what
@@ -63,11 +81,14 @@ MIN_WARMUP_S = SLICE_S
 T = TypeVar("T")
 
 
-def pair_count(settings: Settings, quick: bool) -> int:
-    """Pairs per case: :data:`PAIRS_PER_ROUND` for each of ``--rounds``
-    (:data:`QUICK_PAIRS_PER_ROUND` with ``--quick``). ``--duration`` does not apply: every
-    slice is :data:`SLICE_S`, the shortest wrk runs."""
-    return settings.rounds * (QUICK_PAIRS_PER_ROUND if quick else PAIRS_PER_ROUND)
+def pair_count(settings: Settings, quick: bool, together: bool = False) -> int:
+    """Pairs per case: :data:`PAIRS_PER_ROUND` (:data:`TOGETHER_PAIRS_PER_ROUND` when the
+    two slices run together) for each of ``--rounds``, :data:`QUICK_PAIRS_PER_ROUND` with
+    ``--quick``. Alternating slices are :data:`SLICE_S` whatever ``--duration`` says;
+    slices run together last ``--duration``."""
+    if quick:
+        return settings.rounds * QUICK_PAIRS_PER_ROUND
+    return settings.rounds * (TOGETHER_PAIRS_PER_ROUND if together else PAIRS_PER_ROUND)
 
 
 def pair_order(pair: int, a: T, b: T) -> tuple[T, T]:
@@ -123,6 +144,7 @@ def run_pairs(
     settings: Settings,
     pairs: int,
     case_for: Callable[[Server, Case], Case] | None = None,
+    together: bool = False,
 ) -> Grid:
     """Per case, ``pairs`` pairs of :data:`SLICE_S` wrk slices on ``a`` and ``b``, both
     started afresh (checked and warmed up) every :data:`PAIRS_PER_START` pairs: a
@@ -130,7 +152,8 @@ def run_pairs(
     sampled many times instead of frozen into every pair. ``case_for`` picks
     the request a server gets (its script is written under that case's key, so give the
     two distinct keys); every slice is filed under the case. A server whose start failed
-    once is not started again."""
+    once is not started again. ``together``: each pair's two slices run at the same time,
+    ``settings.duration_s`` long, each server getting half the case's connections."""
     grid = Grid()
     for srv in (a, b):
         why = srv.missing()
@@ -150,7 +173,9 @@ def run_pairs(
             with contextlib.ExitStack() as stack:
                 running = _start_both(stack, (a, b), settings, broken)
                 if running is not None:
-                    _pairs(grid, (a, b), running, case, sent, settings, first, count, pairs)
+                    _pairs(
+                        grid, (a, b), running, case, sent, settings, first, count, pairs, together
+                    )
             first += count
         if not broken:
             continue
@@ -195,6 +220,7 @@ def _pairs(
     first: int,
     count: int,
     pairs: int,
+    together: bool = False,
 ) -> None:
     """Check, warm up, then pairs ``first`` to ``first + count`` (of ``pairs``) of one
     case on two running servers."""
@@ -223,11 +249,16 @@ def _pairs(
         return
     for pair in range(first, first + count):
         got = {}
-        for srv in pair_order(pair, *servers):
-            r = _slice(srv, running[srv.name], sent[srv.name], scripts[srv.name], settings, pair)
+        if together:
+            got = _together(servers, running, sent, scripts, settings, pair)
+        else:
+            for srv in pair_order(pair, *servers):
+                got[srv.name] = _slice(
+                    srv, running[srv.name], sent[srv.name], scripts[srv.name], settings, pair
+                )
+        for r in got.values():
             r.case = case.key
             grid.add(r)
-            got[srv.name] = r
         a, b = (got[s.name] for s in servers)
         rate = "events_per_s" if case.kind == "stream" else "rps"
         ratio = getattr(b, rate) / getattr(a, rate) if a.ok and b.ok else math.nan
@@ -241,6 +272,37 @@ def _pairs(
             return  # the died server's slice says so; the rest of the case is lost
 
 
+def _together(
+    servers: tuple[Server, Server],
+    running: dict[str, ServerProcess],
+    sent: dict[str, Case],
+    scripts: dict[str, Path],
+    settings: Settings,
+    pair: int,
+) -> dict[str, RunResult]:
+    """One pair whose two slices run at the same time, each server under half the case's
+    connections, each slice measured as ``_slice`` measures one alone."""
+    got: dict[str, RunResult] = {}
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each thread waits on its own wrk
+        futures = {
+            srv.name: pool.submit(
+                _slice,
+                srv,
+                running[srv.name],
+                sent[srv.name],
+                scripts[srv.name],
+                settings,
+                pair,
+                max(1, settings.duration_s),
+                max(1, sent[srv.name].connections // 2),
+            )
+            for srv in pair_order(pair, *servers)
+        }
+        for name, future in futures.items():
+            got[name] = future.result()
+    return got
+
+
 def _slice(
     srv: Server,
     server: ServerProcess,
@@ -248,6 +310,8 @@ def _slice(
     script: Path,
     settings: Settings,
     pair: int,
+    seconds: int = SLICE_S,
+    connections: int | None = None,
 ) -> RunResult:
     """One wrk slice under CPU accounting of the server's process tree."""
     result = RunResult(server=srv.name, case=case.key, round=pair, ok=False)
@@ -257,8 +321,8 @@ def _slice(
             script,
             server.port,
             case.path,
-            case.connections,
-            SLICE_S,
+            connections or case.connections,
+            seconds,
             settings.pins.load_cpu,
             srv.tls,
         )

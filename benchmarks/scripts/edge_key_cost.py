@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m benchmarks.scripts.edge_key_cost [--json]`` from the repository
 root. It times what the server runs for every request at the edge, ``Edge.start`` +
-``Edge.admit`` + ``Edge.release_lease`` (the last only where the edge has an end to
+``Edge.admit`` + ``Edge.release_quota`` (the last only where the edge has an end to
 keep), on W1 64 KiB's request head, once with no key configured and once with one key
 that the request presents; the difference is the key's own cost. The EDGE suite runs it
 in a process of its own pinned to the server CPU, and reports that cost beside the
@@ -48,7 +48,7 @@ def _one_request(edge: Edge, headers: Headers) -> Callable[[], None]:
         ctx = edge.start("POST", headers, PATH)
         edge.admit(ctx, PATH, "")
         if edge.needs_end:
-            edge.release_lease(ctx)
+            edge.release_quota(ctx)
 
     one()  # raises if the edge refuses the request (a wrong key would time a 401)
     return one

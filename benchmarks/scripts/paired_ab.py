@@ -6,7 +6,8 @@ Run: ``ZSBENCH_BASELINE_SRC=/tmp/base/src .venv/bin/python -m benchmarks.scripts
 tree checked out and (for a compiled baseline) built there (``git worktree add /tmp/base
 REV``, then ``.venv/bin/python tools/build_compiled.py`` in it). Both zeroserves serve the
 benchmark's echo model side by side on the server CPU, restarted every few pairs; each
-pair is two 1 s wrk slices in alternating order. Printed per case: this tree's
+pair is two 1 s wrk slices in alternating order, or with ``--together`` both servers
+loaded at the same time. Printed per case: this tree's
 requests/s (tokens/s for streams) and CPU per request over the baseline's, the median
 of the pairs with its 95 % interval and the middle half of the pairs.
 """
@@ -34,6 +35,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=DEFAULT_CASES, help="comma-separated W1/W2/W3 case keys")
     p.add_argument("--pairs", type=int, default=30, help="pairs per case")
+    p.add_argument(
+        "--together",
+        action="store_true",
+        help="load both servers at the same time in each pair, half the connections each, "
+        "for --seconds (benchmarks/paired.py): a CPU-per-request comparison about five "
+        "times less noisy than alternating 1 s slices",
+    )
+    p.add_argument("--seconds", type=int, default=5, help="a pair's length with --together")
     args = p.parse_args()
     subject = zeroserve(extra=("--model", ECHO))
     base = at_baseline(subject, "zeroserve-base", "zeroserve@base")
@@ -49,11 +58,15 @@ def main() -> int:
         dataclasses.replace(known[k], probe_first_event=False, count_writes=False) for k in wanted
     ]
     settings = Settings(
-        rounds=1, duration_s=1, warmup_s=1, results_dir=RESULTS.resolve(), pins=Pinning.detect()
+        rounds=1,
+        duration_s=args.seconds,
+        warmup_s=1,
+        results_dir=RESULTS.resolve(),
+        pins=Pinning.detect(),
     )
     settings.results_dir.mkdir(parents=True, exist_ok=True)
     with harness_on_load_cpu(settings.pins):
-        grid = run_pairs(subject, base, cases, settings, args.pairs)
+        grid = run_pairs(subject, base, cases, settings, args.pairs, together=args.together)
     if grid.skipped:
         print(f"not run: {grid.skipped}")
         return 1
