@@ -171,10 +171,22 @@ def run_pairs(
                 break
             count = (pairs - first) // (starts - start)  # the pairs spread evenly
             with contextlib.ExitStack() as stack:
-                running = _start_both(stack, (a, b), settings, broken)
+                # Which server starts (and warms up) first alternates by start, as the
+                # slices' order does by pair: an A/A of W1 64 KiB with the same one
+                # always first read the second 1 % faster (95 % interval 0.999 to 1.014).
+                order = pair_order(start, a, b)
+                running = _start_both(stack, order, settings, broken)
                 if running is not None:
                     _pairs(
-                        grid, (a, b), running, case, sent, settings, first, count, pairs, together
+                        grid,
+                        (a, b),
+                        running,
+                        case,
+                        sent,
+                        settings,
+                        (first, count, pairs),
+                        order,
+                        together,
                     )
             first += count
         if not broken:
@@ -217,13 +229,13 @@ def _pairs(
     case: Case,
     sent: dict[str, Case],
     settings: Settings,
-    first: int,
-    count: int,
-    pairs: int,
+    span: tuple[int, int, int],
+    order: tuple[Server, Server],
     together: bool = False,
 ) -> None:
-    """Check, warm up, then pairs ``first`` to ``first + count`` (of ``pairs``) of one
-    case on two running servers."""
+    """Check, warm up (in ``order``), then pairs ``first`` to ``first + count`` (of
+    ``pairs``: ``span``) of one case on two running servers."""
+    first, count, pairs = span
     scripts: dict[str, Path] = {}
     try:
         for srv in servers:
@@ -233,7 +245,7 @@ def _pairs(
                 grid.add(_failed(srv, case, f"unsupported: {problem}"))
                 return
             scripts[srv.name] = prepare(own, settings)[1]
-        for srv in servers:
+        for srv in order:
             wrk.run(
                 scripts[srv.name],
                 running[srv.name].port,
