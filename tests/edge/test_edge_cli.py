@@ -131,6 +131,10 @@ def test_edge_configuration_layers_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(env={}, overrides={"edge": {"api_keys_file": str(bad)}}).edge.options()
     assert "[keys.x]" in info.value.message and FILE_KEY not in info.value.message
+    # A key no header can carry as sent (a space in it) fails at startup, named, not shown.
+    with pytest.raises(ConfigError, match="visible ASCII") as info:
+        load_config(env={}, overrides={"edge": {"api_keys": ["sk-has space"]}}).edge.options()
+    assert "'default'" in info.value.message and "sk-has" not in info.value.message
     with pytest.raises(ConfigError, match=r"tls\.certfile"):
         load_config(env={}, overrides={"tls": {"keyfile": "k.pem"}}).server_options()
     tls = load_config(env={}, overrides={"tls": {"certfile": "c.pem"}}).server_options().tls
