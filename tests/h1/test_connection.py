@@ -196,6 +196,26 @@ def test_head_fields() -> None:
     assert head.content_length == 2 and not head.chunked
 
 
+def test_a_bad_host_is_refused_after_a_good_one_on_the_same_connection() -> None:
+    # A Host value is checked once per connection while it repeats; a new value is checked.
+    good = b"GET /a HTTP/1.1\r\nHost: a.example:8000\r\n\r\n"
+    conn_data = good * 2 + b"GET /b HTTP/1.1\r\nHost: a b\r\n\r\n"
+    with pytest.raises(ProtocolError) as info:
+        feed(conn_data)
+    assert info.value.status == 400 and "Host" in str(info.value)
+    (one, two) = feed(good * 2).requests
+    assert one.head.path == two.head.path == "/a"
+
+
+@pytest.mark.parametrize(
+    ("line", "version"),
+    [(b"GET / HTTP/1.1", "1.1"), (b"GET / HTTP/1.0", "1.0"), (b"GET /HTTP/1.1x HTTP/1.0", "1.0")],
+)
+def test_the_version_is_the_request_lines_last_token(line: bytes, version: str) -> None:
+    (req,) = feed(line + b"\r\nHost: a\r\n\r\n").requests
+    assert req.head.version == version
+
+
 @pytest.mark.parametrize(
     "spelling", [b"Content-Type", b"content-type", b"CONTENT-TYPE", b"cOnTeNt-TyPe"]
 )

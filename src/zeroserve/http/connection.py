@@ -347,9 +347,18 @@ class HttpConnection:
                 self._window = min(self._window * 2, limits.max_head_bytes)
             return None
         head_end = idx + 4
-        if buf.find(b"\r\n", self._start, head_end) - self._start > limits.max_uri_bytes + 32:
+        line_end = buf.find(b"\r\n", self._start, head_end)
+        if line_end - self._start > limits.max_uri_bytes + 32:
             raise ProtocolError("request URI too long", status=414)
-        head = parse_head(self._mv[self._start : head_end], self._collector, limits)
+        # The version ends the request line: read here from the bytes, so the parser's
+        # get_http_version() (a str formatted per call) is asked only for anything else.
+        if buf.endswith(b" HTTP/1.1", self._start, line_end):
+            version = "1.1"
+        elif buf.endswith(b" HTTP/1.0", self._start, line_end):
+            version = "1.0"
+        else:
+            version = ""
+        head = parse_head(self._mv[self._start : head_end], self._collector, limits, version)
         self._start = self._scan = head_end
         self.head = head
         if head.has_body:

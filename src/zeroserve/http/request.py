@@ -148,10 +148,12 @@ _HOST_RE = re.compile(rb"(\[[0-9A-Fa-f:.vV]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[
 class HeadCollector:
     """httptools callbacks for one head. Reused; ``reset()`` between requests."""
 
-    __slots__ = ("complete", "headers", "max_headers", "too_many", "url")
+    __slots__ = ("complete", "headers", "max_headers", "too_many", "url", "valid_host")
 
     def __init__(self, max_headers: int) -> None:
         self.max_headers = max_headers
+        # The last Host value that passed its check (kept across ``reset()``).
+        self.valid_host = b""
         self.reset()
 
     def reset(self) -> None:
@@ -174,9 +176,12 @@ class HeadCollector:
         self.complete = True
 
 
-def parse_head(raw: memoryview, c: HeadCollector, limits: HttpLimits) -> RequestHead:
+def parse_head(
+    raw: memoryview, c: HeadCollector, limits: HttpLimits, version: str = ""
+) -> RequestHead:
     """Parse and validate one complete head (through its blank line). Raises
-    ``ProtocolError`` with the status to answer."""
+    ``ProtocolError`` with the status to answer. ``version``: the HTTP version the
+    request line ends with, if the caller read it (``""``: ask the parser)."""
     c.reset()
     parser = httptools.HttpRequestParser(c)
     try:
@@ -195,17 +200,19 @@ def parse_head(raw: memoryview, c: HeadCollector, limits: HttpLimits) -> Request
         raise ProtocolError("too many header fields", status=431)
     if len(c.url) > limits.max_uri_bytes:
         raise ProtocolError("request URI too long", status=414)
-    return _validate(parser, c.url, c.headers, len(raw), limits)
+    return _validate(parser, c, len(raw), limits, version)
 
 
 def _validate(
     parser: httptools.HttpRequestParser,
-    url: bytes,
-    headers: list[tuple[bytes, bytes]],
+    c: HeadCollector,
     head_bytes: int,
     limits: HttpLimits,
+    version: str,
 ) -> RequestHead:
-    version = parser.get_http_version()
+    url, headers = c.url, c.headers
+    if not version:
+        version = parser.get_http_version()
     if version not in ("1.1", "1.0"):
         raise ProtocolError(f"HTTP version {version} not supported", status=505)
     content_length: int | None = None
@@ -242,8 +249,13 @@ def _validate(
         chunked = True
     if version == "1.1" and host_count != 1:
         raise ProtocolError("missing Host header" if not host_count else "duplicate Host header")
-    if host_count > 1 or (host and not _HOST_RE.fullmatch(host)):
+    if host_count > 1:
         raise ProtocolError("invalid Host header")
+    # A keep-alive connection sends the same Host every time: checked once per value.
+    if host and host != c.valid_host:
+        if not _HOST_RE.fullmatch(host):
+            raise ProtocolError("invalid Host header")
+        c.valid_host = host
     if content_length is not None and content_length > limits.max_body_bytes:
         raise ProtocolError(
             f"request body of {content_length} bytes exceeds the limit of "
