@@ -35,6 +35,8 @@ QUERY_KEY_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "access_tok
 # attribute lookup on the ``hmac`` module per key per request.
 _BEARER: Final = b"bearer "
 _BEARER_LEN: Final = len(_BEARER)
+# The SDKs' exact form, compared whole with each key's ("Bearer KEY"); a longer value
+# cannot be one of them and is left to ``parse_credential``, which bounds it.
 _SDK_BEARER: Final = b"Bearer "
 _MAX_BEARER_BYTES: Final = len(_SDK_BEARER) + MAX_CREDENTIAL_BYTES
 _compare_digest: Final = hmac.compare_digest
