@@ -15,6 +15,7 @@ from benchmarks.machine import Pinning
 from benchmarks.paired import (
     PAIRS_PER_ROUND,
     QUICK_PAIRS_PER_ROUND,
+    TOGETHER_PAIRS_PER_ROUND,
     PairSpread,
     pair_count,
     pair_order,
@@ -53,6 +54,13 @@ def test_rounds_scale_the_pairs_and_duration_does_not() -> None:
     assert pair_count(_settings(5, 5), quick=False) == 100
     assert pair_count(_settings(3, 10), quick=False) == 60
     assert pair_count(_settings(3, 10), quick=True) == 12
+
+
+def test_pairs_run_together_are_fewer_and_quick_mode_is_the_same_handful() -> None:
+    # Together, a pair is --duration long (5 s by default), so a round holds fewer pairs.
+    assert pair_count(_settings(ROUNDS, DURATION_S), quick=False, together=True) == 24
+    assert TOGETHER_PAIRS_PER_ROUND < PAIRS_PER_ROUND
+    assert pair_count(_settings(QUICK_ROUNDS, QUICK_DURATION_S), quick=True, together=True) == 4
 
 
 def test_the_order_alternates_by_pair() -> None:
