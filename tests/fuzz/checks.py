@@ -36,7 +36,14 @@ def assert_answer(t: Target, r: httpx.Response, fmt: Format, *, timed: bool = Fa
         for line in r.text.splitlines():
             if not (line.startswith("data: {") and '"error"' in line):
                 continue
-            event = json.loads(line[6:])
+            try:
+                event = json.loads(line[6:])
+            except json.JSONDecodeError:
+                # Not one of ours, which are JSON documents: a raw stream's own data (an
+                # echo of a body like b'{"error"' is the model's piece, sent as it is).
+                continue
+            if not isinstance(event, dict):
+                continue
             # Chat and completions: {"error": {...}}; the Responses API: {"type": "error",
             # "code": ...}. Other events may hold an ``"error": null`` of their own.
             err = event if event.get("type") == "error" else event.get("error")
