@@ -12,13 +12,14 @@ import asyncio
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..context import Settings, SuiteContext
 from ..procs import ServerFailed
-from ..report import Section, footer, num, probe_note, times
-from ..servers import Server, importable, started, zeroserve
-from ..stats import median, percentile
+from ..report import Section, Target, footer, num, probe_note, targets, times
+from ..servers import BASELINE, SUBJECT, Server, importable, started, zeroserve
+from ..stats import median, median_interval, percentile, percentile_interval
 from ..streamclient import StreamStats, stream_load
 from ._api import GROUP, GROUP_TITLE
 from ._health import PROBE_SLACK_S, HealthProbe, floor_lines, measure_floor
@@ -105,8 +106,12 @@ def _measure(
 ) -> None:
     for rnd in range(settings.rounds):
         measure_floor(ctx, settings, probe, floor, errors)
+        # Each round starts with the next server, so no server always runs first (after the
+        # floor) or last.
+        shift = rnd % len(servers)
+        order = servers[shift:] + servers[:shift]
         for conc in CONCURRENCY:
-            for srv in servers:
+            for srv in order:
                 if srv.name in skipped or srv.name in errors:
                     continue
                 try:
@@ -158,6 +163,13 @@ def _section(
     def per_cpu(conc: int, name: str) -> list[float]:
         return [s.tokens / c for s, _, c in res.get((conc, name), []) if c > 0]
 
+    def ratios(conc: int, name: str, peer: str) -> list[float]:
+        """Per round: ``name``'s tokens/s over ``peer``'s (both measured in that round)."""
+        return [a / b for a, b in zip(tps(conc, name), tps(conc, peer), strict=False) if b]
+
+    def ttft(conc: int, name: str) -> list[float]:
+        return [x for s, _, _ in res.get((conc, name), []) for x in s.ttft_ms]
+
     lines = [
         "### smollm2 on llama.cpp's engine",
         "",
@@ -175,7 +187,7 @@ def _section(
         *footer(ctx, settings),
         "",
         "| streams | server | tokens/s | vs llama.cpp | tokens/CPU-s | TTFT p50 ms "
-        "| TTFT p99 ms | inter-token p99 ms "
+        "| TTFT p99 ms (95 % interval, streams) | inter-token p99 ms "
         f"| /health p99 ms (target ≤{HEALTH_TARGET_MS:g}) | failures |",
         "|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
@@ -189,26 +201,124 @@ def _section(
                     "| | | | | | | |"
                 )
                 continue
-            ratios = [
-                a / b
-                for a, b in zip(tps(conc, srv.name), tps(conc, "llama.cpp"), strict=False)
-                if b
-            ]
-            ttft = [x for s, _, _ in runs for x in s.ttft_ms]
+            vs = ratios(conc, srv.name, "llama.cpp")
+            first = ttft(conc, srv.name)
             itl = [x for s, _, _ in runs for x in s.itl_ms]
             health = [x for _, h, _ in runs for x in h]
             lines.append(
                 f"| {conc} | {srv.title} | {num(median(tps(conc, srv.name)))} "
-                f"| {times(median(ratios) if ratios else math.nan)} "
+                f"| {times(median(vs) if vs else math.nan)} "
                 f"| {num(median(per_cpu(conc, srv.name)))} "
-                f"| {num(percentile(ttft, 50))} | {num(percentile(ttft, 99))} "
+                f"| {num(percentile(first, 50))} | {_p99_text(first)} "
                 f"| {num(percentile(itl, 99))} | {num(percentile(health, 99))} | {sum(s.failures for s, _, _ in runs)} |"
             )
     lines += [
         "",
-        "Targets: tokens/s ≥0.97x llama.cpp's server at every concurrency, TTFT p99 ≤ its, "
-        "≥1.5x FastAPI at 32 streams. Inter-token: the gap between two content chunks of a "
-        "stream as the client read them (chunks arriving in one read are 0 ms apart).",
+        "Inter-token: the gap between two content chunks of a stream as the client read them "
+        "(chunks arriving in one read are 0 ms apart). TTFT p99 is pooled over the rounds' "
+        "streams; its 95 % interval is distribution-free (`stats.percentile_interval`), and "
+        "with fewer than about 300 streams its upper end is the largest value, so run more "
+        "rounds to judge it. Tokens/s ratios are per round (both servers in the same round), "
+        "their median and its 95 % interval.",
+        *_targets(ratios, ttft, res),
+        "",
+        _batching(tps),
     ]
     lines += floor_lines(floor, errors, probe_priority)
     return Section(GROUP, GROUP_TITLE, "\n".join(lines))
+
+
+def _p99_text(values: list[float]) -> str:
+    """A table cell: the p99, then its 95 % interval and the count of values."""
+    low, high = percentile_interval(values, 99)
+    return f"{num(percentile(values, 99))} ({num(low)}-{num(high)}, {len(values)})"
+
+
+def _streams(conc: int) -> str:
+    return f"{conc} stream" + ("s" if conc > 1 else "")
+
+
+def _targets(
+    ratios: Callable[[int, str, str], list[float]],
+    ttft: Callable[[int, str], list[float]],
+    res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]],
+) -> list[str]:
+    """The issue's targets, judged on this run's point estimates, each with its interval."""
+    rows: list[Target] = []
+    for conc in CONCURRENCY:
+        vs = ratios(conc, SUBJECT, "llama.cpp")
+        low, high = median_interval(vs)
+        rows.append(
+            Target(
+                f"tokens/s, {_streams(conc)}",
+                "≥0.97x llama.cpp's server",
+                median(vs) if vs else math.nan,
+                "{:.2f}x",
+                lambda v: v >= 0.97,
+                note=f"(95 % interval {low:.2f}x-{high:.2f}x, {len(vs)} rounds)",
+            )
+        )
+    for conc in CONCURRENCY:
+        ours, theirs = ttft(conc, SUBJECT), ttft(conc, "llama.cpp")
+        mine, peer = percentile(ours, 99), percentile(theirs, 99)
+        rows.append(
+            Target(
+                f"TTFT p99, {_streams(conc)}",
+                "≤ llama.cpp's server",
+                mine / peer if peer else math.nan,
+                "{:.2f}x its",
+                lambda v: v <= 1.0,
+                note=(
+                    f"— p99 (95 % interval, streams) {_p99_text(ours)} ms against "
+                    f"{_p99_text(theirs)} ms"
+                ),
+            )
+        )
+    fast, ceiling = ratios(32, SUBJECT, BASELINE), ratios(32, "llama.cpp", BASELINE)
+    rows.append(
+        Target(
+            "tokens/s, 32 streams",
+            "≥1.5x FastAPI+xllamacpp",
+            median(fast) if fast else math.nan,
+            "{:.2f}x",
+            lambda v: v >= 1.5,
+            note=(
+                f"(llama.cpp's own server on the same engine: "
+                f"{times(median(ceiling) if ceiling else math.nan)} FastAPI, the most any "
+                "HTTP layer can gain over it here)"
+            ),
+        )
+    )
+    health = [x for _, h, _ in res.get((8, SUBJECT), []) for x in h]
+    rows.append(
+        Target(
+            "/health p99, 8 streams",
+            f"≤{HEALTH_TARGET_MS:g} ms",
+            percentile(health, 99),
+            "{:.2f} ms",
+            lambda v: v <= HEALTH_TARGET_MS,
+        )
+    )
+    return targets(rows)
+
+
+def _batching(tps: Callable[[int, str], list[float]]) -> str:
+    """What continuous batching gains in this run (8 and 32 streams against 1), and why."""
+
+    def gain(name: str, conc: int) -> str:
+        one, many = median(tps(1, name)), median(tps(conc, name))
+        return times(many / one if one else math.nan)
+
+    return (
+        f"Continuous batching: 8 streams give {gain(SUBJECT, 8)} the tokens/s of one stream "
+        f"through zeroserve ({gain('llama.cpp', 8)} through llama.cpp's server), 32 give "
+        f"{gain(SUBJECT, 32)}. Why so little here: on one core a step of one sequence "
+        "already keeps the arithmetic busy (SmolLM2-135M is about 0.27 GFLOP of quantized "
+        "dot products a token; 65 tokens/s is ~18 GFLOP/s), while its ~90 MB of Q4_1 weights "
+        "stream at ~6 GB/s, well within the core's memory bandwidth. A step of 8 sequences "
+        "does 8 times the arithmetic and saves only what a step pays once (the weights' "
+        "reads, the step's fixed costs). On a GPU, or many cores, one sequence's step is "
+        "bound by reading the weights and the arithmetic units mostly wait, so a step of 8 "
+        "costs little more than a step of 1 and tokens/s grows nearly with the batch until "
+        "the arithmetic is saturated (reasoned from these figures, not measured here)."
+    )
