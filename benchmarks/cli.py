@@ -10,6 +10,7 @@ stops the running measurement's servers and writes what completed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 print(f"benchmarks: {sid} ...", flush=True)
                 try:
-                    done[sid] = SUITES[sid](ctx)
+                    part = dataclasses.replace(ctx, cpu_at_start=machine.CpuTimes.read())
+                    done[sid] = SUITES[sid](part)
                 except Exception as exc:  # one broken suite must not lose the others
                     failed += 1
                     print(f"benchmarks: {sid} failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .machine import Pinning
+from .machine import CpuTimes, Pinning
 from .servers import ECHO
 
 # Full runs: rounds and seconds of load (and of warm-up) per measurement.
@@ -46,6 +46,7 @@ class SuiteContext:
     count_writes: bool = True  # strace write counting (W2)
     servers: tuple[str, ...] | None = None  # W1/W2: only these servers
     zeroserve_args: tuple[str, ...] = ("--model", ECHO)
+    cpu_at_start: CpuTimes | None = None  # the CPUs' times when this part started
 
     def settings(
         self,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .context import Settings, SuiteContext
-from .machine import is_realtime, load_average
+from .machine import is_realtime, load_average, steal_line
 from .runner import Grid, RunResult
 from .scenarios import Case
 from .servers import Server
@@ -180,6 +180,11 @@ def footer(
     # The run's start is in ctx.machine; a part that ran later (or while load rose) says
     # its own end.
     lines.append(f"- Load average when this part ended: {load_average()}")
+    pins = ctx.pins
+    cpus = [c for c in (pins.server_cpu, pins.load_cpu) if c is not None] or None
+    stolen = steal_line(ctx.cpu_at_start, cpus)
+    if stolen:
+        lines.append(f"- {stolen}")
     if not ctx.pins.pinned:
         lines.append("- Fewer than 2 CPUs: server and clients were NOT pinned apart.")
     lines.append(

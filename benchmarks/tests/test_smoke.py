@@ -67,3 +67,5 @@ def test_quick_bench_writes_table(tmp_path: Path) -> None:
     row = re.compile(r"^\| 64 KiB x32 \| FastAPI\+uvicorn \| [\d,.]+ \| 1\.00x \|", re.M)
     assert row.search(text), text
     assert re.search(r"^\| raw SSE x32 \| FastAPI\+uvicorn \| [\d,.]+ \|", text, re.M), text
+    # Each part says how much CPU the hypervisor took while it ran (from /proc/stat).
+    assert re.search(r"CPU time stolen by the hypervisor during this part: CPU \d+ [\d.]+ %", text)
