@@ -1,4 +1,4 @@
-"""The harness's one percentile, median, quartiles and percentile intervals: every table of
+"""The harness's one percentile, median, quartiles and median interval: every table of
 BENCHMARKS.md uses these.
 
 ``percentile`` interpolates linearly between the two nearest ranks (numpy's default,
@@ -39,26 +39,15 @@ def quartiles(values: Iterable[float]) -> tuple[float, float]:
 
 
 def median_interval(values: Iterable[float], z: float = Z95) -> tuple[float, float]:
-    """A distribution-free confidence interval for the median of the non-NaN values
-    (:func:`percentile_interval` at 50): with 60 values, the 22nd and 39th smallest;
-    below about 6 values, all of them. NaN, NaN when none."""
-    return percentile_interval(values, 50, z)
-
-
-def percentile_interval(values: Iterable[float], p: float, z: float = Z95) -> tuple[float, float]:
-    """A distribution-free confidence interval for the ``p``-th percentile of the non-NaN
-    values: the count of values below the true percentile is binomial (n, q = p/100), so
-    the interval runs from the order statistic of rank nq - z·√(nq(1-q)) to that of rank
-    1 + nq + z·√(nq(1-q)) (the binomial approximated as normal), clamped to the smallest
-    and largest. A p99 needs a few hundred values before its upper end is not simply the
-    largest: with 48 values it runs from the 46th smallest to the largest, with 600 from
-    the 589th to the largest. NaN, NaN when
-    none."""
+    """A distribution-free confidence interval for the median of the non-NaN values: the
+    order statistics of ranks n/2 - z·√n/2 and 1 + n/2 + z·√n/2 (the binomial count of
+    values below the median, approximated as normal), clamped to the smallest and largest.
+    With 60 values, the 22nd and 39th smallest; below about 6 values, all of them. NaN,
+    NaN when none."""
     xs = sorted(v for v in values if not math.isnan(v))
     if not xs:
         return math.nan, math.nan
-    n, q = len(xs), p / 100
-    half = z * math.sqrt(n * q * (1 - q))
-    lo = max(0, math.floor(n * q - half) - 1)  # 0-based index of the lower rank
-    hi = min(n - 1, math.ceil(n * q + half))  # 0-based index of the upper rank
+    n, half = len(xs), z * math.sqrt(len(xs)) / 2
+    lo = max(0, math.floor(n / 2 - half) - 1)  # 0-based index of the lower rank
+    hi = min(n - 1, math.ceil(n / 2 + half))  # 0-based index of the upper rank
     return xs[lo], xs[hi]

@@ -24,7 +24,7 @@ from benchmarks.paired import (
 from benchmarks.runner import Grid, RunResult
 from benchmarks.scenarios import cases_for
 from benchmarks.servers import Server
-from benchmarks.stats import median_interval, percentile_interval, quartiles
+from benchmarks.stats import median_interval, quartiles
 
 
 def _settings(rounds: int, duration_s: int) -> Settings:
@@ -100,19 +100,6 @@ def test_the_median_interval_takes_the_order_statistics_around_the_middle() -> N
     assert median_interval([2.0, math.nan]) == (2.0, 2.0)
     low, high = median_interval([])
     assert math.isnan(low) and math.isnan(high)
-
-
-def test_a_p99_interval_takes_the_order_statistics_around_its_rank() -> None:
-    # 1,000 values 1..1000: rank 990 -/+ 1.96 x sqrt(1000 x 0.99 x 0.01) = 6.2, so the
-    # 983rd and (1 + 996.2, rounded up) the 998th.
-    assert percentile_interval([float(v) for v in range(1000, 0, -1)], 99) == (983.0, 998.0)
-    # 600 values: rank 594 -/+ 4.8, so the 589th, and the top clamps to the largest.
-    assert percentile_interval([float(v) for v in range(1, 601)], 99) == (589.0, 600.0)
-    # A p99 of 48 values (3 rounds of 8 smollm2 streams) is known only near the maximum.
-    assert percentile_interval([float(v) for v in range(1, 49)], 99) == (46.0, 48.0)
-    # The median is the same rule at 50.
-    xs = [float(v) for v in range(1, 101)]
-    assert percentile_interval(xs, 50) == median_interval(xs)
 
 
 def test_a_pair_with_a_failed_slice_is_left_out() -> None:
