@@ -248,31 +248,22 @@ def _targets(
     res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]],
 ) -> list[str]:
     """The issue's targets, judged on this run's point estimates, each with its interval."""
-    rows: list[Target] = []
 
     def paired(name: str, goal: str, vs: list[float], met: Callable[[float], bool]) -> Target:
         low, high = median_interval(vs)
         note = f"(95 % interval {low:.2f}x-{high:.2f}x, {len(vs)} rounds)"
         return Target(name, goal, median(vs) if vs else math.nan, "{:.2f}x", met, note=note)
 
-    for conc in CONCURRENCY:
-        rows.append(
-            paired(
-                f"tokens/s, {_streams(conc)}",
-                "≥0.97x llama.cpp's server",
-                ratios(conc, SUBJECT, "llama.cpp"),
-                lambda v: v >= 0.97,
-            )
-        )
-    for conc in CONCURRENCY:
-        rows.append(
-            paired(
-                f"TTFT p99, {_streams(conc)}",
-                "≤1x llama.cpp's server's",
-                ttft_ratios(conc, SUBJECT, "llama.cpp"),
-                lambda v: v <= 1.0,
-            )
-        )
+    against_llamacpp: list[tuple[str, str, Callable[..., list[float]], Callable[[float], bool]]]
+    against_llamacpp = [
+        ("tokens/s", "≥0.97x llama.cpp's server", ratios, lambda v: v >= 0.97),
+        ("TTFT p99", "≤1x llama.cpp's server's", ttft_ratios, lambda v: v <= 1.0),
+    ]
+    rows = [
+        paired(f"{what}, {_streams(conc)}", goal, per_round(conc, SUBJECT, "llama.cpp"), met)
+        for what, goal, per_round, met in against_llamacpp
+        for conc in CONCURRENCY
+    ]
     fast, ceiling = ratios(32, SUBJECT, BASELINE), ratios(32, "llama.cpp", BASELINE)
     rows.append(
         Target(
