@@ -77,6 +77,27 @@ def test_process_workers_run_below_the_loop_and_a_model_may_say_how_far() -> Non
         assert server.stop() == 0
 
 
+def test_every_thread_of_a_worker_runs_below_the_loop_those_older_than_the_call_too() -> None:
+    """A worker imports numpy (and with it a BLAS pool of threads that runs the model's
+    matrix products) before it lowers itself; ``os.nice`` lowered only the calling thread,
+    and that pool kept the loop's priority."""
+    server = start_server("--model", "echo?executor=process")
+    try:
+        poll(lambda: workers(server.proc.pid), "a worker")
+        (worker,) = workers(server.proc.pid)
+        poll(lambda: thread_nices(worker)["main"] == [10], "the worker lowering itself")
+        r = httpx.post(server.url + "/v1/raw/echo", content=b"served by the worker")
+        assert r.status_code == 200 and r.content == b"served by the worker"
+        nices = [n for ns in thread_nices(worker).values() for n in ns]
+        if len(nices) == 1:
+            pytest.skip(
+                "the worker runs no thread besides its main one here (one CPU: no BLAS pool)"
+            )
+        assert nices == [10] * len(nices), thread_nices(worker)
+    finally:
+        assert server.stop() == 0
+
+
 def test_model_nice_zero_keeps_workers_at_the_loops_priority() -> None:
     server = start_server("--model-nice", "0", "--model", "echo?executor=process")
     try:

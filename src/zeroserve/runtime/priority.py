@@ -62,21 +62,34 @@ def lower_thread(nice: int) -> None:
     threads it creates from now on inherit it. A no-op for 0, and off Linux."""
     if nice <= 0 or not _PER_THREAD:
         return
-    tid = threading.get_native_id()
-    try:
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(MAX_NICE, now + nice))
-    except OSError:  # a sandbox that forbids it: the model runs at the loop's priority
-        pass
+    _lower(threading.get_native_id(), nice)
 
 
 def lower_process(nice: int) -> None:
-    """Lower this whole process (a worker: all of it is model work) by ``nice`` levels."""
+    """Lower this whole process (a worker: all of it is model work) by ``nice`` levels.
+
+    On Linux a nice value is a thread's, and ``os.nice`` sets the caller's only: a thread
+    started before this call keeps the loop's priority. A worker has one: the BLAS pool
+    numpy starts when the worker's modules are imported, which runs the model's matrix
+    products beside its main thread. So every thread of the process is lowered by its id;
+    the threads started afterwards inherit the main thread's value."""
     if nice <= 0:
         return
+    if not _PER_THREAD:
+        try:
+            os.nice(min(nice, MAX_NICE - os.getpriority(os.PRIO_PROCESS, 0)))
+        except OSError:
+            pass
+        return
+    for tid in os.listdir("/proc/self/task"):
+        _lower(int(tid), nice)
+
+
+def _lower(tid: int, nice: int) -> None:
     try:
-        os.nice(min(nice, MAX_NICE - os.getpriority(os.PRIO_PROCESS, 0)))
-    except OSError:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(MAX_NICE, now + nice))
+    except OSError:  # a sandbox that forbids it, or the thread ended: it runs as it was
         pass
 
 
