@@ -35,6 +35,10 @@ MESSAGES = [
 ]
 # /health p99 target while the model is saturated (ms).
 HEALTH_TARGET_MS = 2.0
+# SmolLM2-135M-Instruct Q4_1: quantized dot products a token (GFLOP) and the weights a
+# decode step reads (GB); the batching paragraph turns the run's one-stream rate into both.
+GFLOP_PER_TOKEN = 0.27
+WEIGHTS_GB = 0.09
 
 
 def _engine_peer(mode: str, name: str, title: str, threads: int) -> Server:
@@ -293,19 +297,23 @@ def _targets(
 
 
 def _batching(tps: Callable[[int, str], list[float]]) -> str:
-    """What continuous batching gains in this run (8 and 32 streams against 1), and why."""
+    """What continuous batching gains in this run (8 and 32 streams against 1), and why,
+    reasoned from this run's one-stream rate."""
 
     def gain(name: str, conc: int) -> str:
         one, many = median(tps(1, name)), median(tps(conc, name))
         return times(many / one if one else math.nan)
 
+    one = median(tps(1, SUBJECT))
     return (
         f"Continuous batching: 8 streams give {gain(SUBJECT, 8)} the tokens/s of one stream "
         f"through zeroserve ({gain('llama.cpp', 8)} through llama.cpp's server), 32 give "
         f"{gain(SUBJECT, 32)}. Why so little here: on one core a step of one sequence "
-        "already keeps the arithmetic busy (SmolLM2-135M is about 0.27 GFLOP of quantized "
-        "dot products a token; 65 tokens/s is ~18 GFLOP/s), while its ~90 MB of Q4_1 weights "
-        "stream at ~6 GB/s, well within the core's memory bandwidth. A step of 8 sequences "
+        f"already keeps the arithmetic busy (SmolLM2-135M is about {GFLOP_PER_TOKEN:g} GFLOP "
+        f"of quantized dot products a token; this run's {num(one)} tokens/s of one stream is "
+        f"~{num(one * GFLOP_PER_TOKEN)} GFLOP/s), while its ~{WEIGHTS_GB * 1000:.0f} MB of "
+        f"Q4_1 weights stream at ~{num(one * WEIGHTS_GB)} GB/s, well within the core's memory "
+        "bandwidth. A step of 8 sequences "
         "does 8 times the arithmetic and saves only what a step pays once (the weights' "
         "reads, the step's fixed costs). On a GPU, or many cores, one sequence's step is "
         "bound by reading the weights and the arithmetic units mostly wait, so a step of 8 "

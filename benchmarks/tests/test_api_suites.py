@@ -1,4 +1,5 @@
-"""The API suites (``benchmarks/suites/w3.py``, ``w4.py``, ``tinyllm.py``, ``gateway.py``): W3 end to end in --quick mode, and
+"""The API suites (``benchmarks/suites/w3.py``, ``w4.py``, ``tinyllm.py``, ``gateway.py``,
+``llamacpp.py``): W3 end to end in --quick mode, and
 the pieces of the others that need no server (validators, token counting, the stream
 client against a tiny in-process SSE server). No timing assertions.
 """
@@ -136,3 +137,22 @@ def test_w3_quick_section_has_numbers(tmp_path: Path) -> None:
         assert float(cells[2].replace(",", "")) > 0, row  # req/s
         assert float(cells[5].replace(",", "")) > 0, row  # p99 ms
     assert re.search(r"\| W3 req/s \| .* \| [\d.]+x ", text), text
+
+
+def test_llamacpp_batching_paragraph_reasons_from_the_runs_own_rate() -> None:
+    """The arithmetic and bandwidth the paragraph quotes follow this run's one-stream rate
+    (it quoted a fixed 65 tokens/s whatever the run measured)."""
+    from benchmarks.suites.llamacpp import _batching
+
+    rates = {
+        (1, "zeroserve"): [40.0],
+        (8, "zeroserve"): [60.0],
+        (32, "zeroserve"): [62.0],
+        (1, "llama.cpp"): [41.0],
+        (8, "llama.cpp"): [59.0],
+    }
+    text = _batching(lambda conc, name: rates.get((conc, name), []))
+    assert "8 streams give 1.50x the tokens/s of one stream" in text
+    assert "this run's 40 tokens/s of one stream is ~10.8 GFLOP/s" in text
+    assert "stream at ~3.6 GB/s" in text
+    assert "65 tokens/s" not in text
