@@ -17,7 +17,10 @@ the loop's own bursts (1-3 ms of token writing while the worker waits for the co
 it past its fair share, and the kernel's fair scheduler (EEVDF) then makes it wait on a
 wake-up until the worker threads have caught up. Measured with ``perf sched`` there:
 the woken loop waited p90 3.5 ms, p99 5.6 ms for the core, and ``/health`` p99 was 6-7 ms
-at nice 10, 19 and even ``SCHED_IDLE`` workers alike. Only a real-time class for the loop
+at nice 10, 19 and even ``SCHED_IDLE`` workers alike. Meanwhile the worker's pool threads
+run one after another, each for a whole 4 ms scheduler tick; a pool of one thread gives
+the loop its turn (p99 0.6-0.8 ms) but costs a fifth of the tokens/s (docs/architecture.md
+has the measurements). Only a real-time class for the loop
 removes that wait (p99 0.006 ms; ``/health`` p99 0.4-0.5 ms in the tinyllm benchmark),
 at a cost: the loop then runs on every wake-up and writes smaller batches, so it takes
 more of the shared core (tokens/s 0.99x, 0.93x and 0.82x of the default at 1, 8 and 32
