@@ -14,6 +14,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..context import Settings, SuiteContext
 from ..procs import ServerFailed
@@ -33,6 +34,8 @@ MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What is the capital of France?"},
 ]
+# Every round's samples, in the results directory (``rounds_json``).
+RAW_FILE = "llamacpp-rounds.json"
 # /health p99 target while the model is saturated (ms).
 HEALTH_TARGET_MS = 2.0
 # SmolLM2-135M-Instruct Q4_1: quantized dot products a token (GFLOP) and the weights a
@@ -92,9 +95,39 @@ def llamacpp(ctx: SuiteContext) -> Section:
         _measure(ctx, settings, servers, body, probe, res, errors, skipped, floor)
     finally:
         probe.close()
+    (ctx.results_dir / RAW_FILE).write_text(json.dumps(rounds_json(res, floor)))
     return _section(
         ctx, settings, servers, max_tokens, threads, res, errors, skipped, floor, probe.priority
     )
+
+
+def rounds_json(
+    res: dict[tuple[int, str], list[tuple[StreamStats, list[float], float]]],
+    floor: dict[str, list[float]],
+) -> dict[str, Any]:
+    """Every round's samples as measured, so any figure of the section can be recomputed
+    (and a round the machine slowed found): one entry per (streams, server, round), in
+    the order the rounds ran, and the floor's probes per case."""
+    return {
+        "rounds": [
+            {
+                "streams": conc,
+                "server": name,
+                "round": i,
+                "tokens": st.tokens,
+                "streams_done": st.streams,
+                "failures": st.failures,
+                "duration_s": st.duration_s,
+                "server_cpu_s": cpu_s,
+                "ttft_ms": st.ttft_ms,
+                "inter_token_ms": st.itl_ms,
+                "health_ms": health,
+            }
+            for (conc, name), runs in res.items()
+            for i, (st, health, cpu_s) in enumerate(runs)
+        ],
+        "floor_ms": floor,
+    }
 
 
 def _measure(
@@ -233,7 +266,8 @@ def _section(
         "same round), the median of the rounds' ratios with its 95 % interval: for TTFT p99 "
         "too, because a round's streams share its throughput. At 32 streams TTFT is mostly "
         "the wait for one of the 8 slots, so a round the machine slowed moves every stream of "
-        "it, and a pooled p99 is the p99 of the slowest rounds.",
+        "it, and a pooled p99 is the p99 of the slowest rounds. Every round's samples: "
+        f"`{RAW_FILE}` in the results directory (not committed).",
         *_targets(ratios, ttft_ratios, res),
         "",
         _batching(tps),

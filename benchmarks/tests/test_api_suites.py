@@ -156,3 +156,26 @@ def test_llamacpp_batching_paragraph_reasons_from_the_runs_own_rate() -> None:
     assert "this run's 40 tokens/s of one stream is ~10.8 GFLOP/s" in text
     assert "stream at ~3.6 GB/s" in text
     assert "65 tokens/s" not in text
+
+
+def test_llamacpp_keeps_every_rounds_samples_as_json() -> None:
+    """The suite's raw file holds each round's own samples, keyed by streams, server and
+    round, and survives a JSON round trip with every figure the section computes from."""
+    from benchmarks.streamclient import StreamStats
+    from benchmarks.suites.llamacpp import rounds_json
+
+    first = StreamStats(tokens=300, streams=9, ttft_ms=[20.0, 25.5], itl_ms=[12.0], duration_s=5.0)
+    second = StreamStats(tokens=280, streams=8, failures=1, ttft_ms=[30.0], duration_s=5.0)
+    peer = StreamStats(tokens=310, streams=9, ttft_ms=[19.0], duration_s=5.0)
+    res = {
+        (8, "zeroserve"): [(first, [0.5, 0.7], 4.5), (second, [0.9], 4.4)],
+        (8, "llama.cpp"): [(peer, [0.6], 4.6)],
+    }
+    data = json.loads(json.dumps(rounds_json(res, {"idle": [0.3, 0.4]})))
+    ours = [r for r in data["rounds"] if r["server"] == "zeroserve"]
+    assert [r["round"] for r in ours] == [0, 1]
+    assert ours[1]["tokens"] == 280 and ours[1]["failures"] == 1
+    assert ours[0]["ttft_ms"] == [20.0, 25.5] and ours[0]["health_ms"] == [0.5, 0.7]
+    assert ours[0]["inter_token_ms"] == [12.0] and ours[0]["server_cpu_s"] == 4.5
+    assert data["floor_ms"] == {"idle": [0.3, 0.4]}
+    assert {r["streams"] for r in data["rounds"]} == {8}
