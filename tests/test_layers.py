@@ -16,7 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "metrics": set(),
     "http": {"errors", "metrics"},
-    "models": {"errors"},
+    "models": {"errors", "http"},
     "runtime": {"errors", "metrics", "models"},
     # The gateway's sockets; configured by the remote model's parsed options (models/remote.py).
     "upstream": {"http", "errors", "metrics", "models"},

@@ -36,7 +36,8 @@ from types import ModuleType
 # The hot path (docs/architecture.md, "The compiled build"): the sans-I/O connection and
 # its parsers and framing, the server's asyncio glue, the runtime's stream channel, and
 # what every request passes through above them: the request and its route, the raw
-# endpoint, the OpenAI endpoints' request path (generation, telemetry, stream timing), the
+# endpoint, the OpenAI routes' request path (the chat front ends, the one chat request and
+# its outputs, the local backend and its generations, telemetry, stream timing), the
 # edge's per-request context with the API key check and the key's quota, admission, the
 # model handle, the inline executor and the arena; and what the hot path calls on every
 # request or piece (responses, deadlines, metrics, batchers, the runtime's shared
@@ -44,8 +45,7 @@ from types import ModuleType
 # app/openai/streaming.py: mypyc does not compile async generators. Not the classes
 # interpreted code subclasses (app/application.py's App, which a test extends;
 # runtime/contract.py's Executor and Producer, which the process and Ray executors
-# implement): an interpreted class cannot subclass a compiled one. Not runtime/engine.py:
-# the relays keep weak references to the Engine, which a native class does not take.
+# implement): an interpreted class cannot subclass a compiled one.
 COMPILED_MODULES: tuple[str, ...] = (
     "zeroserve.http.chunked",
     "zeroserve.http.client",
@@ -65,8 +65,13 @@ COMPILED_MODULES: tuple[str, ...] = (
     "zeroserve.runtime.handle",
     "zeroserve.runtime.inproc",
     "zeroserve.app.request",
-    "zeroserve.app.endpoints.openai",
-    "zeroserve.app.openai.generation",
+    "zeroserve.app.openai.routes",
+    "zeroserve.app.openai.chat",
+    "zeroserve.app.chat.request",
+    "zeroserve.app.chat.output",
+    "zeroserve.app.chat.choices",
+    "zeroserve.app.backends.local",
+    "zeroserve.app.backends.generation",
     "zeroserve.app.openai.telemetry",
     "zeroserve.runtime.timing",
     "zeroserve.app.router",

@@ -19,9 +19,11 @@
     ├── ClusterUnavailable         503: the Ray cluster a model runs on is unreachable
     ├── ConfigError                the configuration (file, environment, flags) is invalid
     ├── SpecError                  a model spec (``name=module:Class``) is invalid
-    ├── ModelFileError             a built-in model's file is missing or not the pinned one
+    ├── ModelFileError             a model's file is missing or not the pinned one
+    │   └── GGUFError              a GGUF file that cannot be served (missing, not GGUF, digest)
     ├── OnnxModelError             an ONNX model cannot be served
     └── Closed / Broken            "you closed it" vs "the peer broke it" (trio's naming)
+        └── StreamAborted          (Broken) a consumer fell too far behind its stream
 
     ModelLoadError (Exception)     a model could not be loaded at start: the server exits
     WouldBlock (Exception)         a ``*_nowait`` operation would have had to wait
@@ -187,6 +189,14 @@ class Broken(ZeroserveError):
     code = "broken"
 
 
+class StreamAborted(Broken):
+    """The consumer fell so far behind a stream that never waits for it (a ``coalesce``
+    channel past its byte cap, an engine's slot past its pending bytes) that it was
+    aborted."""
+
+    code = "stream_aborted"
+
+
 class UpstreamUnreachable(UpstreamError):
     """Nothing was answered: the connection was refused, timed out, or closed before the
     first response byte. The request may go to another upstream."""
@@ -229,6 +239,13 @@ class ModelFileError(ZeroserveError):
 
     status = 500
     code = "model_file_error"
+
+
+class GGUFError(ModelFileError):
+    """A GGUF file that cannot be served: missing, not a GGUF file, not the pinned
+    digest, or refused by the engine's loader."""
+
+    code = "gguf_error"
 
 
 class OnnxModelError(ZeroserveError):

@@ -26,7 +26,6 @@ if OPENAI_TESTS not in sys.path:
 
 from openai_servers import ServerThread  # noqa: E402
 
-from zeroserve.app.engine_relay import engine_relays  # noqa: E402
 from zeroserve.models.echo import EchoModel  # noqa: E402
 from zeroserve.runtime import ModelConfig, RuntimeOptions  # noqa: E402
 from zeroserve.server.options import KEEPALIVE_TIMEOUT_S  # noqa: E402
@@ -113,7 +112,10 @@ class Target:
             workers = all(
                 m.workers.busy == 0 and m.workers.streams == 0 for m in stats.models.values()
             )
-            engines = all(r.active == 0 and r.queued == 0 for r in engine_relays(engine).values())
+            engines = all(
+                m.slots is None or (m.slots.active == 0 and m.slots.queued == 0)
+                for m in stats.models.values()
+            )
             idle = stats.arena.leases == 0 and stats.channels.open == 0
             return queues and workers and engines and idle
 

@@ -18,7 +18,7 @@ from tests.models.test_llamacpp import _metric, _wait_idle
 
 import openai
 from zeroserve.app import limits as lim
-from zeroserve.app.engine_embeddings import EMBED_CHUNK_INPUTS
+from zeroserve.app.backends.llamacpp.embeddings import EMBED_CHUNK_INPUTS
 
 pytest.importorskip("xllamacpp")
 

@@ -1,5 +1,5 @@
 """Whole (non-streamed) answers of the ``llamacpp`` backend: assembled from the engine's
-chunks (app/engine_answers.py), they match the engine's own whole answers, and a
+chunks (app/backends/llamacpp/output.py), they match the engine's own whole answers, and a
 deadline, a disconnect or SIGTERM stops their slot at the next token.
 
 Real SmolLM2 through the real server (a subprocess, one slot: ``parallel=1``), the

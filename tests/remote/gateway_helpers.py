@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zeroserve.app import App
-from zeroserve.app.relay import Relay, relay_for
+from zeroserve.app.backends.remote import RemoteBackend
+from zeroserve.app.relay import Relay
 from zeroserve.models.echo import EchoModel
 from zeroserve.models.loader import parse_spec
 from zeroserve.runtime import Arena, Engine, ModelConfig
@@ -38,9 +39,9 @@ class Running:
         return f"http://127.0.0.1:{self.port}"
 
     def relay(self, name: str = "g") -> Relay:
-        relay = relay_for(self.engine.model(name))
-        assert relay is not None
-        return relay
+        backend = self.app.backends.get(name)
+        assert isinstance(backend, RemoteBackend)
+        return backend.relay
 
 
 @contextlib.asynccontextmanager

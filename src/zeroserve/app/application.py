@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ..edge import Edge
+from ..errors import ZeroserveError
 from ..http.connection import RequestHead
 from ..runtime import Engine
-from .endpoints import kserve, openai, openapi, ops, raw, stats
+from .backends import Backends
+from .endpoints import openapi, ops, raw, stats
 from .endpoints import ui as page
-from .engine_relay import close_engine_relays, engine_relays
+from .kserve import routes as kserve
 from .limits import ApiLimits
-from .problems import ErrorFormat
-from .relay import aclose_relays, relays
+from .openai import routes as openai
+from .problems import ErrorFormat, error_body
 from .request import Request
 from .response import HandlerResult
 from .router import Router
@@ -37,12 +39,11 @@ class App:
         self.limits = limits or ApiLimits()
         self.readiness = ops.Readiness()
         self.router = Router()
+        # Every model's backend, chosen once (docs/architecture.md, "Adding a backend").
+        self.backends = Backends(engine)
         ops.register(self.router, engine, self.readiness, metrics_view)
-        raw.register(self.router, engine, self.limits)
-        # Remote models' relays, made now so their upstream metrics show from the start.
-        self.relays = relays(engine)
-        self.engine_relays = engine_relays(engine)  # llamacpp models: their slot metrics
-        openai.register(self.router, engine, self.limits)
+        raw.register(self.router, engine, self.backends, self.limits)
+        openai.register(self.router, engine, self.backends, self.limits)
         kserve.register(self.router, engine, self.limits)
         stats.register(self.router, engine)
         if ui:
@@ -62,13 +63,15 @@ class App:
     def error_format(self, path: str) -> ErrorFormat:
         return self.router.route_errors(path)
 
+    def error_body(self, exc: ZeroserveError, fmt: ErrorFormat) -> bytes:
+        return error_body(exc, fmt)
+
     def start_draining(self) -> None:
         """From now on ``/ready`` answers 503 (the server is draining)."""
         self.readiness.draining = True
 
     async def aclose(self) -> None:
-        """Close what the app holds open (the relays' upstream connections, the access
-        log's writer)."""
-        await aclose_relays(self.engine)
+        """Close what the app holds open (the backends: the relays' upstream connections;
+        the access log's writer)."""
+        await self.backends.aclose()
         self.edge.close()
-        close_engine_relays(self.engine)

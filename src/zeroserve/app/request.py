@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl
 
 from .. import metrics
@@ -26,9 +27,22 @@ Handler = Callable[["Request"], HandlerResult]
 HeadHook = Callable[["Request"], None]  # may raise; runs before the body is read
 
 
+@dataclass(frozen=True, slots=True)
+class RouteDoc:
+    """What ``/openapi.json`` says of a route (docs/architecture.md, "Adding an
+    endpoint"): its summary, the msgspec types of its request and answer (a tuple: one
+    of several shapes), and whether it streams: ``True`` for SSE events of the answer's
+    own kind, or the types of its events' data."""
+
+    summary: str
+    request: Any = None
+    response: Any = None
+    stream: bool | tuple[Any, ...] = False
+
+
 @dataclass(slots=True)
 class Route:
-    """One route of the router: its handler, head hook and error format."""
+    """One route of the router: its handler, head hook, error format and description."""
 
     method: str
     pattern: str
@@ -36,6 +50,7 @@ class Route:
     errors: ErrorFormat = "openai"
     on_head: HeadHook | None = None
     name: str = ""
+    doc: RouteDoc | None = None
     segments: tuple[str, ...] = field(default=())
     # Observes a request's duration (seconds). The histogram child is looked up once per
     # route rather than per request (labels() takes a lock and walks a dict).

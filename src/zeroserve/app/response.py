@@ -8,7 +8,7 @@ A handler returns a :data:`HandlerResult`: a :class:`Response` (answered on the 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -116,3 +116,30 @@ def json_response(obj: Any, status: int = 200, headers: Headers | None = None) -
 def text_response(text: str | bytes, status: int = 200, content_type: bytes = TEXT) -> Response:
     data = text.encode() if isinstance(text, str) else text
     return Response(status, [data], content_type=content_type)
+
+
+class GeneratedStream:
+    """A ``PieceStream`` over an async generator of pieces, with what to release at its
+    end however it ends (what it owns that the generator does not close itself)."""
+
+    __slots__ = ("_gen", "_on_close")
+
+    def __init__(self, gen: AsyncGenerator[Any, None], on_close: Callable[[], None]) -> None:
+        self._gen = gen
+        self._on_close = on_close
+
+    def __anext__(self) -> Awaitable[Any]:
+        return self._gen.__anext__()
+
+    def receive_batch_nowait(self, max_items: int) -> list[Any]:
+        return []  # every piece is made by the generator, one at a time
+
+    async def aclose(self) -> None:
+        try:
+            await self._gen.aclose()
+        finally:
+            self._on_close()
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None

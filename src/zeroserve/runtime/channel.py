@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import metrics
-from ..errors import Broken, Closed, WouldBlock
+from ..errors import Broken, Closed, StreamAborted, WouldBlock
 from ..models.base import Piece
 
 Policy = Literal["block", "coalesce"]
@@ -62,12 +62,6 @@ POLICIES: tuple[Policy, ...] = ("block", "coalesce")
 # A consumer of a pulled channel gives the loop back at least every 16 pieces (each costs
 # microseconds, so a stall stays well under a millisecond).
 PULL_YIELD_EVERY = 16
-
-
-class StreamAborted(Broken):
-    """The consumer fell so far behind a ``coalesce`` stream that it was aborted."""
-
-    code = "stream_aborted"
 
 
 @dataclass(frozen=True, slots=True)

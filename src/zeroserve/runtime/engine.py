@@ -132,6 +132,7 @@ class Engine:
                 raise failure
             raise ModelLoadError("?", repr(failure)) from failure
         for rt in runtimes:
+            rt.start_slots()
             rt.start_batchers()
             self._models[rt.spec.name] = rt
             self._handles[rt.spec.name] = ModelHandle(rt)
@@ -277,7 +278,7 @@ class Engine:
             ready=self.ready(),
         )
 
-    _SOURCES = ("queue", "batch", "workers", "arena", "channels")
+    _SOURCES = ("queue", "batch", "workers", "arena", "channels", "engine")
 
     def _register_metrics(self) -> None:
         models = self._models
@@ -309,6 +310,12 @@ class Engine:
         )
         # Channel totals sum the open channels only (they fall as streams end): gauges.
         metrics.register_source("channels", self._channel_totals)
+        # The slots of in-process engines (llama.cpp): zeroserve_engine_<field>{name=model}.
+        metrics.register_source(
+            "engine",
+            lambda: {n: rt.slots.statistics() for n, rt in models.items() if rt.slots is not None},
+            counters=("embedded_inputs",),
+        )
 
     def _unregister_metrics(self) -> None:
         for name in self._SOURCES:

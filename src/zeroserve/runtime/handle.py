@@ -20,6 +20,7 @@ from .channel import Channel, Policy
 from .clock import Clock, call_at
 from .contract import Executor
 from .options import ResolvedModel, RuntimeOptions
+from .slots import SlotPool, SlotStatistics
 from .stream import Stream
 from .timing import StreamTiming
 
@@ -30,6 +31,7 @@ class ModelStatistics:
     infer_batches: BatcherStatistics | None
     embed_batches: BatcherStatistics | None
     workers: WorkerStatistics
+    slots: SlotStatistics | None = None  # an engine's slots (llama.cpp), when it has them
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,16 @@ class ModelRuntime:
         self.generation = metrics.generation_metrics(spec.name)
         self.infer_batcher: Batcher[Any] | None = None
         self.embed_batcher: Batcher[Any] | None = None
+        # An engine that schedules its own work (llama.cpp's): its slots, once loaded.
+        self.slots: SlotPool | None = None
+
+    def start_slots(self) -> None:
+        """Give a loaded model whose engine has slots its pool (``Model.slot_count``)."""
+        count = self.meta.slot_count()
+        if count:
+            self.slots = SlotPool(
+                self.spec.name, count, byte_cap=self.options.coalesce_cap_bytes, clock=self.clock
+            )
 
     def start_batchers(self) -> None:
         caps = self.spec.capabilities
@@ -94,6 +106,8 @@ class ModelRuntime:
                 await b.aclose()
         for s in list(self.streams):
             s._abort()
+        if self.slots is not None:
+            self.slots.close()
         await self.executor.aclose()
 
     async def _run_infer(self, slot: Any, batch: list[Pending]) -> None:
@@ -166,6 +180,7 @@ class ModelRuntime:
             infer_batches=self.infer_batcher.statistics() if self.infer_batcher else None,
             embed_batches=self.embed_batcher.statistics() if self.embed_batcher else None,
             workers=self.executor.statistics(),
+            slots=self.slots.statistics() if self.slots is not None else None,
         )
 
     def status(self) -> ModelStatus:
@@ -229,6 +244,7 @@ class ModelHandle:
 
     def __init__(self, runtime: ModelRuntime) -> None:
         self._rt = runtime
+        self.clock = runtime.clock  # the engine's clock, which deadlines are on
         self.name = runtime.spec.name
         self.capabilities: frozenset[str] = runtime.spec.capabilities
         self.spec = runtime.spec
@@ -238,6 +254,14 @@ class ModelHandle:
         """An instance of the model's class for metadata (inputs/outputs/count_tokens/
         chat_template); not loaded for ``process`` models."""
         return self._rt.meta
+
+    @property
+    def slots(self) -> SlotPool:
+        """The engine slots of a model that has them (``Model.slot_count``)."""
+        slots = self._rt.slots
+        if slots is None:
+            raise CapabilityError(f"model {self.name!r} has no engine slots")
+        return slots
 
     def deadline(self, timeout_s: float | None = None) -> float:
         """The absolute deadline of a request starting now: ``timeout_s`` (the client's

@@ -1,9 +1,10 @@
 """``GET /openapi.json``: an OpenAPI 3.1 description of every route, generated from the
 msgspec schemas the endpoints decode and encode (``msgspec.json.schema_components``).
 
-The document is built once, when the route is registered (after every other API), from
-the router's own route table, so a route cannot be missing from it: routes this module
-has no schema for are still listed, with their method, path parameters and error body.
+The document is built once, on first use, from the router's own route table, so a route
+cannot be missing from it: each room describes its routes where it registers them
+(``RouteDoc``); a route without one is still listed, with its method, path parameters
+and error body.
 msgspec writes JSON Schema 2020-12, which is OpenAPI 3.1's schema dialect.
 """
 
@@ -14,12 +15,9 @@ from typing import Any
 
 import msgspec
 
-from ..kserve import schemas as ks
-from ..openai import responses as rs
-from ..openai import schemas as s
 from ..request import Request
 from ..response import JSON, Response
-from ..router import Router
+from ..router import RouteDoc, Router
 
 _REF = "#/components/schemas/{name}"
 
@@ -43,88 +41,28 @@ class KServeError(msgspec.Struct):
     error: str
 
 
-class Status(msgspec.Struct):
-    status: str
-
-
-# (method, pattern) -> (summary, request body type, response type, streams SSE: True,
-# or the types of its events' data)
-_DESCRIBED: dict[tuple[str, str], tuple[str, Any, Any, Any]] = {
-    ("GET", "/health"): ("Liveness", None, Status, False),
-    ("GET", "/ready"): ("Readiness: every model loaded", None, Status, False),
-    ("GET", "/metrics"): ("Prometheus metrics (text exposition)", None, None, False),
-    ("GET", "/v1/models"): ("List the served models", None, s.ModelList, False),
-    ("GET", "/v1/models/{model}"): ("Describe one model", None, s.ModelCard, False),
-    ("POST", "/v1/chat/completions"): (
-        "Chat completion (OpenAI); text/event-stream when stream is true",
-        s.EngineChatRequest,
-        (s.ChatCompletion, s.ToolCompletion),
-        True,
-    ),
-    ("POST", "/v1/completions"): (
-        "Text completion (OpenAI); text/event-stream when stream is true",
-        s.EngineCompletionRequest,
-        s.Completion,
-        True,
-    ),
-    ("POST", "/v1/embeddings"): ("Embeddings (OpenAI)", s.EmbeddingRequest, s.EmbeddingList, False),
-    ("POST", "/v1/responses"): (
-        "Responses API (OpenAI, stateless); text/event-stream of Responses events when "
-        "stream is true",
-        rs.ResponsesRequest,
-        rs.ResponseObject,
-        rs.EVENT_TYPES,
-    ),
-    ("POST", "/v1/raw/{model}"): ("Raw bytes in, raw bytes out", None, None, False),
-    ("GET", "/v2"): ("Server metadata (KServe V2)", None, ks.ServerMetadata, False),
-    ("GET", "/v2/"): ("Server metadata (KServe V2)", None, ks.ServerMetadata, False),
-    ("GET", "/v2/health/live"): ("Liveness (KServe V2)", None, None, False),
-    ("GET", "/v2/health/ready"): ("Readiness (KServe V2)", None, None, False),
-    ("GET", "/v2/models/{model}"): ("Model metadata (KServe V2)", None, ks.ModelMetadata, False),
-    ("GET", "/v2/models/{model}/ready"): (
-        "Model readiness (KServe V2)",
-        None,
-        ks.ModelReady,
-        False,
-    ),
-    ("POST", "/v2/models/{model}/infer"): (
-        "Inference (KServe V2, JSON or binary tensors)",
-        ks.InferenceRequest,
-        ks.InferenceResponse,
-        False,
-    ),
-    ("GET", "/openapi.json"): ("This document", None, None, False),
-    ("GET", "/v1/stats"): ("Live statistics: the /metrics values as JSON", None, None, False),
-    ("GET", "/"): ("The playground and live dashboard page (HTML)", None, None, False),
-    ("GET", "/ui/app.js"): ("The page's script", None, None, False),
-    ("GET", "/ui/app.css"): ("The page's style sheet", None, None, False),
-}
-
-
-def _versioned(pattern: str) -> str:
-    """The description key of a ``/versions/{version}`` route (same as unversioned)."""
-    return pattern.replace("/versions/{version}", "")
-
-
 def build(router: Router) -> dict[str, Any]:
     """The OpenAPI document of every route in ``router``."""
+    docs = {
+        id(route): route.doc or RouteDoc(f"{route.method} {route.pattern}")
+        for route in router.routes
+    }
     types: list[Any] = [OpenAIError, KServeError]
-    for _summary, req_t, resp_t, sse in _DESCRIBED.values():
+    for doc in docs.values():
+        resp_t, sse = doc.response, doc.stream
         events = () if isinstance(sse, bool) else sse
-        for t in (req_t, *(resp_t if isinstance(resp_t, tuple) else (resp_t,)), *events):
+        for t in (doc.request, *(resp_t if isinstance(resp_t, tuple) else (resp_t,)), *events):
             if t is not None and t not in types:
                 types.append(t)
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     by_type: dict[Any, Any] = dict(zip(types, schemas, strict=True))
-    for _summary, _req, resp_t, _ in _DESCRIBED.values():
-        if isinstance(resp_t, tuple):  # an answer of one of several shapes
-            by_type[resp_t] = {"anyOf": [by_type[t] for t in resp_t]}
+    for doc in docs.values():
+        if isinstance(doc.response, tuple):  # an answer of one of several shapes
+            by_type[doc.response] = {"anyOf": [by_type[t] for t in doc.response]}
     paths: dict[str, dict[str, Any]] = {}
     for route in router.routes:
-        key = (route.method, _versioned(route.pattern))
-        summary, req_t, resp_t, sse = _DESCRIBED.get(
-            key, (f"{route.method} {route.pattern}", None, None, False)
-        )
+        doc = docs[id(route)]
+        summary, req_t, resp_t, sse = doc.summary, doc.request, doc.response, doc.stream
         error = by_type[KServeError if route.errors == "kserve" else OpenAIError]
         op: dict[str, Any] = {
             "summary": summary,
@@ -206,4 +144,4 @@ def register(router: Router) -> None:
             body.append(msgspec.json.encode(build(router)))
         return Response(200, body, content_type=JSON)
 
-    router.add("GET", "/openapi.json", openapi)
+    router.add("GET", "/openapi.json", openapi, doc=RouteDoc("This document"))

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import msgspec
+
 from ... import metrics
 from ...runtime import Engine
 from ..request import Request
 from ..response import Response, json_response
-from ..router import Router
+from ..router import RouteDoc, Router
 
 _OK = json_response({"status": "ok"})
+
+
+class _Status(msgspec.Struct):
+    status: str
+
+
 _PROM = b"text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -51,6 +59,12 @@ def register(
         assert metrics_view is not None
         return Response(200, [await metrics_view()], content_type=_PROM)
 
-    router.add("GET", "/health", health)
-    router.add("GET", "/ready", ready)
-    router.add("GET", "/metrics", metrics_endpoint if metrics_view is None else merged_metrics)
+    status = _Status
+    router.add("GET", "/health", health, doc=RouteDoc("Liveness", None, status))
+    router.add("GET", "/ready", ready, doc=RouteDoc("Readiness: every model loaded", None, status))
+    router.add(
+        "GET",
+        "/metrics",
+        metrics_endpoint if metrics_view is None else merged_metrics,
+        doc=RouteDoc("Prometheus metrics (text exposition)"),
+    )

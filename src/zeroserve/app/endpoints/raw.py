@@ -22,17 +22,19 @@ from ...errors import CapabilityError, RequestError
 from ...models.base import GenerateRequest
 from ...runtime import Engine, InferResult, ModelHandle
 from ...runtime.channel import POLICIES
+from ..backends import RAW, Backends
 from ..deadlines import raw_timeout
 from ..limits import ApiLimits, check_output_tokens
-from ..relay import relay_for
 from ..request import Request
 from ..response import EVENT_STREAM, OCTET, HandlerResult, Response, StreamResponse
-from ..router import Router
+from ..router import RouteDoc, Router
 
 _TRUE = frozenset(("1", "true", "yes"))
 
 
-def register(router: Router, engine: Engine, limits: ApiLimits | None = None) -> None:
+def register(
+    router: Router, engine: Engine, backends: Backends, limits: ApiLimits | None = None
+) -> None:
     api_limits = limits or ApiLimits()
 
     def on_head(req: Request) -> None:
@@ -42,9 +44,9 @@ def register(router: Router, engine: Engine, limits: ApiLimits | None = None) ->
     def raw(req: Request) -> HandlerResult:
         handle = req.handle
         deadline = handle.deadline(raw_timeout(req))
-        relay = relay_for(handle)
-        if relay is not None:  # a remote model: relay the bytes as they are
-            return relay.forward(req, relay.raw_path(), rewrite_model=False)
+        backend = backends.get(handle.name)
+        if backend.forwards:  # a remote model: relay the bytes as they are
+            return backend.forward(req, RAW)
         caps = handle.capabilities
         sse = req.accepts(EVENT_STREAM)
         want_stream = sse or req.query.get("stream", "").lower() in _TRUE or "infer" not in caps
@@ -73,7 +75,13 @@ def register(router: Router, engine: Engine, limits: ApiLimits | None = None) ->
         handle = req.handle
         return _response(handle, await handle.infer(req.take_ticket(), inputs, deadline=deadline))
 
-    router.add("POST", "/v1/raw/{model}", raw, on_head=on_head)
+    router.add(
+        "POST",
+        "/v1/raw/{model}",
+        raw,
+        on_head=on_head,
+        doc=RouteDoc("Raw bytes in, raw bytes out"),
+    )
 
 
 def _response(handle: ModelHandle, result: InferResult) -> Response:

@@ -20,7 +20,7 @@ from ... import metrics
 from ...runtime import Engine
 from ..request import Request
 from ..response import JSON, Response
-from ..router import Router
+from ..router import RouteDoc, Router
 
 _encoder = msgspec.json.Encoder()
 _NO_STORE = (b"cache-control", b"no-store")
@@ -37,4 +37,6 @@ def register(router: Router, engine: Engine) -> None:
         doc["models"] = {name: sorted(engine.model(name).capabilities) for name in engine.names()}
         return Response(200, [_encoder.encode(doc)], content_type=JSON, headers=[_NO_STORE])
 
-    router.add("GET", "/v1/stats", stats)
+    router.add(
+        "GET", "/v1/stats", stats, doc=RouteDoc("Live statistics: the /metrics values as JSON")
+    )

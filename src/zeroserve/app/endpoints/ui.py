@@ -20,7 +20,7 @@ from importlib import resources
 
 from ..request import Request
 from ..response import Response
-from ..router import Router
+from ..router import RouteDoc, Router
 
 CONTENT_SECURITY_POLICY = (
     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -31,6 +31,11 @@ FILES: dict[str, tuple[str, bytes]] = {
     "/": ("index.html", b"text/html; charset=utf-8"),
     "/ui/app.js": ("app.js", b"text/javascript; charset=utf-8"),
     "/ui/app.css": ("app.css", b"text/css; charset=utf-8"),
+}
+_DOCS = {
+    "/": RouteDoc("The playground and live dashboard page (HTML)"),
+    "/ui/app.js": RouteDoc("The page's script"),
+    "/ui/app.css": RouteDoc("The page's style sheet"),
 }
 # The page's weight budget (all files, uncompressed): it must stay a small page.
 MAX_PAGE_BYTES = 60 * 1024
@@ -56,7 +61,7 @@ def register(router: Router) -> None:
         ]
         full = Response(200, [body], headers=headers)
         not_modified = Response(304, [], headers=[h for h in headers if h[0] != b"content-type"])
-        router.add("GET", path, _serve(full, not_modified, etag))
+        router.add("GET", path, _serve(full, not_modified, etag), doc=_DOCS[path])
 
 
 def _serve(full: Response, not_modified: Response, etag: bytes) -> Callable[[Request], Response]:

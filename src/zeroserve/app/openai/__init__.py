@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API's parts: wire schemas, generations, SSE chunk streams.
-
-The routes themselves are registered by ``app/endpoints/openai.py``.
-"""
+"""The OpenAI-compatible API: its routes (``routes``), wire schemas (``schemas``,
+``responses_schemas``), the front ends that translate it to and from the one chat
+request (``chat``, ``responses``, ``responses_events``), and its SSE chunk streams
+(``chunks``, ``streaming``)."""

@@ -5,16 +5,20 @@ compile (docs/architecture.md, "The compiled build")."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
+from ..chat import DeltaPiece
 from .schemas import (
     ChatCompletionChunk,
     ChunkChoice,
     Completion,
     CompletionChoice,
     Delta,
+    ToolCallDelta,
     Usage,
     encoder,
 )
@@ -67,9 +71,56 @@ class Chunks:
             return template[0] + encoder.encode(text) + template[1]
         return self._content(index, text)
 
-    def contents(self, index: int, texts: list[str]) -> list[bytes]:
-        """``content`` of each text, in order (a batch of ready pieces)."""
-        return [self.content(index, text) for text in texts]
+    def contents(self, index: int, pieces: Sequence[str | DeltaPiece]) -> list[bytes]:
+        """The chunk of each piece, in order (a batch of ready pieces)."""
+        return [self.piece(index, p) for p in pieces]
+
+    def piece(self, index: int, piece: str | DeltaPiece) -> bytes:
+        """The chunk of one piece: text (the common case) or a delta."""
+        if isinstance(piece, str):
+            return self.content(index, piece)
+        return self.delta(index, piece)
+
+    def opening(self, index: int, first: str | DeltaPiece | None) -> list[bytes]:
+        """A choice's first chunks: chat's role, then its first piece; a tool call's first
+        fragment goes in the role's own chunk (``content: null``), as OpenAI sends it."""
+        if not self.chat:
+            return [] if first is None else [self.piece(index, first)]
+        if isinstance(first, DeltaPiece) and first.call is not None:
+            return [self.delta(index, first, role=True)]
+        head = [self.role(index)]
+        if first is not None:
+            head.append(self.piece(index, first))
+        return head
+
+    def delta(self, index: int, piece: DeltaPiece, *, role: bool = False) -> bytes:
+        """The chunk of a piece that is more than text: text with its log probabilities,
+        reasoning, a tool call's fragment (``role``: with the choice's role, and its
+        ``content`` null unless the piece has text)."""
+        logprobs = (
+            msgspec.Raw(b'{"content":[' + b",".join(bytes(r) for r in piece.logprobs) + b"]}")
+            if piece.logprobs is not None
+            else None
+        )
+        if not self.chat:
+            choice = CompletionChoice(piece.text or "", index, logprobs, None)
+            return self._text([choice], self.usage_default)
+        delta = Delta(role="assistant", content=None) if role else Delta()
+        if piece.text is not None:
+            delta.content = piece.text
+        if piece.reasoning is not None:
+            delta.reasoning_content = piece.reasoning
+        call = piece.call
+        if call is not None:
+            function: dict[str, str] = {"arguments": call.arguments}
+            if call.name is not None:
+                function = {"name": call.name, "arguments": call.arguments}
+            out = ToolCallDelta(call.index, function=function)
+            if call.id is not None:
+                out.id = call.id
+                out.type = "function"
+            delta.tool_calls = [out]
+        return self._chat([ChunkChoice(index, delta, logprobs, None)], self.usage_default)
 
     def _template(self, index: int) -> tuple[bytes, bytes] | None:
         marked = self._content(index, _MARKER)

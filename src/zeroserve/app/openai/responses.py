@@ -1,451 +1,321 @@
-"""The OpenAI Responses API's wire schemas (``POST /v1/responses``), stateless.
+"""The Responses API front end (``POST /v1/responses``), stateless: a request
+translated once into the one chat request, its answer written as OpenAI's ``response``
+object or as the stream's events (``responses_events.py``), for every backend
+(docs/architecture.md, "The Responses API").
 
-Requests are decoded once by a strict schema: unknown fields get a 400 naming them, as
-for chat (``schemas.py``). Every field of the official SDK's ``responses.create`` is a
-field here, in one of three kinds (docs/architecture.md, "The Responses API"):
+The translation:
 
-* honoured: ``model``, ``input`` (a string, or items: messages with text parts, and an
-  agent loop's ``function_call`` and ``function_call_output`` items), ``instructions``,
-  ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``, ``text.format``
-  (``text``, ``json_object``, ``json_schema``), ``tools`` of type ``function`` with
-  ``tool_choice`` (also ``allowed_tools`` over function tools), ``parallel_tool_calls``
-  and ``max_tool_calls``;
-* refused unless neutral (:data:`STATEFUL` and :func:`refusals`): the server keeps no
-  state, so ``previous_response_id``, ``conversation``, ``prompt``, ``background`` and
-  ``store: true`` get a 400 naming them; ``include``, ``reasoning``, ``top_logprobs`` >
-  0, ``truncation: "auto"``, tools of any other type (``web_search``, ``file_search``,
-  MCP, ...) and the like would change the answer;
-* accepted because they never change the answer: ``metadata``, ``user``,
-  ``safety_identifier``, ``service_tier``, ``prompt_cache_key``, ... .
+* ``instructions`` becomes the first (system) message, ``input`` the conversation (a
+  string is one user message; text parts are joined with newlines; ``developer`` is
+  ``system``, which chat templates know);
+* an agent loop's ``function_call`` items (an earlier answer's calls sent back) become
+  an assistant message's tool calls (consecutive calls, and the assistant message just
+  before them, are one message), each ``function_call_output`` a ``tool`` message;
+* ``max_output_tokens``, ``temperature`` and ``top_p`` keep their meaning;
+  ``text.format`` becomes the response format; ``tools`` of type ``function`` (flat:
+  ``name``, ``parameters``... at the top) the chat request's tools, ``tool_choice`` its
+  choice (``{"type": "function", "name"}`` a required call of that one, ``allowed_tools``
+  the allowed ones), ``parallel_tool_calls`` and ``max_tool_calls`` their bounds; tools
+  of any other type are a 400 naming the type;
+* parameters that need state (``previous_response_id``, ``store: true``, ...) or that
+  no backend honours get a 400 naming them (``responses_schemas.refusals``).
 
-The answer and the streamed events are Structs in OpenAI's exact shapes (field names,
-``type`` tags, ``sequence_number``), so ``openai`` SDK objects parse them.
+A backend's 400 names the parameter as this API spells it (``max_output_tokens``,
+``text.format``, ``input``).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import msgspec
-from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .schemas import MaxTokens, Temperature, TopP
-
-
-# -- requests -------------------------------------------------------------------------------
-class InputPart(Struct, kw_only=True, forbid_unknown_fields=True):
-    """One content part of an input message. Text parts (``input_text``, and the
-    ``output_text`` of an earlier answer sent back) are served; any other type gets a
-    400 naming the part."""
-
-    type: str
-    text: str | None = None
-    annotations: list[Any] | None = None
-    logprobs: list[Any] | None = None
-
-
-class InputItem(Struct, kw_only=True, forbid_unknown_fields=True):
-    """One input item: a message (also an earlier answer's output message sent back),
-    or an agent loop's ``function_call`` (an earlier answer's call sent back) and its
-    ``function_call_output``. One Struct for the three (a message may omit ``type``, so
-    the items cannot be a tagged union); ``engine_responses`` checks each type's
-    required fields and refuses any other type, naming the item."""
-
-    type: str = "message"
-    # message
-    role: Literal["user", "assistant", "system", "developer"] | None = None
-    content: str | list[InputPart] | None = None
-    phase: str | None = None
-    # function_call and function_call_output
-    call_id: str | None = None
-    name: str | None = None
-    namespace: str | None = None
-    arguments: str | None = None
-    output: str | list[InputPart] | None = None
-    caller: Any = None
-    id: str | None = None
-    status: str | None = None
-
-
-class ItemType(Struct, kw_only=True):
-    """Only an input item's ``type`` (read when the strict decode failed inside
-    ``input``, so an item of another type is refused by its type)."""
-
-    type: str = "message"
-
-
-class ItemTypes(Struct, kw_only=True):
-    input: str | list[ItemType]
-
-
-item_types_decoder = msgspec.json.Decoder(ItemTypes)
-
-
-class FunctionToolIn(Struct, kw_only=True, forbid_unknown_fields=True):
-    """A function tool as the Responses API writes it (flat, not under ``function``)."""
-
-    type: Literal["function"]
-    name: str
-    description: str | None = None
-    # Kept as it came: the tool plans decode and compile it (app/engine_tools.py).
-    parameters: msgspec.Raw | UnsetType = UNSET
-    strict: bool | None = None
-
-
-class ToolType(Struct, kw_only=True):
-    """Only a tool's ``type`` (read first, so another type is refused by name)."""
-
-    type: str
-
-
-class FunctionChoice(
-    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="function"
-):
-    """``{"type": "function", "name": ...}``: that function must be called."""
-
-    name: str
-
-
-class AllowedChoice(
-    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="allowed_tools"
-):
-    """``{"type": "allowed_tools", "mode", "tools"}``: the model may call only these
-    ``tools`` (each written as a function choice), and must call one (``required``) or
-    may answer text instead (``auto``). Tools of other types are not served."""
-
-    mode: Literal["auto", "required"]
-    tools: Annotated[list[FunctionChoice], Meta(min_length=1)]
-
-
-ToolChoiceIn = Literal["none", "auto", "required"] | FunctionChoice | AllowedChoice
-
-tool_type_decoder = msgspec.json.Decoder(ToolType)
-function_tool_decoder = msgspec.json.Decoder(FunctionToolIn)
-tool_choice_decoder = msgspec.json.Decoder(ToolChoiceIn)
-
-
-class TextFormat(Struct, kw_only=True, forbid_unknown_fields=True):
-    type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
-    description: str | None = None
-    # Passed to the engine as it came (the engine compiles it into a grammar).
-    schema: msgspec.Raw | UnsetType = UNSET
-    strict: bool | None = None
-
-
-class TextConfig(Struct, kw_only=True, forbid_unknown_fields=True):
-    format: TextFormat | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
-
-
-class ResponsesStreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
-    include_obfuscation: bool | None = None  # no effect: nothing is obfuscated here
-
-
-class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str
-    input: str | Annotated[list[InputItem], Meta(min_length=1)]
-    instructions: str | None = None
-    max_output_tokens: MaxTokens | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    stream: bool | None = False
-    stream_options: ResponsesStreamOptions | None = None
-    text: TextConfig | None = None
-    # Raw until ``engine_responses`` checks them (each tool's type first).
-    tools: list[msgspec.Raw] | None = None
-    tool_choice: msgspec.Raw | UnsetType = UNSET
-    parallel_tool_calls: bool | None = None
-    max_tool_calls: Annotated[int, Meta(ge=1)] | None = None
-    # Refused unless neutral (see ``refusals``).
-    previous_response_id: str | None = None
-    conversation: Any = None
-    prompt: Any = None
-    store: bool | None = None
-    background: bool | None = None
-    background_options: Any = None
-    include: list[str] | None = None
-    reasoning: Any = None
-    top_logprobs: int | None = None
-    truncation: Literal["auto", "disabled"] | None = None
-    context_management: Any = None
-    moderation: Any = None
-    access_programs: Any = None
-    image: Any = None
-    # Accepted, no effect on the answer.
-    metadata: dict[str, str] | None = None
-    user: str | None = None
-    safety_identifier: str | None = None
-    service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    prompt_cache_options: Any = None
-
-
-responses_decoder = msgspec.json.Decoder(ResponsesRequest)
-
-# Parameters that need state this server does not keep: each gets a 400 naming it.
-STATEFUL = ("previous_response_id", "conversation", "prompt", "background_options")
-
-
-def refusals(req: ResponsesRequest) -> list[tuple[str, str]]:
-    """``(param, why)`` for every parameter given with a value this server cannot
-    honour (the first one is answered 400)."""
-    out: list[tuple[str, str]] = []
-    stateful = (req.previous_response_id, req.conversation, req.prompt, req.background_options)
-    for name, value in zip(STATEFUL, stateful, strict=True):
-        if value is not None:
-            out.append((name, "this server is stateless: it keeps no responses or conversations"))
-    if req.store:
-        out.append(("store", "this server is stateless: store must be false or absent"))
-    if req.background:
-        out.append(("background", "background responses need stored state"))
-    if req.include:
-        out.append(("include", "no extra output can be included"))
-    if req.reasoning is not None:
-        out.append(("reasoning", "the serving model does not reason"))
-    if req.top_logprobs:
-        out.append(("top_logprobs", "logprobs are not supported on /v1/responses"))
-    if req.truncation == "auto":
-        out.append(("truncation", "only truncation 'disabled' is supported"))
-    if req.text is not None and req.text.verbosity not in (None, "medium"):
-        out.append(("text.verbosity", "the serving model has no verbosity control"))
-    others = (
-        ("context_management", req.context_management),
-        ("moderation", req.moderation),
-        ("access_programs", req.access_programs),
-        ("image", req.image),
-    )
-    for name, value in others:
-        if value is not None:
-            out.append((name, "this parameter is not supported by the serving model"))
-    return out
-
-
-# -- the answer -----------------------------------------------------------------------------
-class OutputText(Struct, kw_only=True):
-    type: Literal["output_text"] = "output_text"
-    text: str
-    annotations: list[Any] = []
-    logprobs: list[Any] = []
-
-
-class OutputMessage(Struct, kw_only=True, tag_field="type", tag="message"):
-    id: str
-    status: Literal["in_progress", "completed", "incomplete"]
-    role: Literal["assistant"] = "assistant"
-    content: list[OutputText]
-
-
-class FunctionCallOut(Struct, kw_only=True, tag_field="type", tag="function_call"):
-    """A ``function_call`` output item: the model calls one of the request's tools."""
-
-    id: str
-    status: Literal["in_progress", "completed", "incomplete"]
-    call_id: str
-    name: str
-    arguments: str
-
-
-OutputItem = OutputMessage | FunctionCallOut
-
-
-class FunctionToolOut(Struct, kw_only=True):
-    """A function tool as the answer echoes it."""
-
-    type: Literal["function"] = "function"
-    name: str
-    description: str | None
-    parameters: msgspec.Raw | None
-    strict: bool | None
-
-
-class InputTokensDetails(Struct, kw_only=True):
-    cached_tokens: int = 0
-    # The prompt tokens the engine computed and keeps in the slot's prompt cache for
-    # the next request (llama.cpp caches every prompt; the SDK requires the field).
-    cache_write_tokens: int = 0
-
-
-class OutputTokensDetails(Struct, kw_only=True):
-    reasoning_tokens: int = 0
-
-
-class ResponseUsage(Struct, kw_only=True):
-    input_tokens: int
-    input_tokens_details: InputTokensDetails
-    output_tokens: int
-    output_tokens_details: OutputTokensDetails
-    total_tokens: int
-
-
-class IncompleteDetails(Struct, kw_only=True):
-    reason: Literal["max_output_tokens", "content_filter"]
-
-
-class ResponseError(Struct, kw_only=True):
-    code: str
-    message: str
-
-
-class Reasoning(Struct, kw_only=True, frozen=True):
-    effort: None = None
-    summary: None = None
-
-
-class FormatOut(Struct, kw_only=True, omit_defaults=True):
-    type: Literal["text", "json_object", "json_schema"]
-    name: str | UnsetType = UNSET
-    description: str | UnsetType = UNSET
-    schema: msgspec.Raw | UnsetType = UNSET
-    strict: bool | UnsetType = UNSET
-
-
-class TextOut(Struct, kw_only=True):
-    format: FormatOut
-    verbosity: Literal["low", "medium", "high"] = "medium"
-
-
-class ResponseObject(Struct, kw_only=True):
-    """A response (``object: "response"``): the whole answer, and the snapshot the
-    lifecycle events of a stream carry."""
-
-    id: str
-    object: Literal["response"] = "response"
-    created_at: int
-    status: Literal["in_progress", "completed", "incomplete", "failed"]
-    background: bool = False
-    error: ResponseError | None = None
-    incomplete_details: IncompleteDetails | None = None
-    instructions: str | None
-    max_output_tokens: int | None
-    max_tool_calls: int | None = None
-    model: str
-    output: list[OutputItem]
-    parallel_tool_calls: bool = True
-    previous_response_id: None = None
-    prompt_cache_key: str | None = None
-    reasoning: Reasoning = Reasoning()
-    safety_identifier: str | None = None
-    service_tier: str = "default"
-    store: bool = False
-    temperature: float
-    text: TextOut
-    tool_choice: Literal["auto", "none", "required"] | FunctionChoice | AllowedChoice = "auto"
-    tools: list[FunctionToolOut] = []
-    top_logprobs: int = 0
-    top_p: float
-    truncation: Literal["disabled"] = "disabled"
-    usage: ResponseUsage | None = None
-    user: str | None = None
-    metadata: dict[str, str] = {}
-
-
-# -- stream events (``event: <type>`` + ``data: <the event>``) -------------------------------
-class LifecycleEvent(Struct, kw_only=True):
-    """``response.created``, ``.in_progress``, ``.completed``, ``.incomplete``, ``.failed``."""
-
-    type: str
-    sequence_number: int
-    response: ResponseObject
-
-
-class OutputItemEvent(Struct, kw_only=True):
-    """``response.output_item.added`` and ``response.output_item.done``."""
-
-    type: str
-    sequence_number: int
-    output_index: int
-    item: OutputItem
-
-
-class ContentPartEvent(Struct, kw_only=True):
-    """``response.content_part.added`` and ``response.content_part.done``."""
-
-    type: str
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
-    part: OutputText
-
-
-class TextDeltaEvent(Struct, kw_only=True):
-    type: Literal["response.output_text.delta"] = "response.output_text.delta"
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
-    delta: str
-    logprobs: list[Any] = []
-
-
-class TextDoneEvent(Struct, kw_only=True):
-    type: Literal["response.output_text.done"] = "response.output_text.done"
-    sequence_number: int
-    item_id: str
-    output_index: int
-    content_index: int
-    text: str
-    logprobs: list[Any] = []
-
-
-class ArgumentsDeltaEvent(Struct, kw_only=True):
-    type: Literal["response.function_call_arguments.delta"] = (
-        "response.function_call_arguments.delta"
-    )
-    sequence_number: int
-    item_id: str
-    output_index: int
-    delta: str
-
-
-class ArgumentsDoneEvent(Struct, kw_only=True):
-    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
-    sequence_number: int
-    item_id: str
-    output_index: int
-    arguments: str
-
-
-class ErrorEvent(Struct, kw_only=True):
-    """A failure after the stream began (the status line was already sent)."""
-
-    type: Literal["error"] = "error"
-    sequence_number: int
-    code: str | None
-    message: str
-    param: str | None
-
-
-ResponseEvent = (
-    LifecycleEvent
-    | OutputItemEvent
-    | ContentPartEvent
-    | TextDeltaEvent
-    | TextDoneEvent
-    | ArgumentsDeltaEvent
-    | ArgumentsDoneEvent
-    | ErrorEvent
+from ...errors import RequestError
+from ..chat import (
+    ChatRequest,
+    Choices,
+    Collected,
+    FunctionTool,
+    OutputFormat,
+    ToolCall,
+    ToolChoice,
+    Turn,
 )
-# The same, as the types /openapi.json describes (untagged: ``type`` is a plain field).
-EVENT_TYPES = (
-    LifecycleEvent,
-    OutputItemEvent,
-    ContentPartEvent,
-    TextDeltaEvent,
-    TextDoneEvent,
-    ArgumentsDeltaEvent,
-    ArgumentsDoneEvent,
-    ErrorEvent,
-)
+from ..chat.choices import collect_all
+from ..deadlines import openai_timeout
+from ..limits import ApiLimits, check_count, check_output_tokens
+from ..request import Request
+from ..response import EVENT_STREAM, JSON, GeneratedStream, HandlerResult, Response, StreamResponse
+from . import responses_schemas as r
+from . import schemas as s
+from .chat import check_tools, raw_param
+from .responses_events import Answer, Status
 
-__all__ = [
-    "EVENT_TYPES",
-    "STATEFUL",
-    "ResponseEvent",
-    "ResponseObject",
-    "ResponsesRequest",
-    "refusals",
-    "responses_decoder",
-]
+# Roles of the Responses input as chat templates know them.
+_ROLES: dict[str, Any] = {"developer": "system"}
+_TEXT_PARTS = frozenset({"input_text", "output_text"})
+# What an error message may quote of a tool's or an item's ``type``: a type's name.
+_TYPE_NAME = re.compile(r"[a-z0-9_]{1,64}")
+_ITEM_TYPES = ("message", "function_call", "function_call_output")
+# What an item of each type must have (the decode Struct makes them all optional).
+_REQUIRED = {
+    "message": ("role", "content"),
+    "function_call": ("call_id", "name", "arguments"),
+    "function_call_output": ("call_id", "output"),
+}
+_NAMES = {
+    "max_tokens": "max_output_tokens",
+    "messages": "input",
+    "response_format": "text.format",
+}
+
+Choice = Literal["auto", "none", "required"] | r.FunctionChoice | r.AllowedChoice
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """What the answer echoes of the request: the request, its tools, its choice."""
+
+    body: r.ResponsesRequest
+    tools: list[r.FunctionToolIn]
+    choice: Choice
+
+
+class Responses:
+    """``POST /v1/responses``."""
+
+    upstream_path = "/responses"
+
+    def __init__(self, limits: ApiLimits) -> None:
+        self.limits = limits
+
+    def decode(self, req: Request) -> ChatRequest:
+        chat = self.parse(req.body)
+        chat.timeout = openai_timeout(req, stream=chat.stream)
+        return chat
+
+    def parse(self, data: memoryview) -> ChatRequest:
+        """The request body as the one chat request (what :meth:`decode` reads)."""
+        body = _decode_request(data)
+        limits = self.limits
+        if not isinstance(body.input, str):
+            check_count(len(body.input), limits.messages, "input", "input items")
+        check_output_tokens(1, body.max_output_tokens, limits, "max_output_tokens")
+        messages: list[Turn] = []
+        if body.instructions is not None:
+            messages.append(Turn("system", body.instructions))
+        if isinstance(body.input, str):
+            messages.append(Turn("user", body.input))
+        else:
+            for i, item in enumerate(body.input):
+                _add_item(messages, item, i)
+        tools = _function_tools(body.tools or [])
+        choice = _tool_choice(body.tool_choice)
+        internal: ToolChoice | None = None
+        if isinstance(choice, r.FunctionChoice):
+            internal = ToolChoice("required", (choice.name,))
+        elif isinstance(choice, r.AllowedChoice):
+            internal = ToolChoice(choice.mode, tuple(c.name for c in choice.tools))
+        elif s.given(body.tool_choice):
+            internal = ToolChoice(choice)
+        if tools:
+            check_tools(
+                [FunctionTool(t.name, t.description, None, t.strict) for t in tools],
+                internal,
+                limits,
+            )
+        elif internal is not None and internal.mode != "none":
+            raise RequestError("tool_choice needs tools", param="tool_choice")
+        fmt = body.text.format if body.text is not None else None
+        return ChatRequest(
+            model=body.model,
+            messages=messages,
+            max_tokens=body.max_output_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            response_format=_response_format(fmt)
+            if fmt is not None and fmt.type != "text"
+            else None,
+            tools=[
+                FunctionTool(
+                    t.name,
+                    t.description,
+                    t.parameters if s.given(t.parameters) else None,
+                    t.strict,
+                )
+                for t in tools
+            ]
+            or None,
+            tool_choice=internal,
+            parallel_tool_calls=body.parallel_tool_calls,
+            max_tool_calls=body.max_tool_calls,
+            stream=bool(body.stream),
+            include_usage=True,
+            names=_NAMES,
+            origin=_Origin(body, tools, choice),
+        )
+
+    def respond(self, choices: Choices, chat: ChatRequest, req: Request) -> HandlerResult:
+        origin = chat.origin
+        assert isinstance(origin, _Origin)
+        answer = Answer(origin.body, origin.tools, origin.choice, chat.model)
+        if chat.stream:
+            return StreamResponse(
+                GeneratedStream(answer.events(choices.pending[0]), choices.release),
+                framing="chunked",
+                content_type=EVENT_STREAM,
+                headers=[(b"cache-control", b"no-cache")],
+            )
+        return self._whole(answer, choices)
+
+    @staticmethod
+    async def _whole(answer: Answer, choices: Choices) -> Response:
+        (done,) = await collect_all(choices)
+        finish = done.finish
+        cut = finish is not None and finish.reason == "length"
+        status: Status = "incomplete" if cut else "completed"
+        out = answer.snapshot(status, _output(answer, done, status), answer.usage(finish), cut)
+        return Response(200, [msgspec.json.encode(out)], content_type=JSON)
+
+
+def _output(answer: Answer, done: Collected, status: Status) -> list[r.OutputItem]:
+    """The whole answer's output items: its message (when it has text, or nothing
+    else), then its calls."""
+    calls = done.tool_calls()
+    items: list[r.OutputItem] = []
+    if done.parts or not calls:
+        items.append(answer.message(done.text, status))
+    items += [answer.call(c.id, c.name, c.arguments, status) for c in calls]
+    return items
+
+
+def _decode_request(body: memoryview) -> r.ResponsesRequest:
+    """The strict decode and the refusals: a 400 naming the first unsupported parameter."""
+    try:
+        req = s.decode(r.responses_decoder, body)
+    except RequestError as exc:
+        if exc.param is not None and exc.param.startswith("input["):
+            _check_item_types(body)  # an item of another type: named by its type
+        raise
+    refused = r.refusals(req)
+    if refused:
+        param, why = refused[0]
+        raise RequestError(f"'{param}' is not supported: {why}", param=param)
+    return req
+
+
+def _check_item_types(body: memoryview) -> None:
+    """A 400 naming the first input item whose type is not served (read only when the
+    strict decode failed inside ``input``: another type's fields fail it first)."""
+    try:
+        items = r.item_types_decoder.decode(body).input
+    except msgspec.DecodeError:  # ValidationError too: the strict decode's error stands
+        return
+    for i, item in enumerate(items if isinstance(items, list) else ()):
+        _check_type(item.type, i)
+
+
+def _check_type(kind: str, i: int) -> None:
+    if kind not in _ITEM_TYPES:
+        named = repr(kind) if _TYPE_NAME.fullmatch(kind) else "(value not shown)"
+        raise RequestError(
+            f"input items of type {named} are not supported (only {', '.join(_ITEM_TYPES)})",
+            param=f"input[{i}].type",
+        )
+
+
+def _add_item(messages: list[Turn], item: r.InputItem, i: int) -> None:
+    """``item`` (the ``i``-th input item) as the chat message it is part of."""
+    _check_type(item.type, i)
+    for field in _REQUIRED[item.type]:
+        if msgspec.structs.asdict(item)[field] is None:
+            raise RequestError(
+                f"an input item of type {item.type!r} needs {field!r}", param=f"input[{i}].{field}"
+            )
+    if item.type == "message":
+        assert item.role is not None and item.content is not None
+        messages.append(Turn(_ROLES.get(item.role, item.role), _text(item.content, i, "content")))
+    elif item.type == "function_call":
+        assert item.call_id is not None and item.name is not None and item.arguments is not None
+        call = ToolCall(item.call_id, item.name, item.arguments)
+        last = messages[-1] if messages else None
+        if last is not None and last.role == "assistant":
+            # The same turn: the text before the calls, or the calls before this one.
+            last.tool_calls = [*(last.tool_calls or ()), call]
+        else:
+            messages.append(Turn("assistant", None, tool_calls=[call]))
+    else:
+        assert item.output is not None
+        messages.append(Turn("tool", _text(item.output, i, "output"), tool_call_id=item.call_id))
+
+
+def _text(content: str | list[r.InputPart], i: int, field: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if part.type not in _TEXT_PARTS or part.text is None:
+            raise RequestError(
+                "only text content parts (input_text, output_text) are supported",
+                param=f"input[{i}].{field}[{j}]",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _function_tools(raw: list[msgspec.Raw]) -> list[r.FunctionToolIn]:
+    """The request's tools, each of type ``function``; any other type is a 400 naming
+    it (before anything else of the tool is read)."""
+    size = sum(len(t) for t in raw)
+    if size > s.MAX_TOOLS_BYTES:
+        raise RequestError(
+            f"tools is {size} bytes; the limit is {s.MAX_TOOLS_BYTES}", param="tools"
+        )
+    tools: list[r.FunctionToolIn] = []
+    for i, t in enumerate(raw):
+        kind = raw_param(r.tool_type_decoder, t, f"tools[{i}]").type
+        if kind != "function":
+            # Named when it is a type's name (an error body never echoes other input).
+            named = repr(kind) if _TYPE_NAME.fullmatch(kind) else "(value not shown)"
+            raise RequestError(
+                f"tools of type {named} are not supported; only 'function' tools are",
+                param=f"tools[{i}].type",
+            )
+        tools.append(raw_param(r.function_tool_decoder, t, f"tools[{i}]"))
+    return tools
+
+
+def _tool_choice(raw: msgspec.Raw | msgspec.UnsetType) -> Choice:
+    if not s.given(raw):
+        return "auto"
+    try:
+        choice: Choice = r.tool_choice_decoder.decode(raw)
+    except msgspec.ValidationError:
+        raise RequestError(
+            "tool_choice must be 'none', 'auto', 'required', "
+            "{'type': 'function', 'name': ...} or {'type': 'allowed_tools', 'mode': "
+            "'auto' or 'required', 'tools': [{'type': 'function', 'name': ...}, ...]}; "
+            "other tool choices are not supported",
+            param="tool_choice",
+        ) from None
+    return choice
+
+
+def _response_format(fmt: r.TextFormat) -> OutputFormat:
+    if fmt.type != "json_schema":
+        return OutputFormat(fmt.type)
+    if not s.given(fmt.schema):
+        raise RequestError(
+            "text.format of type json_schema needs a schema", param="text.format.schema"
+        )
+    if len(fmt.schema) > s.MAX_RESPONSE_FORMAT_BYTES:
+        raise RequestError(
+            f"text.format.schema is {len(fmt.schema)} bytes; the limit is "
+            f"{s.MAX_RESPONSE_FORMAT_BYTES}",
+            param="text.format.schema",
+        )
+    return OutputFormat(
+        "json_schema", fmt.schema, name=fmt.name, description=fmt.description, strict=fmt.strict
+    )

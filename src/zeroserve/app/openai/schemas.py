@@ -39,22 +39,138 @@ Seed = Annotated[int, Meta(ge=lim.SEED_MIN, le=lim.SEED_MAX)]
 
 
 # -- requests -------------------------------------------------------------------------------
-class StreamOptions(Struct, kw_only=True):
-    include_usage: bool = False
+# One decoded request type per route, the same whatever backend serves the model
+# (docs/architecture.md, "One chat path"): every OpenAI parameter is a field, typed as
+# OpenAI types it, and unknown fields are refused by name (``forbid_unknown_fields``).
+# Whether a backend honours a parameter is the backend's to say (a 400 naming it); the
+# shape is judged here, once.
+#
+# ``response_format``, ``tools`` and ``tool_choice`` are kept as raw JSON at first: their
+# size is checked before anything decodes them or compiles them into a grammar.
+
+# Largest ``response_format`` (with its JSON schema) accepted, in bytes. Real schemas are
+# a few KiB; an engine compiles the schema into a grammar, whose cost grows with its
+# size, so 64 KiB bounds that work while leaving room for large API schemas.
+MAX_RESPONSE_FORMAT_BYTES = 64 * 1024
+# Largest ``tools`` array accepted, in bytes (the same reason: each tool's parameters
+# become a grammar; OpenAI allows 128 tools, a few hundred bytes each).
+MAX_TOOLS_BYTES = 128 * 1024
+# OpenAI's bound for ``top_logprobs``: one constant, in app/limits.py.
+MAX_TOP_LOGPROBS = lim.MAX_TOP_LOGPROBS
+
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 
 
-class ContentPart(Struct, kw_only=True):
-    """One part of a message's content. Only ``{"type": "text"}`` parts are supported by
-    text models; others are refused with a 400 naming the part."""
+def given(raw: msgspec.Raw | UnsetType | None) -> TypeIs[msgspec.Raw]:
+    """Whether a raw field was sent with a value (not absent, not ``null``)."""
+    return isinstance(raw, msgspec.Raw) and len(raw) > 0 and bytes(raw) != b"null"
 
-    type: str
+
+class StreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
+    include_usage: bool | None = False
+    include_obfuscation: bool | None = None  # no effect: nothing is obfuscated here
+
+
+class ContentPart(Struct, kw_only=True, forbid_unknown_fields=True):
+    """One part of a message's content. Text parts are served; the others are refused
+    with a 400 naming the part."""
+
+    type: Literal["text", "image_url", "input_audio", "file", "refusal"]
     text: str | None = None
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+    refusal: str | None = None
 
 
-class Message(Struct, kw_only=True):
+class ToolCallFunction(Struct, kw_only=True):
+    name: str
+    arguments: str = ""
+
+
+class ToolCallIn(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A tool call of an earlier assistant message in the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Message(Struct, kw_only=True, forbid_unknown_fields=True):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    refusal: str | None = None  # an earlier answer's, sent back: no effect
+    function_call: Any = None  # deprecated by OpenAI: refused when given
+
+
+class JsonSchemaFormat(Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    description: str | None = None
+    # msgspec.Raw: passed to the engine as it came (the engine compiles it).
+    schema: msgspec.Raw | UnsetType = UNSET
+    strict: bool | None = None
+
+
+class ResponseFormat(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+# A function's name, as OpenAI allows it (and templates and grammars can carry it).
+FunctionName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class FunctionDef(Struct, kw_only=True, forbid_unknown_fields=True):
+    name: FunctionName
+    description: str | None = None
+    parameters: msgspec.Raw | UnsetType = UNSET
+    strict: bool | None = None
+
+
+class Tool(Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Struct, kw_only=True, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(
+    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="function"
+):
+    """``{"type": "function", "function": {"name": ...}}``: that function must be called."""
+
+    function: NamedFunction
+
+
+class AllowedTools(Struct, kw_only=True, forbid_unknown_fields=True):
+    """Which of ``tools`` the model may call (each written as a named choice), and
+    whether it must call one (``required``) or may answer text instead (``auto``)."""
+
+    mode: Literal["auto", "required"]
+    tools: Annotated[list[NamedToolChoice], Meta(min_length=1)]
+
+
+class AllowedToolChoice(
+    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="allowed_tools"
+):
+    """``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`` (chat's shape;
+    the Responses API's is flat, ``responses_schemas.py``)."""
+
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolChoice
+
+tools_decoder = msgspec.json.Decoder(list[Tool])
+tool_choice_decoder = msgspec.json.Decoder(ToolChoice)
+response_format_decoder = msgspec.json.Decoder(ResponseFormat)
 
 
 class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -70,33 +186,30 @@ class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
-    # OpenAI parameters the generic path honours only at their neutral value; any other
-    # value is refused with a 400 naming it (app/openai/params.py). Unknown fields are
-    # refused by the decoder (forbid_unknown_fields): nothing is silently dropped.
-    top_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    top_logprobs: TopLogprobs | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Bias] | None = None
+    response_format: msgspec.Raw | UnsetType = UNSET
+    tools: msgspec.Raw | UnsetType = UNSET
+    tool_choice: msgspec.Raw | UnsetType = UNSET
     parallel_tool_calls: bool | None = None
-    modalities: list[str] | None = None
+    modalities: list[Literal["text"]] | None = None
     # Accepted, no effect on the answer.
-    user: Any = None
-    metadata: Any = None
-    store: Any = None
-    service_tier: Any = None
-    safety_identifier: Any = None
-    prompt_cache_key: Any = None
-    prompt_cache_retention: Any = None
-    prompt_cache_options: Any = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
 
 
 class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     # str, list[str], list[int] (one tokenised prompt) or list[list[int]]; msgspec unions
-    # allow one array type, so the element union is checked in the handler.
+    # allow one array type, so the element union is checked by the front end.
     prompt: str | list[str | int | list[int]]
     max_tokens: Annotated[int, Meta(ge=0, le=lim.MAX_TOKENS)] | None = 16  # OpenAI's default
     stop: Stop | None = None
@@ -110,22 +223,23 @@ class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     logprobs: Annotated[int, Meta(ge=0, le=lim.MAX_COMPLETION_LOGPROBS)] | None = None
     best_of: Annotated[int, Meta(ge=1, le=lim.MAX_BEST_OF)] | None = None
     suffix: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    user: Any = None
-    metadata: Any = None
-    store: Any = None
-    service_tier: Any = None
-    safety_identifier: Any = None
-    prompt_cache_key: Any = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Bias] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
 
-class EmbeddingRequest(Struct, kw_only=True):
+class EmbeddingRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     input: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
+    user: str | None = None  # accepted, no effect
 
 
 class ModelOnly(Struct, kw_only=True):
@@ -164,15 +278,17 @@ def decode(decoder: msgspec.json.Decoder[T], body: memoryview) -> T:
         with lim.decoding("the JSON body"):
             return decoder.decode(body)
     except msgspec.ValidationError as exc:
-        message, param = _split_path(str(exc))
+        message, param = split_path(str(exc))
         where = f" '{param}'" if param else ""
         raise RequestError(f"invalid parameter{where}: {message}", param=param) from None
     except msgspec.DecodeError as exc:
-        message, _ = _split_path(str(exc))
+        message, _ = split_path(str(exc))
         raise RequestError(f"invalid JSON body: {message}", code="invalid_json") from None
 
 
-def _split_path(text: str) -> tuple[str, str | None]:
+def split_path(text: str) -> tuple[str, str | None]:
+    """A msgspec error's message and the path of the field at fault (clipped: never a
+    long echo of the input)."""
     param: str | None = None
     m = _AT.search(text)
     if m is not None:
@@ -199,10 +315,16 @@ def _clip(text: str, limit: int) -> str:
 
 
 # -- responses -------------------------------------------------------------------------------
-class Usage(Struct):
+class PromptTokensDetails(Struct):
+    cached_tokens: int = 0
+
+
+class Usage(Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # Engines with a prompt cache say how much of the prompt it served.
+    prompt_tokens_details: PromptTokensDetails | UnsetType = UNSET
 
 
 class EmbeddingUsage(Struct):
@@ -223,16 +345,29 @@ class ModelList(Struct):
     data: list[ModelCard]
 
 
-class ChatMessage(Struct):
+class FunctionCall(Struct):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(Struct):
+    id: str
+    type: str
+    function: FunctionCall
+
+
+class ChatMessage(Struct, omit_defaults=True):
     role: str
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCallOut] | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
 
 
 class ChatChoice(Struct):
     index: int
     message: ChatMessage
-    logprobs: None
+    logprobs: msgspec.Raw | None
     finish_reason: str
 
 
@@ -245,15 +380,24 @@ class ChatCompletion(Struct):
     usage: Usage
 
 
+class ToolCallDelta(Struct, omit_defaults=True):
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: dict[str, str] | UnsetType = UNSET
+
+
 class Delta(Struct, omit_defaults=True):
     role: str | UnsetType = UNSET
-    content: str | UnsetType = UNSET
+    content: str | UnsetType | None = UNSET
+    reasoning_content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 
 class ChunkChoice(Struct):
     index: int
     delta: Delta
-    logprobs: None
+    logprobs: msgspec.Raw | None
     finish_reason: str | None
 
 
@@ -269,7 +413,7 @@ class ChatCompletionChunk(Struct, omit_defaults=True):
 class CompletionChoice(Struct):
     text: str
     index: int
-    logprobs: None
+    logprobs: msgspec.Raw | None
     finish_reason: str | None
 
 
@@ -297,349 +441,3 @@ class EmbeddingList(Struct):
 
 
 encoder = msgspec.json.Encoder()
-
-
-# -- the full OpenAI request surface (engine-backed models) ---------------------------------
-# These decoders refuse unknown fields (``forbid_unknown_fields``): a field the serving
-# model cannot honour gets a 400 naming it instead of being dropped. Fields that never
-# change the answer (``user``, ``metadata``, ``store``, ``service_tier``) are accepted.
-#
-# ``response_format``, ``tools`` and ``tool_choice`` are kept as raw JSON (``msgspec.Raw``)
-# at first: their size is checked before anything decodes or compiles them into a grammar.
-
-# Largest ``response_format`` (with its JSON schema) accepted, in bytes. Real schemas are
-# a few KiB; the engine compiles the schema into a grammar, whose cost grows with its size,
-# so 64 KiB bounds that work while leaving room for large API schemas.
-MAX_RESPONSE_FORMAT_BYTES = 64 * 1024
-# Largest ``tools`` array accepted, in bytes (the same reason: each tool's parameters
-# become a grammar; OpenAI allows 128 tools, a few hundred bytes each).
-MAX_TOOLS_BYTES = 128 * 1024
-# OpenAI's bound for ``top_logprobs``: one constant, in app/limits.py.
-MAX_TOP_LOGPROBS = lim.MAX_TOP_LOGPROBS
-
-
-def given(raw: msgspec.Raw | UnsetType | None) -> TypeIs[msgspec.Raw]:
-    """Whether a raw field was sent with a value (not absent, not ``null``)."""
-    return isinstance(raw, msgspec.Raw) and len(raw) > 0 and bytes(raw) != b"null"
-
-
-Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
-TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
-
-
-class ToolCallFunction(Struct, kw_only=True):
-    name: str
-    arguments: str = ""
-
-
-class ToolCallIn(Struct, kw_only=True):
-    """A tool call of an earlier assistant message in the conversation."""
-
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: ToolCallFunction
-
-
-class EngineMessage(Struct, kw_only=True, omit_defaults=True):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_call_id: str | None = None
-    tool_calls: list[ToolCallIn] | None = None
-
-
-class JsonSchemaFormat(Struct, kw_only=True):
-    name: str
-    description: str | None = None
-    # msgspec.Raw: passed to the engine as it came (the engine compiles it).
-    schema: msgspec.Raw | UnsetType = UNSET
-    strict: bool | None = None
-
-
-class ResponseFormat(Struct, kw_only=True, forbid_unknown_fields=True):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class FunctionDef(Struct, kw_only=True):
-    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
-    description: str | None = None
-    parameters: msgspec.Raw | UnsetType = UNSET
-    strict: bool | None = None
-
-
-class Tool(Struct, kw_only=True, forbid_unknown_fields=True):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(Struct, kw_only=True):
-    name: str
-
-
-class NamedToolChoice(
-    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="function"
-):
-    """``{"type": "function", "function": {"name": ...}}``: that function must be called."""
-
-    function: NamedFunction
-
-
-class AllowedTools(Struct, kw_only=True, forbid_unknown_fields=True):
-    """Which of ``tools`` the model may call (each written as a named choice), and
-    whether it must call one (``required``) or may answer text instead (``auto``)."""
-
-    mode: Literal["auto", "required"]
-    tools: Annotated[list[NamedToolChoice], Meta(min_length=1)]
-
-
-class AllowedToolChoice(
-    Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type", tag="allowed_tools"
-):
-    """``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}`` (chat's shape;
-    the Responses API's is flat, ``openai/responses.py``)."""
-
-    allowed_tools: AllowedTools
-
-
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolChoice
-
-tools_decoder = msgspec.json.Decoder(list[Tool])
-tool_choice_decoder = msgspec.json.Decoder(ToolChoice)
-response_format_decoder = msgspec.json.Decoder(ResponseFormat)
-
-
-class EngineChatRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str
-    messages: Annotated[list[EngineMessage], Meta(min_length=1)]
-    max_tokens: MaxTokens | None = None
-    max_completion_tokens: MaxTokens | None = None
-    stop: Stop | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    seed: Seed | None = None
-    n: N | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    logprobs: bool | None = None
-    top_logprobs: TopLogprobs | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Bias] | None = None
-    response_format: msgspec.Raw | UnsetType = UNSET
-    tools: msgspec.Raw | UnsetType = UNSET
-    tool_choice: msgspec.Raw | UnsetType = UNSET
-    parallel_tool_calls: bool | None = None
-    # Accepted, no effect on the answer.
-    user: str | None = None
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    prompt_cache_options: Any = None
-    modalities: list[Literal["text"]] | None = None
-
-
-class EngineCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str
-    prompt: str | list[str | int | list[int]]
-    max_tokens: Annotated[int, Meta(ge=0, le=lim.MAX_TOKENS)] | None = 16
-    stop: Stop | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    seed: Seed | None = None
-    n: N | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    echo: bool | None = False
-    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
-    best_of: int | None = None
-    suffix: str | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Bias] | None = None
-    user: str | None = None
-    metadata: dict[str, str] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
-    safety_identifier: str | None = None
-    prompt_cache_key: str | None = None
-
-
-class EngineEmbeddingRequest(Struct, kw_only=True, forbid_unknown_fields=True):
-    model: str
-    input: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
-    user: str | None = None  # accepted, no effect
-
-
-engine_chat_decoder = msgspec.json.Decoder(EngineChatRequest)
-engine_completion_decoder = msgspec.json.Decoder(EngineCompletionRequest)
-engine_embedding_decoder = msgspec.json.Decoder(EngineEmbeddingRequest)
-
-
-# -- what zeroserve reads from an engine's chunks (each looked at once) ---------------------
-class EngineError(Struct, kw_only=True):
-    code: int = 500
-    message: str = ""
-    type: str = "server_error"
-
-
-class EngineErrorBody(Struct, kw_only=True):
-    error: EngineError
-
-
-class EngineTimings(Struct, kw_only=True):
-    cache_n: int = 0  # prompt tokens served from the prompt cache
-    prompt_n: int = 0  # prompt tokens evaluated
-    predicted_n: int = 0  # tokens generated
-
-
-class EngineFunctionDelta(Struct, kw_only=True):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class EngineToolCallDelta(Struct, kw_only=True):
-    """A fragment of a native tool call: the first names it, the rest add arguments."""
-
-    index: int = 0
-    id: str | None = None
-    type: str | None = None
-    function: EngineFunctionDelta | None = None
-
-
-class EngineDelta(Struct, kw_only=True):
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[EngineToolCallDelta] | None = None
-
-
-class EngineLogprobs(Struct, kw_only=True):
-    content: list[msgspec.Raw] | None = None  # one entry per token, kept as it came
-
-
-class EngineChunkChoice(Struct, kw_only=True):
-    index: int = 0
-    delta: EngineDelta | None = None  # chat
-    text: str | None = None  # completions
-    logprobs: EngineLogprobs | None = None
-    finish_reason: str | None = None
-
-
-class PromptTokensDetails(Struct, kw_only=True):
-    cached_tokens: int = 0
-
-
-class EngineUsage(Struct, kw_only=True):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    prompt_tokens_details: PromptTokensDetails | None = None
-
-    def plain(self) -> Usage:
-        """The three counts OpenAI's ``usage`` always has."""
-        return Usage(
-            self.prompt_tokens, self.completion_tokens, self.prompt_tokens + self.completion_tokens
-        )
-
-
-class EngineChunk(Struct, kw_only=True):
-    """The fields of an engine chunk that zeroserve ever reads."""
-
-    id: str = ""
-    created: int = 0
-    system_fingerprint: str | None = None
-    choices: list[EngineChunkChoice] = []
-    usage: EngineUsage | None = None
-    timings: EngineTimings | None = None
-
-
-class EngineEmbeddingUsage(Struct, kw_only=True, frozen=True):
-    prompt_tokens: int = 0
-
-
-class EngineVector(Struct, kw_only=True):
-    embedding: list[float] | str  # str: base64
-
-
-class EngineEmbeddings(Struct, kw_only=True):
-    """What zeroserve reads of an engine's embeddings answer: the token count, and the
-    vectors only when their size must be checked (``dimensions``)."""
-
-    usage: EngineEmbeddingUsage = EngineEmbeddingUsage()
-    data: list[EngineVector] = []
-
-
-class EngineUsageOnly(Struct, kw_only=True):
-    usage: EngineEmbeddingUsage = EngineEmbeddingUsage()
-
-
-engine_error_decoder = msgspec.json.Decoder(EngineErrorBody)
-engine_embeddings_decoder = msgspec.json.Decoder(EngineEmbeddings)
-engine_usage_decoder = msgspec.json.Decoder(EngineUsageOnly)
-engine_chunk_decoder = msgspec.json.Decoder(EngineChunk)
-
-
-class ToolCallOut(Struct):
-    id: str
-    type: str
-    function: ToolCallFunction
-
-
-class ToolCallDelta(Struct, omit_defaults=True):
-    index: int
-    id: str | UnsetType = UNSET
-    type: str | UnsetType = UNSET
-    function: dict[str, str] | UnsetType = UNSET
-
-
-class ToolMessage(Struct):
-    """An answer that may be a call (``tool_calls``) or text (``content``)."""
-
-    role: str
-    content: str | None
-    tool_calls: list[ToolCallOut] | None
-    refusal: None = None
-
-
-class ToolChoiceOut(Struct):
-    index: int
-    message: ToolMessage
-    logprobs: None
-    finish_reason: str
-
-
-class ToolCompletion(Struct):
-    id: str
-    object: str
-    created: int
-    model: str
-    choices: list[ToolChoiceOut]
-    usage: Usage
-
-
-class ToolDelta(Struct, omit_defaults=True):
-    role: str | UnsetType = UNSET
-    content: str | UnsetType | None = UNSET
-    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
-
-
-class ToolChunkChoice(Struct):
-    index: int
-    delta: ToolDelta
-    logprobs: None
-    finish_reason: str | None
-
-
-class ToolChunk(Struct, omit_defaults=True):
-    id: str
-    object: str
-    created: int
-    model: str
-    choices: list[ToolChunkChoice]
-    usage: Usage | UnsetType | None = UNSET

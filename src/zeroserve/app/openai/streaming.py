@@ -9,59 +9,57 @@ The shape follows OpenAI's streams:
 
 * every chunk carries the same ``id``, ``created`` and ``model``;
 * chat: the first chunk of a choice has ``delta: {"role": "assistant", "content": ""}``,
-  then one chunk per text piece with ``delta: {"content": ...}``, then one chunk with an
-  empty delta and the ``finish_reason`` (the only chunk of that choice with one);
+  then one chunk per piece (``delta: {"content": ...}``, or a tool call's fragment,
+  reasoning, log probabilities), then one chunk with an empty delta and the
+  ``finish_reason`` (the only chunk of that choice with one);
 * completions: one chunk per text piece, then one with ``text: ""`` and the reason;
 * with ``stream_options.include_usage`` every chunk has ``"usage": null`` and a last
   chunk with ``"choices": []`` carries the usage;
 * then ``data: [DONE]``.
 
-Choices (``n`` > 1, or several prompts) are generated one after another, each with its
-own admission ticket taken up front; clients merge chunks by ``index``, so the order is
-allowed by the protocol, and it keeps one request from occupying several model slots.
+Choices (``n`` > 1, or several prompts) are generated one after another (``app/chat/
+choices.py``), each with its own admission ticket taken up front.
 
-The first model piece is awaited before anything is yielded, so an error before the
-first token (an unknown capability, a deadline, a model failure) still reaches the
+The first piece of the model is awaited before anything is yielded, so an error before
+the first token (a deadline, a model failure, an engine's refusal) still reaches the
 client as a plain HTTP error status; later errors become a final SSE error event.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
+from ..chat import Choices, Finish, Output
 from .chunks import Chunks
-from .generation import Generation
-from .schemas import Usage
+from .schemas import PromptTokensDetails, Usage
 
 DONE = b"[DONE]"
-Starter = Callable[[], Generation]
+
+
+def usage(finishes: list[Finish], n: int) -> Usage:
+    """The usage of an answer's choices: the prompt of each prompt once (its first
+    choice's), the completions summed, the prompt cache's share when it reported one."""
+    firsts = finishes[::n]
+    prompt = sum(f.prompt_tokens for f in firsts)
+    completion = sum(f.completion_tokens for f in finishes)
+    out = Usage(prompt, completion, prompt + completion)
+    if any(f.cached_tokens is not None for f in firsts):
+        out.prompt_tokens_details = PromptTokensDetails(sum(f.cached_tokens or 0 for f in firsts))
+    return out
 
 
 class ChoiceStream:
-    """The pieces of a streamed response (a :class:`~zeroserve.app.response.PieceStream`),
-    plus the cleanup the server awaits at its end.
+    """The pieces of a streamed response (a :class:`~zeroserve.app.response.PieceStream`):
+    its choices' outputs one after another, encoded as chunks. It owns ``choices`` (the
+    tickets of those not started) and releases them once, in :meth:`aclose`."""
 
-    ``starters`` start each choice's generation when its turn comes (the generation then
-    owns that choice's ticket); ``unstarted`` release the tickets of choices that never
-    started, called once by :meth:`aclose`.
-    """
-
-    def __init__(
-        self,
-        chunks: Chunks,
-        starters: Sequence[Starter],
-        *,
-        prompt_tokens: int,
-        include_usage: bool,
-        unstarted: Sequence[Callable[[], None]],
-    ) -> None:
+    def __init__(self, chunks: Chunks, choices: Choices, *, n: int, include_usage: bool) -> None:
         self.chunks = chunks
-        self.starters = starters
-        self.prompt_tokens = prompt_tokens
+        self.choices = choices
+        self.n = n
         self.include_usage = include_usage
-        self.unstarted = unstarted
-        self._live: Generation | None = None
+        self._live: Output | None = None
         self._begun = False  # the first choice was started
         self._opened = False  # ... and its opening chunks returned by receive_batch_nowait
         # Why the first choice could not start in receive_batch_nowait (for example its
@@ -81,77 +79,74 @@ class ChoiceStream:
         return None  # each choice has its own, sent in its finish chunk
 
     def receive_batch_nowait(self, max_items: int) -> list[bytes]:
-        """Content chunks of the running choice that are ready now: the server writes them
-        with the chunk it just got. Only content: role, finish and usage chunks come from
-        ``__anext__``, in their order.
+        """Chunks of the running choice's pieces that are ready now: the server writes
+        them with the chunk it just got. Only pieces: role, finish and usage chunks come
+        from ``__anext__``, in their order.
 
         Called before the stream is iterated (the server does, from the I/O callback that
         completed the request), it starts the first choice and, if its model has pieces
-        ready, returns the opening chunks (role, then content): the stream's head and
+        ready, returns the opening chunks (role, then pieces): the stream's head and
         first event then leave without waiting for a task. ``__anext__`` goes on after
         them."""
         live = self._live
         if live is None:
-            if self._begun or not self.starters:
+            pending = self.choices.pending
+            if self._begun or not pending:
                 return []
             self._begun = True
             try:
-                live = self._live = self.starters[0]()
-            except Exception as exc:  # the starter released its ticket; see _start_error
+                live = self._live = pending[0].start()
+            except Exception as exc:  # the start released its ticket; see _start_error
                 self._start_error = exc
                 return []
-            texts = live.take_ready(max_items)
-            if not texts:
+            pieces = live.take_ready(max_items)
+            if not pieces:
                 return []  # ``_run`` awaits the first piece of the choice started here
             self._opened = True
-            head = [self.chunks.role(live.index)] if self.chunks.chat else []
-            return head + self.chunks.contents(live.index, texts)
+            opening = self.chunks.opening(live.index, pieces[0])
+            return opening + self.chunks.contents(live.index, pieces[1:])
         return self.chunks.contents(live.index, live.take_ready(max_items))
 
     async def _run(self) -> AsyncGenerator[Any]:
         chunks = self.chunks
-        completion_tokens = 0
-        last = len(self.starters) - 1
+        pending = self.choices.pending
+        finishes: list[Finish] = []
+        last = len(pending) - 1
         if self._start_error is not None:
             raise self._start_error
-        for i, start in enumerate(self.starters):
+        for i, p in enumerate(pending):
             # The first choice may have been started (and opened) by receive_batch_nowait.
-            gen = self._live if i == 0 and self._live is not None else start()
-            self._live = gen
+            out = self._live if i == 0 and self._live is not None else p.start()
+            self._live = out
             self._begun = True
-            index = gen.index
+            index = out.index
             try:
                 if not (i == 0 and self._opened):
-                    first = await anext(gen, None)
-                    out: list[bytes] = [chunks.role(index)] if chunks.chat else []
-                    if first is not None:
-                        out.append(chunks.content(index, first))
-                    if out:
-                        yield out
-                async for piece in gen:
-                    yield chunks.content(index, piece)
+                    head = chunks.opening(index, await anext(out, None))
+                    if head:
+                        yield head
+                async for piece in out:
+                    yield chunks.piece(index, piece)
             finally:
-                await gen.aclose()
+                await out.aclose()
                 self._live = None
-            reason, tokens = gen.finish()
-            completion_tokens += tokens
+            finish = out.finish()
+            finishes.append(finish)
             if i < last:
-                yield chunks.finish(index, reason)
+                yield chunks.finish(index, finish.reason)
                 continue
-            tail = [chunks.finish(index, reason)]
+            tail = [chunks.finish(index, finish.reason)]
             if self.include_usage:
-                p = self.prompt_tokens
-                tail.append(chunks.usage(Usage(p, completion_tokens, p + completion_tokens)))
+                tail.append(chunks.usage(usage(finishes, self.n)))
             tail.append(DONE)
             yield tail
 
     async def aclose(self) -> None:
-        """Stop everything: the piece iterator, a running generation, the tickets of
-        choices that never started."""
+        """Stop everything: the piece iterator, a running choice, the tickets of choices
+        that never started."""
         try:
             await self._gen.aclose()
             if self._live is not None:
                 await self._live.aclose()
         finally:
-            for release in self.unstarted:
-                release()
+            self.choices.release()

@@ -1,4 +1,5 @@
-"""One generation as the OpenAI layer sees it: text pieces, a finish reason, token counts.
+"""One choice of a ``local`` model's answer: its ``generate``'s text pieces, a finish
+reason, token counts (an :class:`~..chat.Output`).
 
 Finish reason
 -------------
@@ -31,7 +32,8 @@ from typing import Any
 
 from ...models.base import Model
 from ...runtime import Stream
-from .telemetry import GenerationTimer
+from ..chat import Finish
+from ..openai.telemetry import GenerationTimer
 
 log = logging.getLogger("zeroserve.openai")
 
@@ -86,7 +88,8 @@ class StopFilter:
 
 
 class Generation:
-    """Wraps one runtime stream: iterate it for ``str`` pieces, then call :meth:`finish`.
+    """Wraps one runtime stream: iterate it for ``str`` pieces, then call :meth:`finish`
+    (an :class:`~..chat.Output`).
 
     ``pieces`` keeps references to the received strings (no copy) so the completion can
     be counted once at the end.
@@ -198,14 +201,14 @@ class Generation:
         self._debited += n
         self._on_tokens(n)
 
-    def finish(self) -> tuple[str, int]:
-        """``(finish_reason, completion_tokens)`` once the stream has ended."""
+    def finish(self) -> Finish:
+        """Why the stream ended and its tokens, once it has ended."""
         reason, tokens = self._finish()
         if self._on_tokens is not None and tokens > self._debited:
             self._debit(tokens - self._debited)
         if self.timer is not None:
             self.timer.observe(tokens, prompt_tokens=self.prompt_tokens)
-        return reason, tokens
+        return Finish(reason, tokens, self.prompt_tokens)
 
     def _finish(self) -> tuple[str, int]:
         pieces = self._tokens

@@ -41,12 +41,20 @@ import numpy as np
 from ... import metrics
 from ...errors import CapabilityError, ModelNotFound, PayloadTooLarge, RequestError
 from ...runtime import Engine, ModelHandle
-from ..kserve import codec
-from ..kserve.schemas import MetadataTensor, ModelMetadata, ModelReady, ServerMetadata, encoder
 from ..limits import MAX_TIMEOUT_S, ApiLimits, check_count
 from ..request import Request
 from ..response import JSON, OCTET, Response
-from ..router import Router
+from ..router import RouteDoc, Router
+from . import codec
+from .schemas import (
+    InferenceRequest,
+    InferenceResponse,
+    MetadataTensor,
+    ModelMetadata,
+    ModelReady,
+    ServerMetadata,
+    encoder,
+)
 
 SERVER_NAME = "zeroserve"
 EXTENSIONS = ["binary_tensor_data"]
@@ -154,14 +162,38 @@ def register(router: Router, engine: Engine, limits: ApiLimits | None = None) ->
         return Response(200, body_out, content_type=OCTET, headers=headers, release=release)
 
     add = router.add
-    add("GET", "/v2", server_metadata, errors="kserve")
-    add("GET", "/v2/", server_metadata, errors="kserve")
-    add("GET", "/v2/health/live", live, errors="kserve")
-    add("GET", "/v2/health/ready", ready, errors="kserve")
+    meta = RouteDoc("Server metadata (KServe V2)", None, ServerMetadata)
+    add("GET", "/v2", server_metadata, errors="kserve", doc=meta)
+    add("GET", "/v2/", server_metadata, errors="kserve", doc=meta)
+    add("GET", "/v2/health/live", live, errors="kserve", doc=RouteDoc("Liveness (KServe V2)"))
+    add("GET", "/v2/health/ready", ready, errors="kserve", doc=RouteDoc("Readiness (KServe V2)"))
     for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
-        add("GET", base, model_metadata, errors="kserve")
-        add("GET", base + "/ready", model_ready, errors="kserve")
-        add("POST", base + "/infer", infer, errors="kserve", on_head=infer_head)
+        add(
+            "GET",
+            base,
+            model_metadata,
+            errors="kserve",
+            doc=RouteDoc("Model metadata (KServe V2)", None, ModelMetadata),
+        )
+        add(
+            "GET",
+            base + "/ready",
+            model_ready,
+            errors="kserve",
+            doc=RouteDoc("Model readiness (KServe V2)", None, ModelReady),
+        )
+        add(
+            "POST",
+            base + "/infer",
+            infer,
+            errors="kserve",
+            on_head=infer_head,
+            doc=RouteDoc(
+                "Inference (KServe V2, JSON or binary tensors)",
+                InferenceRequest,
+                InferenceResponse,
+            ),
+        )
 
 
 def _versions(handle: ModelHandle) -> list[str]:

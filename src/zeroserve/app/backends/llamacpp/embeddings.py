@@ -1,14 +1,14 @@
-"""``/v1/embeddings`` on an engine model, in bounded chunks (``app.engine_relay``).
+"""``/v1/embeddings`` on a llama.cpp model, in bounded chunks.
 
-Strategy (docs/architecture.md, "The in-process engine")
+Strategy (docs/architecture.md, "The llama.cpp backend")
 --------------------------------------------------------
 ``xllamacpp.Server.handle_embeddings`` takes the whole body and returns the whole answer;
 it has no callback, so nothing can stop it once it runs. A request of many inputs is
 therefore split here into engine calls of at most :data:`EMBED_CHUNK_INPUTS` inputs each
 (:func:`chunks`), run one after another: a client that leaves or a deadline that passes
-stops the request between two calls, so the engine is free again within one chunk. A
-request of one chunk goes to the engine as it came and its answer comes back as it is;
-the answers of several chunks are merged here (:func:`merge`): the items in order, their
+stops the request between two calls, so the engine is free again within one chunk
+(``SlotPool.run``). The answer of one chunk is OpenAI's and is sent as it is; the
+answers of several chunks are merged here (:func:`merge`): the items in order, their
 ``index`` renumbered, the ``usage`` summed. The vectors are not decoded (``msgspec.Raw``),
 floats and base64 alike.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
-from .openai import schemas as s
+from ...openai import schemas as s
 
 # Most inputs of one engine embedding call: the bound on the work a client that left, or
 # a deadline that passed, can still cost the engine (the call cannot be stopped). Each
@@ -39,7 +39,7 @@ class EmbeddingItem(Struct, kw_only=True, omit_defaults=True):
     encoding_format: str | UnsetType = UNSET
 
 
-class EmbeddingUsage(Struct, kw_only=True):
+class MergedUsage(Struct, kw_only=True):
     prompt_tokens: int = 0
     total_tokens: int = 0
 
@@ -49,22 +49,23 @@ class EmbeddingAnswer(Struct, kw_only=True):
 
     model: str
     object: str = "list"
-    usage: EmbeddingUsage
+    usage: MergedUsage
     data: list[EmbeddingItem]
 
 
 answer_decoder = msgspec.json.Decoder(EmbeddingAnswer)
 
 
-def chunks(body: s.EngineEmbeddingRequest, alias: str) -> list[tuple[int, bytes]] | None:
-    """The engine bodies of ``body`` in chunks, each with its count of inputs; None when
-    it is one chunk (one input: a string, one token list, or a list of at most
-    :data:`EMBED_CHUNK_INPUTS`), which goes to the engine as it came."""
+def chunks(body: s.EmbeddingRequest, alias: str) -> list[tuple[int, bytes]]:
+    """The engine bodies of ``body``, each with its count of inputs: one for one input
+    (a string, one token list) or a list of at most :data:`EMBED_CHUNK_INPUTS`, else
+    chunks of that many."""
     inputs = body.input
-    if isinstance(inputs, str) or len(inputs) <= EMBED_CHUNK_INPUTS:
-        return None
-    if any(isinstance(x, int) for x in inputs):
-        return None  # one tokenised input (or a mix the engine judges): one call
+    if isinstance(inputs, str) or any(isinstance(x, int) for x in inputs):
+        # One input (a string, or one tokenised input, or a mix the engine judges).
+        return [
+            (1, _encode({"model": alias, "input": inputs, "encoding_format": body.encoding_format}))
+        ]
     out = []
     for start in range(0, len(inputs), EMBED_CHUNK_INPUTS):
         part = inputs[start : start + EMBED_CHUNK_INPUTS]

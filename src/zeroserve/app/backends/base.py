@@ -1,0 +1,87 @@
+"""The seam between the APIs and what serves a model (docs/architecture.md, "Adding a
+backend").
+
+A :class:`FrontEnd` is a chat-like API (chat completions, completions, the Responses
+API): it decodes its own request shape into the one :class:`~..chat.ChatRequest` and
+writes the answer's :class:`~..chat.Choices` back in its own shape. A :class:`Backend`
+serves one model: the model's own ``generate`` (``local``), an in-process llama.cpp
+engine (``llamacpp``), or an upstream server (``remote``). Every front end reaches
+every backend through these two calls, so a new API is one front end and a new backend
+is one module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ...upstream import UpstreamStatistics
+from ..chat import ChatRequest, Choices
+from ..openai.schemas import EmbeddingRequest
+from ..request import Request
+from ..response import HandlerResult
+
+
+class FrontEnd(Protocol):
+    """A chat-like API."""
+
+    @property
+    def upstream_path(self) -> str:
+        """Where an OpenAI-compatible upstream serves the same API (``/chat/completions``):
+        a backend that relays requests undecoded sends them there."""
+        ...
+
+    def decode(self, req: Request) -> ChatRequest:
+        """The request as the one chat request: checked (a 400 naming the field at
+        fault), its counts within the API limits."""
+        ...
+
+    def respond(self, choices: Choices, chat: ChatRequest, req: Request) -> HandlerResult:
+        """The answer in this API's shape: whole, or streamed when ``chat.stream``. It
+        owns ``choices`` from now on (their tickets and outputs)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStatistics:
+    """What a backend counts beyond the runtime's own statistics: a relay's upstreams
+    (``"<model> <url>"``: their connections, requests, errors)."""
+
+    upstreams: dict[str, UpstreamStatistics] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """What serves one model's chat-like and embedding APIs."""
+
+    @property
+    def name(self) -> str:
+        """The served model's name."""
+        ...
+
+    @property
+    def forwards(self) -> bool:
+        """Whether requests go to this backend undecoded (:meth:`forward`): a relay's
+        upstream decides what its API accepts."""
+        ...
+
+    def forward(self, req: Request, path: str) -> HandlerResult:
+        """Answer ``req`` (admitted by the caller) without decoding it: relay it to the
+        same API's route, ``path`` (a front end's ``upstream_path``, ``/embeddings``, or
+        ``"raw"`` for the raw API). Backends whose ``forwards`` is true."""
+        ...
+
+    def chat(self, api: FrontEnd, chat: ChatRequest, req: Request) -> HandlerResult:
+        """Answer a chat request: refuse (400, naming it) what the model cannot honour,
+        admit one ticket per choice (429 past the queue), and hand the choices to
+        ``api.respond``."""
+        ...
+
+    def embeddings(self, body: EmbeddingRequest, req: Request) -> HandlerResult:
+        """Answer an embeddings request (OpenAI's shape)."""
+        ...
+
+    def statistics(self) -> BackendStatistics: ...
+
+    async def aclose(self) -> None:
+        """Let go of what the backend holds (a relay's connections); the model stays."""
+        ...

@@ -1,0 +1,218 @@
+"""The ``local`` backend: a model's own ``generate`` and ``embed`` (``tinyllm``,
+``echo``, ``minilm``, the transformers backends, users' models), through the runtime's
+admission, executors and streams.
+
+Each choice (a prompt, or the templated conversation, times ``n``) is one
+``handle.generate`` stream, read by a :class:`~.generation.Generation`. ``Model.generate``
+takes a prompt, ``max_tokens``, ``temperature``, ``top_p``, ``seed`` and ``stop``; every
+other sampling or output parameter is refused with a 400 naming it unless it is given at
+its neutral value (the one that changes nothing: a ``0`` penalty, no tools, a ``text``
+format), so nothing is silently dropped. With a ``seed``, choice ``j`` of a prompt uses
+``seed + j``: choice 0 equals the ``n = 1`` answer and the others differ.
+
+Token counts come from the model's ``count_tokens``; ``usage.prompt_tokens`` counts the
+templated chat prompt, each prompt once. An API key's token quota is debited as the
+tokens are made (docs/architecture.md, "The edge").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...errors import CapabilityError, RequestError
+from ...models.base import GenerateRequest
+from ...runtime import ModelHandle, Ticket
+from ..chat import ChatRequest, Choices, Output, QueuedChoice, Turn, admit
+from ..deadlines import openai_timeout
+from ..limits import SEED_SPACE
+from ..openai import schemas as s
+from ..request import Request
+from ..response import JSON, HandlerResult, Response
+from .base import BackendStatistics, FrontEnd
+from .generation import Generation, count_tokens
+
+_STATS = BackendStatistics()
+
+
+class LocalBackend:
+    """Serves a model's own ``generate`` and ``embed``."""
+
+    forwards = False
+
+    def __init__(self, handle: ModelHandle) -> None:
+        self.handle = handle
+
+    @property
+    def name(self) -> str:
+        return self.handle.name
+
+    def forward(self, req: Request, path: str) -> HandlerResult:
+        raise AssertionError("a local model's requests are decoded first")
+
+    def statistics(self) -> BackendStatistics:
+        return _STATS
+
+    async def aclose(self) -> None:
+        pass
+
+    # -- chat ------------------------------------------------------------------------------
+    def chat(self, api: FrontEnd, chat: ChatRequest, req: Request) -> HandlerResult:
+        handle = self.handle
+        if "generate" not in handle.capabilities:
+            raise CapabilityError(
+                f"model {handle.name!r} does not support text generation", param="model"
+            )
+        _refuse_unhonoured(chat)
+        meta = handle.model
+        if chat.messages is not None:
+            turns = [_turn(m, i, chat) for i, m in enumerate(chat.messages)]
+            prompts = [meta.chat_template(turns)]
+        else:
+            assert chat.prompts is not None
+            prompts = chat.prompts
+        counts = [count_tokens(meta, p) for p in prompts]
+        ctx = meta.context_length
+        want = chat.max_tokens or 0
+        if ctx is not None:
+            for c in counts:
+                if c >= ctx or c + want > ctx:
+                    raise RequestError(
+                        f"this model's maximum context length is {ctx} tokens; the request "
+                        f"has {c} prompt tokens and asks for up to {want} more",
+                        param=chat.param("messages" if chat.chat else "prompt"),
+                        code="context_length_exceeded",
+                    )
+        deadline = handle.deadline(chat.timeout)
+        tickets = admit(handle, len(prompts) * chat.n)
+        edge = req.edge
+        on_tokens = edge.count_tokens if edge is not None else None
+        pending: list[QueuedChoice] = []
+        for i, (prompt, c) in enumerate(zip(prompts, counts, strict=True)):
+            for j in range(chat.n):
+                greq = GenerateRequest(
+                    prompt=prompt,
+                    max_tokens=chat.max_tokens,
+                    temperature=1.0 if chat.temperature is None else chat.temperature,
+                    top_p=1.0 if chat.top_p is None else chat.top_p,
+                    seed=None if chat.seed is None else (chat.seed + j) % SEED_SPACE,
+                    stop=chat.stop,
+                )
+                k = i * chat.n + j
+                start = self._starter(greq, c, deadline, on_tokens)
+                pending.append(QueuedChoice(k, tickets[k], start))
+        if edge is not None:
+            edge.model = handle.name
+            edge.count_tokens(sum(counts))
+            if edge.trace is not None:  # each generation's queue wait, traced
+                for p in pending:
+                    p.watch(edge.trace.queue_watch())
+        return api.respond(Choices(pending, sum(counts)), chat, req)
+
+    def _starter(
+        self,
+        greq: GenerateRequest,
+        prompt_tokens: int,
+        deadline: float,
+        on_tokens: Callable[[int], None] | None,
+    ) -> Callable[[int, Ticket], Output]:
+        handle = self.handle
+
+        def start(index: int, ticket: Ticket) -> Output:
+            stream = handle.generate(ticket, greq, deadline=deadline)
+            return Generation(
+                stream,
+                handle.model,
+                index=index,
+                max_tokens=greq.max_tokens,
+                prompt_tokens=prompt_tokens,
+                stop=greq.stop,
+                on_tokens=on_tokens,
+                model=handle.name,
+            )
+
+        return start
+
+    # -- embeddings ------------------------------------------------------------------------
+    def embeddings(self, body: s.EmbeddingRequest, req: Request) -> HandlerResult:
+        handle = self.handle
+        if "embed" not in handle.capabilities:
+            raise CapabilityError(
+                f"model {handle.name!r} does not support embeddings", param="model"
+            )
+        texts = _texts(body.input)
+        deadline = handle.deadline(openai_timeout(req))
+        req.admit(handle)  # the request owns the ticket until the engine takes it
+        if req.edge is not None:
+            req.edge.model = handle.name
+        return self._embed(req, texts, body, deadline)
+
+    async def _embed(
+        self, req: Request, texts: list[str], body: s.EmbeddingRequest, deadline: float
+    ) -> Response:
+        handle = self.handle
+        vecs = await handle.embed(req.take_ticket(), texts, deadline=deadline)
+        if body.dimensions is not None and body.dimensions != vecs.shape[1]:
+            raise RequestError(
+                f"model {handle.name!r} returns {vecs.shape[1]}-dimensional embeddings and "
+                "cannot shorten them; omit 'dimensions' or pass its native size",
+                param="dimensions",
+            )
+        if body.encoding_format == "base64":
+            # base64 of little-endian float32 bytes; msgspec writes bytes as base64.
+            rows = np.ascontiguousarray(vecs, dtype="<f4")
+            values: list[Any] = [memoryview(row).cast("B") for row in rows]
+        else:
+            values = vecs.tolist()
+        data = [s.Embedding("embedding", i, v) for i, v in enumerate(values)]
+        tokens = sum(count_tokens(handle.model, t) for t in texts)
+        if req.edge is not None:
+            req.edge.count_tokens(tokens)
+        usage = s.EmbeddingUsage(tokens, tokens)
+        return Response(
+            200,
+            [s.encoder.encode(s.EmbeddingList("list", data, handle.name, usage))],
+            content_type=JSON,
+        )
+
+
+def _refuse_unhonoured(chat: ChatRequest) -> None:
+    """A 400 naming the first parameter ``Model.generate`` cannot honour, given at a value
+    that would change the answer."""
+    fmt = chat.response_format
+    choice = chat.tool_choice
+    for name, bad in (
+        ("logprobs", chat.logprobs),
+        ("top_logprobs", bool(chat.top_logprobs)),
+        ("presence_penalty", bool(chat.presence_penalty)),
+        ("frequency_penalty", bool(chat.frequency_penalty)),
+        ("logit_bias", bool(chat.logit_bias)),
+        ("response_format", fmt is not None and fmt.type != "text"),
+        ("tools", bool(chat.tools)),
+        ("tool_choice", choice is not None and choice.mode == "required"),
+        ("max_tool_calls", chat.max_tool_calls is not None),
+    ):
+        if bad:
+            raise chat.refuse(name)
+
+
+def _turn(m: Turn, i: int, chat: ChatRequest) -> dict[str, str]:
+    """A message as ``Model.chat_template`` takes it (role and text)."""
+    if m.tool_calls:
+        raise chat.refuse(
+            f"messages[{i}].tool_calls" if chat.param("messages") == "messages" else "messages",
+            "is not supported by this model: it has no tool calls",
+        )
+    return {"role": m.role, "content": m.content or ""}
+
+
+def _texts(value: str | list[Any]) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if all(isinstance(v, str) for v in value):
+        return list(value)
+    raise RequestError(
+        "token-array inputs are not supported by this model; send text", param="input"
+    )
