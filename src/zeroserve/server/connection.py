@@ -26,7 +26,7 @@ import inspect
 import logging
 import os
 import socket
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 from .. import metrics
 from ..app.problems import ErrorFormat, error_response, internal_error
@@ -34,22 +34,24 @@ from ..app.request import Request
 from ..app.response import HandlerResult, Response, StreamResponse
 from ..edge import Edge, EdgeContext, EdgeEnd
 from ..edge.access_log import Outcome
-from ..errors import ProtocolError, ZeroserveError
+from ..errors import Overloaded, ProtocolError, ZeroserveError
 from ..http import framing
 from ..http.connection import BodyComplete, HttpConnection, RequestHead, State
 from ..runtime.arena import Arena
 from .flow import WriteFlow
+from .hosted import HostedApp
 from .options import ServerOptions
 from .sinks import LeaseSink
 from .stream import StreamWriter, abort
 from .turns import Turns
 
 
-class Server(Protocol):
+class ServerView(Protocol):
     """The server as a connection needs it (``server.Server``; typed here so that the
     connection does not import the module that imports it)."""
 
-    app: Any
+    app: HostedApp
+    busy: bytes  # the whole 503 answer to a connection past ``max_connections``
     arena: Arena  # typed, like ``edge`` below: compiled code calls them natively
     options: ServerOptions
     connections: set[HttpProtocol]
@@ -69,16 +71,18 @@ EARLY_READS = 6
 
 log = logging.getLogger("zeroserve.server")
 
-_BUSY_BODY = (
-    b'{"error":{"message":"too many connections","type":"server_error","param":null,"code":"busy"}}'
-)
-_SERVICE_UNAVAILABLE = framing.refusal(
-    503, [(b"content-type", b"application/json"), (b"retry-after", b"1")], _BUSY_BODY
-)
+
+def busy_answer(app: HostedApp) -> bytes:
+    """The whole 503 answer to a connection past ``max_connections`` (sent before a byte
+    of it is read: in the app's default error format)."""
+    exc = Overloaded("too many connections", status=503, retry_after=1.0)
+    exc.code = "busy"
+    body = app.error_body(exc, app.error_format("/"))
+    return framing.refusal(503, [(b"content-type", b"application/json"), *exc.headers], body)
 
 
 class HttpProtocol(asyncio.BufferedProtocol):
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerView) -> None:
         self.server = server
         self.loop = server.loop
         self.conn = HttpConnection(server.options.http)
@@ -93,9 +97,10 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self._paused_reading = False
         self._responding = False  # a handler runs or a response is being written
         self._started = 0.0
-        # Typed: with ``app: Any`` every call on it (start, admit, release_quota, and the
-        # attribute reads) went through Python's generic method lookup, ~1.5 k instructions
-        # a keyed request under callgrind (docs/architecture.md, "The compiled build").
+        # Held typed: with an untyped app every call on the edge (start, admit,
+        # release_quota, and the attribute reads) went through Python's generic method
+        # lookup, ~1.5 k instructions a keyed request under callgrind
+        # (docs/decisions/0008-types-decide-the-calls.md).
         self.edge: Edge = server.app.edge
         self._ctx: EdgeContext | None = None  # the edge's view of the current request
         self._head: RequestHead | None = None  # the head it belongs to
@@ -109,7 +114,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             len(server.connections) >= server.options.max_connections and not server.evict_idle()
         ):
             self.flow.closed = True
-            transport.write(_SERVICE_UNAVAILABLE)
+            transport.write(server.busy)
             transport.close()
             return
         server.connections.add(self)
@@ -265,7 +270,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
             if self._sink is not None:
                 done = conn.receive_chunked(self._sink)
             else:
-                done = conn.receive_into(req.lease.view)
+                lease = req.lease
+                assert lease is not None
+                done = conn.receive_into(lease.view)
         except ProtocolError as exc:
             self._protocol_error(exc)
             return None

@@ -7,10 +7,11 @@ import contextlib
 import logging
 import signal
 import socket
-from typing import Any
 
 from .. import metrics
-from .connection import HttpProtocol
+from ..runtime.arena import Arena
+from .connection import HttpProtocol, busy_answer
+from .hosted import HostedApp
 from .options import ServerOptions
 from .tls import server_context
 from .turns import Turns
@@ -19,15 +20,13 @@ log = logging.getLogger("zeroserve.server")
 
 
 class Server:
-    """Serves ``app`` on ``options.host:options.port``.
+    """Serves ``app`` (a :class:`~.hosted.HostedApp`) on ``options.host:options.port``,
+    the request bodies received into leases of ``arena``."""
 
-    ``app`` provides ``on_head(head) -> Request``, ``handle(request)``,
-    ``error_format(path)`` and ``start_draining()``; ``arena`` provides ``allocate(n) -> Lease``.
-    """
-
-    def __init__(self, app: Any, arena: Any, options: ServerOptions | None = None) -> None:
+    def __init__(self, app: HostedApp, arena: Arena, options: ServerOptions | None = None) -> None:
         self.app = app
         self.arena = arena
+        self.busy = busy_answer(app)  # the answer past max_connections, made once
         self.options = options or ServerOptions()
         self.connections: set[HttpProtocol] = set()
         # The keep-alive connections idle between requests, longest-idle first (insertion
