@@ -82,7 +82,7 @@ class Timeouts(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     drain_ready_delay: float = so.DRAIN_READY_DELAY_S
 
 
-class Edge(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class EdgeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The edge (docs/architecture.md, "The edge"); every field off by default."""
 
     api_keys: list[str] = []
@@ -192,7 +192,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     runtime: Runtime = msgspec.field(default_factory=Runtime)
     api_limits: ApiLimitsConfig = msgspec.field(default_factory=ApiLimitsConfig)
-    edge: Edge = msgspec.field(default_factory=Edge)
+    edge: EdgeConfig = msgspec.field(default_factory=EdgeConfig)
     tls: Tls = msgspec.field(default_factory=Tls)
 
     def runtime_options(self) -> RuntimeOptions:

@@ -171,7 +171,7 @@ def _fields(snapshot: Any) -> dict[str, Any]:
     return {}
 
 
-class _Collector:
+class _SourceCollector:
     def collect(self) -> Iterator[Metric]:
         c = CounterMetricFamily(
             "zeroserve_copied_bytes",
@@ -261,7 +261,7 @@ def _families(name: str, source: _Source, snapshot: Any) -> Iterable[Metric]:
             yield fam
 
 
-REGISTRY.register(_Collector())  # type: ignore[arg-type]
+REGISTRY.register(_SourceCollector())  # type: ignore[arg-type]
 
 # Bucket bounds (seconds) of a request's duration: half a millisecond (echo) to 30 s.
 REQUEST_BUCKETS_S = (

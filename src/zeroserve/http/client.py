@@ -81,7 +81,7 @@ class ResponseHead:
         return None
 
 
-class _Collector:
+class _HeaderCollector:
     __slots__ = ("headers",)
 
     def __init__(self) -> None:
@@ -209,7 +209,7 @@ class ResponseReader:
         return consumed
 
     def _parse_head(self, raw: bytes) -> ResponseHead:
-        c = _Collector()
+        c = _HeaderCollector()
         parser = httptools.HttpResponseParser(c)
         try:
             parser.feed_data(raw)

@@ -25,7 +25,7 @@ MAX_HEAD_BYTES = 64 * 1024
 READ_BYTES = 64 * 1024
 
 
-class ResponseError(Exception):
+class MalformedResponse(Exception):
     """The server's answer is not HTTP/1.1 this client can frame."""
 
 
@@ -37,7 +37,7 @@ class Target:
 
 
 @dataclass
-class Response:
+class Answered:
     status: int
     headers: dict[str, str]  # lower-cased names; repeated names joined with ", "
     body_bytes: int
@@ -51,14 +51,14 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise ResponseError(f"bad status line {lines[0][:80]!r}")
+        raise MalformedResponse(f"bad status line {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         if not line:
             continue
         name, sep, value = line.partition(":")
         if not sep:
-            raise ResponseError(f"bad header line {line[:80]!r}")
+            raise MalformedResponse(f"bad header line {line[:80]!r}")
         key = name.strip().lower()
         headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
     return int(parts[1]), headers
@@ -80,7 +80,7 @@ class Connection:
             )
         return self._reader, self._writer
 
-    async def request(self, raw: bytes, on_piece: OnPiece) -> Response:
+    async def request(self, raw: bytes, on_piece: OnPiece) -> Answered:
         """Send ``raw`` (a whole request) and read the whole answer. On any exception the
         connection is closed (it may be mid-response). A kept-alive connection the server
         closed while idle fails before any byte of the answer: that request is sent once
@@ -92,7 +92,7 @@ class Connection:
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
             except asyncio.LimitOverrunError as exc:
-                raise ResponseError("response head too large") from exc
+                raise MalformedResponse("response head too large") from exc
             except (ConnectionError, asyncio.IncompleteReadError) as exc:
                 if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
                     raise
@@ -110,14 +110,14 @@ class Connection:
                 try:
                     length = int(headers["content-length"])
                 except ValueError as exc:
-                    raise ResponseError("bad Content-Length") from exc
+                    raise MalformedResponse("bad Content-Length") from exc
                 n = await self._sized(reader, length, on_piece)
             else:
                 n = await self._until_close(reader, on_piece)
                 keep = False
             if not keep:
                 await self.close()
-            return Response(status, headers, n, keep)
+            return Answered(status, headers, n, keep)
         except BaseException:
             await self.close()
             raise
@@ -128,7 +128,7 @@ class Connection:
         while left > 0:
             data = await reader.read(min(left, READ_BYTES))
             if not data:
-                raise ResponseError("connection closed inside the body")
+                raise MalformedResponse("connection closed inside the body")
             on_piece(data, time.perf_counter())
             left -= len(data)
         return length
@@ -141,7 +141,7 @@ class Connection:
             try:
                 size = int(line.split(b";", 1)[0].strip(), 16)
             except ValueError as exc:
-                raise ResponseError(f"bad chunk size {line[:40]!r}") from exc
+                raise MalformedResponse(f"bad chunk size {line[:40]!r}") from exc
             if size == 0:
                 # Trailers (if any) end with an empty line.
                 while await reader.readuntil(b"\r\n") != b"\r\n":
@@ -149,7 +149,7 @@ class Connection:
                 return total
             data = await reader.readexactly(size + 2)
             if data[-2:] != b"\r\n":
-                raise ResponseError("chunk not followed by CRLF")
+                raise MalformedResponse("chunk not followed by CRLF")
             on_piece(data[:-2], time.perf_counter())
             total += size
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .client import Connection, ResponseError, Target
+from .client import Connection, MalformedResponse, Target
 from .endpoints import Plan, TokenCounter
 
 # The most requests one run may start (also the bound of a --duration run).
@@ -110,7 +110,7 @@ async def _one(conn: Connection, raw: bytes, plan: Plan, timeout_s: float) -> Re
         return Result(
             False, 0, f"connect ({exc.strerror or type(exc).__name__})", start, time.perf_counter()
         )
-    except (ResponseError, ValueError, asyncio.LimitOverrunError) as exc:
+    except (MalformedResponse, ValueError, asyncio.LimitOverrunError) as exc:
         return Result(False, 0, f"protocol ({exc})"[:80], start, time.perf_counter())
     end = time.perf_counter()
     if resp.status >= 400:
