@@ -41,14 +41,11 @@ from typing import TYPE_CHECKING, Any
 from ... import errors
 from ...errors import ModelLoadError, WorkerError
 from ...models.base import GenerateRequest
-from .._common import (
-    InferResult,
-    Waiters,
-    WorkerStatistics,
-)
 from ..arena import Arena
 from ..channel import Channel
 from ..contract import Executor, Producer
+from ..results import InferResult, WorkerStatistics
+from ..waiters import Waiters
 from . import wire as p
 from .link import Call, CopySites, LinkStream, WorkerLink, loop_now
 from .worker import worker_main

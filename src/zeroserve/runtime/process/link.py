@@ -47,10 +47,10 @@ import numpy as np
 from ... import errors, metrics
 from ...errors import Overloaded, WorkerError, WouldBlock
 from ...models.base import GenerateRequest
-from .._common import InferResult
 from ..arena import Arena, Lease
 from ..channel import Channel
 from ..inproc import validate_inputs
+from ..results import InferResult
 from ..tensors import (
     BYTES,
     TensorDesc,

@@ -112,7 +112,7 @@ class InArena(msgspec.Struct, array_like=True, tag="a"):
 
 class Pieces(_Msg, tag="pieces"):
     """A stream's next pieces, in order, each one credit. A sync generator's pieces come
-    many to a frame (``_common.SlicedSteps``)."""
+    many to a frame (``stepping.SlicedSteps``)."""
 
     id: int
     items: list[str | Blob | InArena]

@@ -41,17 +41,10 @@ import numpy as np
 
 from ... import errors
 from ...models.base import GenerateRequest, Model
-from .._common import (
-    SlicedSteps,
-    StreamCredit,
-    check_outputs,
-    make_model,
-    maybe_await,
-    model_failure,
-    run_to_end,
-)
 from ..arena import attach
+from ..model_calls import check_outputs, make_model, maybe_await, model_failure, run_to_end
 from ..priority import lower_process
+from ..stepping import SlicedSteps, StreamCredit
 from ..tensors import (
     TensorDesc,
     arena_offset,

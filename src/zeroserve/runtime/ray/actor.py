@@ -23,7 +23,7 @@ code runs on a small thread pool, as in process workers):
   generator after the step in progress. The stream ends only once that step returned, so
   a step that never returns keeps the stream's Ray task running, which the ingress
   watches (a hung stream). A sync generator is stepped in slices on a pool thread
-  (``_common.SlicedSteps``, as in process workers), and every Ray item carries whatever
+  (``stepping.SlicedSteps``, as in process workers), and every Ray item carries whatever
   arrived since the last one, so a fast generator's pieces travel many to an item.
 
 Batches (``infer``, ``infer_arrays``, ``embed``) run one at a time (``serial_batches``):
@@ -56,18 +56,11 @@ import msgspec
 import numpy as np
 
 from ...models.base import GenerateRequest, Model
-from .._common import (
-    STOPPED,
-    SlicedSteps,
-    StreamCredit,
-    check_outputs,
-    make_model,
-    maybe_await,
-    model_failure,
-)
 from ..arena import read_token
+from ..model_calls import check_outputs, make_model, maybe_await, model_failure
 from ..process import wire
 from ..process.worker import WorkerLoop
+from ..stepping import STOPPED, SlicedSteps, StreamCredit
 from ..tensors import (
     TensorDesc,
     arena_offset,

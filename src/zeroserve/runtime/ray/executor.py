@@ -64,7 +64,6 @@ import numpy as np
 from ... import errors, metrics
 from ...errors import ClusterUnavailable, ModelLoadError, WorkerError, WouldBlock
 from ...models.base import GenerateRequest
-from .._common import InferResult, Waiters, WorkerStatistics
 from ..arena import Arena, Lease
 from ..channel import Channel
 from ..contract import Executor, Producer
@@ -79,7 +78,9 @@ from ..process.link import (
     loop_now,
     rebuild_error,
 )
+from ..results import InferResult, WorkerStatistics
 from ..tensors import TensorDesc, as_array, from_desc
+from ..waiters import Waiters
 from . import actor as a
 from . import cluster
 from .placement import Placement, parse_placement

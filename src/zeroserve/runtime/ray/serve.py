@@ -68,10 +68,11 @@ import numpy as np
 from ... import errors, metrics
 from ...errors import ClusterUnavailable, ModelLoadError, WorkerError
 from ...models.base import GenerateRequest, Model
-from .._common import InferResult, StreamCredit, WorkerStatistics
 from ..arena import Arena, Lease
 from ..channel import Channel
 from ..contract import Producer
+from ..results import InferResult, WorkerStatistics
+from ..stepping import StreamCredit
 from ..tensors import TensorDesc
 from . import actor as a
 from . import cluster
