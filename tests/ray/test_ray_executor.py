@@ -372,7 +372,7 @@ def _link_sockets() -> set[str]:
 def test_a_link_socket_serves_the_ingress_alone(ray_server: ServerProcess) -> None:
     """Anyone else who connects to an actor's link socket (here: this test, with a made-up
     token) is closed on without an answer, and the model keeps serving."""
-    from zeroserve.runtime.process import wire
+    from zeroserve.runtime.worker import wire
 
     sockets = _link_sockets()
     assert sockets, "the near actors' link sockets should be listening"

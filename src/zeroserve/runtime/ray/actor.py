@@ -58,8 +58,6 @@ import numpy as np
 from ...models.base import GenerateRequest, Model
 from ..arena import read_token
 from ..model_calls import check_outputs, make_model, maybe_await, model_failure
-from ..process import wire
-from ..process.worker import WorkerLoop
 from ..stepping import STOPPED, SlicedSteps, StreamCredit
 from ..tensors import (
     TensorDesc,
@@ -70,8 +68,10 @@ from ..tensors import (
     from_desc,
     write_pending,
 )
+from ..worker import wire
+from ..worker.loop import WorkerLoop
 
-# Threads for sync model calls in one actor (as ``process.worker.WORKER_THREADS``).
+# Threads for sync model calls in one actor (as ``worker.loop.WORKER_THREADS``).
 ACTOR_THREADS = 8
 
 

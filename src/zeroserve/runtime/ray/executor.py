@@ -68,8 +68,11 @@ from ..arena import Arena, Lease
 from ..channel import Channel
 from ..contract import Executor, Producer
 from ..inproc import validate_inputs
-from ..process import wire
-from ..process.link import (
+from ..results import InferResult, WorkerStatistics
+from ..tensors import TensorDesc, as_array, from_desc
+from ..waiters import Waiters
+from ..worker import wire
+from ..worker.link import (
     Call,
     CopySites,
     LinkStream,
@@ -78,9 +81,6 @@ from ..process.link import (
     loop_now,
     rebuild_error,
 )
-from ..results import InferResult, WorkerStatistics
-from ..tensors import TensorDesc, as_array, from_desc
-from ..waiters import Waiters
 from . import actor as a
 from . import cluster
 from .placement import Placement, parse_placement

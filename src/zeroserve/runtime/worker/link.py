@@ -1,7 +1,7 @@
 """The server side of one worker connection: the calls in flight on it and the frames
 both ways (:mod:`.wire`).
 
-A link is a connected stream socket to a process serving :class:`~.worker.WorkerLoop`:
+A link is a connected stream socket to a process serving :class:`~.loop.WorkerLoop`:
 a spawned process worker's socketpair (``ProcessExecutor``), or a Ray actor on this
 node that attached the arena and accepted a connection (``RayExecutor``; docs/
 architecture.md, "Executors: ray"). Whoever owns the link (its :class:`LinkOwner`)
