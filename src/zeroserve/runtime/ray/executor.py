@@ -129,7 +129,7 @@ def actor_name(model: str, index: int) -> str:
     return f"{os.getpid()}-{model}-{index}"
 
 
-def _rebuild(fail: a.Fail) -> errors.ZeroserveError:
+def _rebuild(fail: a.Failed) -> errors.ZeroserveError:
     return rebuild_error(fail.error, fail.message, fail.status)
 
 
@@ -313,7 +313,7 @@ class _RayProducer(Producer):
                     self._finish(None, value)
                     return
                 if kind == "f":
-                    self._finish(_rebuild(a.Fail(*value)))
+                    self._finish(_rebuild(a.Failed(*value)))
                     return
                 if self.aborted:
                     continue
@@ -845,7 +845,7 @@ class RayExecutor(Executor):
                         w, w.actor.write.remote(rid, [lease.offset for lease in out_leases])
                     )
                 )
-            if isinstance(reply, a.Fail):
+            if isinstance(reply, a.Failed):
                 raise _rebuild(reply)
             assert isinstance(reply, a.Done)
             if reply.copied:
@@ -887,7 +887,7 @@ class RayExecutor(Executor):
         out = await self._await(w, w.actor.infer_arrays.remote(ref), deadline_at)
         if isinstance(out, bytes):
             reply = a.REPLY.decode(out)
-            raise _rebuild(reply) if isinstance(reply, a.Fail) else WorkerError("bad reply")
+            raise _rebuild(reply) if isinstance(reply, a.Failed) else WorkerError("bad reply")
         results: list[InferResult] = []
         for item in out:
             metrics.count_copy("ray_get", sum(np.asarray(v).nbytes for v in item.values()))
@@ -903,7 +903,7 @@ class RayExecutor(Executor):
         out = await self._await(w, w.actor.embed.remote(texts), deadline_at)
         if isinstance(out, bytes):
             reply = a.REPLY.decode(out)
-            raise _rebuild(reply) if isinstance(reply, a.Fail) else WorkerError("bad reply")
+            raise _rebuild(reply) if isinstance(reply, a.Failed) else WorkerError("bad reply")
         metrics.count_copy("ray_get", out.nbytes)
         vecs: np.ndarray = np.asarray(out)
         return vecs

@@ -561,7 +561,7 @@ class RayServeExecutor(RayExecutor):
                 return await self._infer_detached(w, arrays, deadline_at)
             raw, extra = out
             reply = a.REPLY.decode(raw)
-            if isinstance(reply, a.Fail):
+            if isinstance(reply, a.Failed):
                 raise _rebuild(reply)
             assert isinstance(reply, a.Done)
             results = [self._result(item, leases) for item in reply.outputs]
