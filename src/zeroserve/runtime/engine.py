@@ -213,7 +213,7 @@ class Engine:
 
             return RayExecutor(spec, self.arena, opts)
         if spec.executor == "ray-serve":
-            from .ray.serve import RayServeExecutor  # needs the [ray] extra's Serve
+            from .ray.serve.ingress import RayServeExecutor  # needs the [ray] extra's Serve
 
             return RayServeExecutor(spec, self.arena, opts)
         return ProcessExecutor(spec, self.arena, opts)
