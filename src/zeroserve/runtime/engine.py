@@ -213,9 +213,9 @@ class Engine:
 
             return RayExecutor(spec, self.arena, opts)
         if spec.executor == "ray-serve":
-            from .ray.serve.ingress import RayServeExecutor  # needs the [ray] extra's Serve
+            from .ray.serve.ingress import serve_executor  # needs the [ray] extra's Serve
 
-            return RayServeExecutor(spec, self.arena, opts)
+            return serve_executor(spec, self.arena, opts)
         return ProcessExecutor(spec, self.arena, opts)
 
     # -- queries -------------------------------------------------------------------------

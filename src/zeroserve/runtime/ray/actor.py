@@ -27,7 +27,7 @@ code runs on a small thread pool, as in process workers):
   arrived since the last one, so a fast generator's pieces travel many to an item.
 
 Batches (``infer``, ``infer_arrays``, ``embed``) run one at a time (``serial_batches``):
-the ingress keeps up to ``executor.PIPELINE_DEPTH`` of them in flight on one actor so
+the ingress keeps up to ``roster.PIPELINE_DEPTH`` of them in flight on one actor so
 that the next one is already here when the model finishes the last, but the model sees
 them in turn, as in a process worker.
 
