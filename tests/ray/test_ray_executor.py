@@ -31,7 +31,7 @@ SERVER_START_TIMEOUT_S = 180.0
 # Every wait on the server's state polls until this deadline.
 WAIT_S = 60.0
 CLIENT_TIMEOUT_S = 60.0
-# Longer than a Ray stream's credit window (``executor.STREAM_WINDOW``, 64 pieces), so
+# Longer than a Ray stream's credit window (``producer.STREAM_WINDOW``, 64 pieces), so
 # credit goes back to the actor several times within one stream.
 STREAM_TOKENS = "300"
 FAR = 'same_node=never&num_cpus=0&resources={"node_b":0.1}'
@@ -372,7 +372,7 @@ def _link_sockets() -> set[str]:
 def test_a_link_socket_serves_the_ingress_alone(ray_server: ServerProcess) -> None:
     """Anyone else who connects to an actor's link socket (here: this test, with a made-up
     token) is closed on without an answer, and the model keeps serving."""
-    from zeroserve.runtime.process import wire
+    from zeroserve.runtime.worker import wire
 
     sockets = _link_sockets()
     assert sockets, "the near actors' link sockets should be listening"
@@ -405,7 +405,7 @@ def test_disconnect_mid_stream_stops_the_actors_generator(
 
 
 def test_pipelined_batches_reach_the_model_one_at_a_time(ray_server: ServerProcess) -> None:
-    """One actor takes several batches in flight (``executor.PIPELINE_DEPTH``), and its
+    """One actor takes several batches in flight (``roster.PIPELINE_DEPTH``), and its
     model still runs them in turn, as a process worker's would: no answer saw another
     ``infer`` running beside its own."""
 

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SERVER_START_TIMEOUT_S = 240.0
 CLIENT_TIMEOUT_S = 60.0
-# Longer than a Ray stream's credit window (``executor.STREAM_WINDOW``, 64 pieces), so
+# Longer than a Ray stream's credit window (``producer.STREAM_WINDOW``, 64 pieces), so
 # credit goes back to the actor several times within one stream.
 STREAM_TOKENS = "300"
 # Upscaling needs Serve to see the burst (metrics every 0.5 s over a 1 s window) and a

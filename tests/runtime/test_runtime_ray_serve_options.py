@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from zeroserve.models.loader import parse_spec
-from zeroserve.runtime.ray.serve import DEFAULT_MAX_ONGOING_REQUESTS, parse_autoscaling
+from zeroserve.runtime.ray.serve.deployment import DEFAULT_MAX_ONGOING_REQUESTS, parse_autoscaling
 
 
 def test_spec_options_become_the_autoscaling_config() -> None:

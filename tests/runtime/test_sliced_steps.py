@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from zeroserve.runtime._common import (
+from zeroserve.runtime.stepping import (
     STEP_SLICE_S,
     STOPPED,
     SlicedSteps,

@@ -4,7 +4,6 @@ The app layer uses :class:`Engine` and the names below; everything else is priva
 """
 
 from ..errors import ModelLoadError, StreamAborted
-from ._common import InferResult, WorkerStatistics
 from .admission import AdmissionStatistics, QueueWatch, Ticket
 from .arena import Arena, ArenaStatistics, Lease, attach
 from .batcher import BatcherStatistics
@@ -13,6 +12,7 @@ from .clock import Clock, ManualClock
 from .engine import ChannelTotals, Engine, EngineStatistics, EngineStatus
 from .handle import ModelHandle, ModelStatistics, ModelStatus
 from .options import ModelConfig, ResolvedModel, RuntimeOptions
+from .results import InferResult, WorkerStatistics
 from .slots import SlotPool, SlotStatistics, SlotStream
 from .stream import Stream
 

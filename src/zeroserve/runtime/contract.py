@@ -16,10 +16,10 @@ import numpy as np
 
 from ..errors import ZeroserveError
 from ..models.base import GenerateRequest
-from ._common import InferResult, WorkerStatistics
 from .arena import Arena
 from .channel import Channel
 from .options import ResolvedModel
+from .results import InferResult, WorkerStatistics
 
 
 class Producer(abc.ABC):

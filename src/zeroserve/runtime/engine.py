@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from .. import metrics
 from ..errors import ModelLoadError, ModelNotFound
 from ..models.base import Model
-from ._common import make_model
 from .admission import DEFAULT_RETRY_AFTER_S, check_bytes
 from .arena import Arena, ArenaStatistics
 from .clock import Clock
 from .contract import Executor
 from .handle import ModelHandle, ModelRuntime, ModelStatistics, ModelStatus
 from .inproc import InlineExecutor, ThreadExecutor
+from .model_calls import make_model
 from .options import EXECUTORS, ModelConfig, ResolvedModel, RuntimeOptions
 from .priority import MAX_NICE
 from .process import ProcessExecutor
@@ -214,9 +214,9 @@ class Engine:
 
             return RayExecutor(spec, self.arena, opts)
         if spec.executor == "ray-serve":
-            from .ray.serve import RayServeExecutor  # needs the [ray] extra's Serve
+            from .ray.serve.ingress import serve_executor  # needs the [ray] extra's Serve
 
-            return RayServeExecutor(spec, self.arena, opts)
+            return serve_executor(spec, self.arena, opts)
         return ProcessExecutor(spec, self.arena, opts)
 
     # -- queries -------------------------------------------------------------------------

@@ -13,13 +13,13 @@ import numpy as np
 from .. import metrics
 from ..errors import CapabilityError, DeadlineExceeded, Overloaded, RequestError
 from ..models.base import GenerateRequest, Model
-from ._common import InferResult, WorkerStatistics
 from .admission import Admission, AdmissionStatistics, QueueWatch, Ticket
 from .batcher import Batcher, BatcherStatistics, Pending
 from .channel import Channel, Policy
 from .clock import Clock, call_at
 from .contract import Executor
 from .options import ResolvedModel, RuntimeOptions
+from .results import InferResult, WorkerStatistics
 from .slots import SlotPool, SlotStatistics
 from .stream import Stream
 from .timing import StreamTiming

@@ -44,21 +44,14 @@ import numpy as np
 
 from ..errors import ModelLoadError, RequestError, WouldBlock
 from ..models.base import GenerateRequest, Model
-from ._common import (
-    InferResult,
-    ThreadStepper,
-    WorkerStatistics,
-    check_outputs,
-    make_model,
-    maybe_await,
-    model_failure,
-    output_leases,
-)
 from .arena import Arena
 from .channel import Channel
 from .contract import Executor, Producer
+from .model_calls import check_outputs, make_model, maybe_await, model_failure, output_leases
 from .options import DEFAULT_HANG_GRACE_S, DEFAULT_YIELD_EVERY, ResolvedModel
 from .priority import call_lowered, lower_thread
+from .results import InferResult, WorkerStatistics
+from .stepping import ThreadStepper
 
 log = logging.getLogger("zeroserve.runtime")
 

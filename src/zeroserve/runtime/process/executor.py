@@ -2,15 +2,15 @@
 
 This module is the process side of the executor: spawning workers, slots, and recovering
 from crashes and hangs. Everything about one call on a worker (descriptors, leases,
-credits, the frames) is the worker's :class:`~.link.WorkerLink`, which the ``ray``
-executor's same-node actors use too.
+credits, the frames) is the worker's :class:`~..worker.link.WorkerLink`, which the
+``ray`` executor's same-node actors use too.
 
 Strategy
 --------
 Each worker is a ``multiprocessing`` *spawn* process (no inherited locks or threads)
 given one end of a socketpair; the arena's memfd is sent over it with ``SCM_RIGHTS`` and
-mapped there (:mod:`.worker`). Control frames are msgspec msgpack (:mod:`.wire`); inputs
-and outputs stay in the arena (see :mod:`.link`), copies counted at the
+mapped there (:mod:`.worker`). Control frames are msgspec msgpack (:mod:`..worker.wire`);
+inputs and outputs stay in the arena (see :mod:`..worker.link`), copies counted at the
 ``process_input`` and ``process_output`` sites.
 
 * Faults: EOF on a worker's socket means it died. Its calls fail with ``WorkerError``,
@@ -41,16 +41,13 @@ from typing import TYPE_CHECKING, Any
 from ... import errors
 from ...errors import ModelLoadError, WorkerError
 from ...models.base import GenerateRequest
-from .._common import (
-    InferResult,
-    Waiters,
-    WorkerStatistics,
-)
 from ..arena import Arena
 from ..channel import Channel
 from ..contract import Executor, Producer
-from . import wire as p
-from .link import Call, CopySites, LinkStream, WorkerLink, loop_now
+from ..results import InferResult, WorkerStatistics
+from ..waiters import Waiters
+from ..worker import wire as p
+from ..worker.link import Call, CopySites, LinkStream, WorkerLink, loop_now
 from .worker import worker_main
 
 if TYPE_CHECKING:

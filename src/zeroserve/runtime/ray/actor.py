@@ -23,18 +23,18 @@ code runs on a small thread pool, as in process workers):
   generator after the step in progress. The stream ends only once that step returned, so
   a step that never returns keeps the stream's Ray task running, which the ingress
   watches (a hung stream). A sync generator is stepped in slices on a pool thread
-  (``_common.SlicedSteps``, as in process workers), and every Ray item carries whatever
+  (``stepping.SlicedSteps``, as in process workers), and every Ray item carries whatever
   arrived since the last one, so a fast generator's pieces travel many to an item.
 
 Batches (``infer``, ``infer_arrays``, ``embed``) run one at a time (``serial_batches``):
-the ingress keeps up to ``executor.PIPELINE_DEPTH`` of them in flight on one actor so
+the ingress keeps up to ``roster.PIPELINE_DEPTH`` of them in flight on one actor so
 that the next one is already here when the model finishes the last, but the model sees
 them in turn, as in a process worker.
 
 Invariants
 ----------
 * Nothing of a payload is pickled when attached: descriptors, sizes and offsets only.
-* A model's exception is returned as ``Fail`` (a 4xx/5xx the ingress rebuilds), never
+* A model's exception is returned as ``Failed`` (a 4xx/5xx the ingress rebuilds), never
   raised through Ray, so a Ray error always means the actor or the cluster failed.
 """
 
@@ -56,18 +56,9 @@ import msgspec
 import numpy as np
 
 from ...models.base import GenerateRequest, Model
-from .._common import (
-    STOPPED,
-    SlicedSteps,
-    StreamCredit,
-    check_outputs,
-    make_model,
-    maybe_await,
-    model_failure,
-)
 from ..arena import read_token
-from ..process import wire
-from ..process.worker import WorkerLoop
+from ..model_calls import check_outputs, make_model, maybe_await, model_failure
+from ..stepping import STOPPED, SlicedSteps, StreamCredit
 from ..tensors import (
     TensorDesc,
     arena_offset,
@@ -77,8 +68,10 @@ from ..tensors import (
     from_desc,
     write_pending,
 )
+from ..worker import wire
+from ..worker.loop import WorkerLoop
 
-# Threads for sync model calls in one actor (as ``process.worker.WORKER_THREADS``).
+# Threads for sync model calls in one actor (as ``worker.loop.WORKER_THREADS``).
 ACTOR_THREADS = 8
 
 
@@ -110,13 +103,16 @@ class NeedAlloc(msgspec.Struct, array_like=True, tag="alloc"):
     sizes: list[int]
 
 
-class Fail(msgspec.Struct, array_like=True, tag="fail"):
+class Failed(msgspec.Struct, array_like=True, tag="fail"):
+    """A call's failure as a reply: an errors-module class name, message and status (the
+    worker protocol's own failure frame is ``worker.wire.Fail``)."""
+
     error: str
     message: str
     status: int
 
 
-Reply = Done | NeedAlloc | Fail
+Reply = Done | NeedAlloc | Failed
 REPLY = msgspec.msgpack.Decoder(Reply)
 DESCS = msgspec.msgpack.Decoder(list[dict[str, TensorDesc]])
 _encode = msgspec.msgpack.encode
@@ -138,9 +134,9 @@ def attach_arena(ref: ArenaRef) -> memoryview | None:
         os.close(fd)
 
 
-def _fail(name: str, exc: BaseException) -> Fail:
+def _fail(name: str, exc: BaseException) -> Failed:
     err = model_failure(name, exc)
-    return Fail(type(err).__name__, err.message, err.status)
+    return Failed(type(err).__name__, err.message, err.status)
 
 
 class RayWorker:
@@ -272,7 +268,7 @@ class RayWorker:
     async def infer(self, rid: int, descs: bytes) -> bytes:
         view = self.view
         if view is None:
-            return _encode(Fail("WorkerError", "actor is not attached to the arena", 503))
+            return _encode(Failed("WorkerError", "actor is not attached to the arena", 503))
         try:
             batch = [
                 {k: from_desc(view, d) for k, d in item.items()} for item in DESCS.decode(descs)
@@ -306,7 +302,7 @@ class RayWorker:
         list (the ingress could not allocate, or gave up) just drops them."""
         held = self.pending.pop(rid, None)
         if held is None or not offsets or self.view is None:
-            return _encode(Fail("WorkerError", "no outputs held for this request", 500))
+            return _encode(Failed("WorkerError", "no outputs held for this request", 500))
         described, pending = held
         copied = write_pending(self.view, pending, offsets)
         return _encode(Done(described, copied))
@@ -314,7 +310,7 @@ class RayWorker:
     # -- infer, detached (object store) ---------------------------------------------------
     async def infer_arrays(self, batch: list[dict[str, Any]]) -> Any:
         """Run a batch whose arrays came through the object store (read-only views);
-        returns the outputs as arrays, or a ``Fail``'s bytes."""
+        returns the outputs as arrays, or a ``Failed``'s bytes."""
         try:
             outs = check_outputs(self.name, len(batch), await self._batch(self.model.infer, batch))
             return [{k: as_array(v, name=k) for k, v in dict(o).items()} for o in outs]

@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any
 
-# Ray namespace of zeroserve's named actors (see ``executor.actor_name``).
+# Ray namespace of zeroserve's named actors (see ``actors.actor_name``).
 NAMESPACE = "zeroserve"
 # The node address a local Ray (one zeroserve starts, or a cluster named by a loopback
 # address) registers: loopback, so none of its sockets is reached through another

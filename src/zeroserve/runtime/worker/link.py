@@ -1,7 +1,7 @@
 """The server side of one worker connection: the calls in flight on it and the frames
 both ways (:mod:`.wire`).
 
-A link is a connected stream socket to a process serving :class:`~.worker.WorkerLoop`:
+A link is a connected stream socket to a process serving :class:`~.loop.WorkerLoop`:
 a spawned process worker's socketpair (``ProcessExecutor``), or a Ray actor on this
 node that attached the arena and accepted a connection (``RayExecutor``; docs/
 architecture.md, "Executors: ray"). Whoever owns the link (its :class:`LinkOwner`)
@@ -47,10 +47,10 @@ import numpy as np
 from ... import errors, metrics
 from ...errors import Overloaded, WorkerError, WouldBlock
 from ...models.base import GenerateRequest
-from .._common import InferResult
 from ..arena import Arena, Lease
 from ..channel import Channel
 from ..inproc import validate_inputs
+from ..results import InferResult
 from ..tensors import (
     BYTES,
     TensorDesc,

@@ -1,121 +1,31 @@
-"""Types shared by the engine and its executors (private; the public names are re-exported
-from ``zeroserve.runtime``)."""
+"""Sync generators stepped on pool threads, under their stream's credit: the thread
+executor, process workers and Ray actors share it.
+
+Strategy
+--------
+A generator is stepped only while its stream has credit (:class:`StreamCredit`, the
+worker's side of the credit window), so a slow consumer stops its own generator and
+nobody else's. :class:`ThreadStepper` steps one ``next()`` per pool call under a lock, so
+an abort closes the generator right after the step in progress. :class:`SlicedSteps`
+steps many per pool call, for at most ``STEP_SLICE_S``, and hands each piece to the loop
+as it comes: a fast generator's pieces travel many to a frame (or a Ray item) while a
+slow step still delivers its piece at once.
+
+Invariant: a step in progress is never interrupted; closing waits for it to return (the
+caller's task stays running meanwhile, which is how a hung step is seen).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import numpy as np
-
-from ..errors import WorkerError, ZeroserveError
-from ..models.base import Model
-from .arena import Arena, Lease
-from .tensors import arena_offset
-
-log = logging.getLogger("zeroserve.runtime")
-
-
-@dataclass(slots=True)
-class InferResult:
-    """One request's outputs. ``leases`` keep the outputs' shared memory alive: release
-    each once the response has been sent (or the outputs are no longer needed)."""
-
-    outputs: dict[str, Any]
-    leases: list[Lease] = field(default_factory=list)
-
-    def release(self) -> None:
-        leases, self.leases = self.leases, []
-        for lease in leases:
-            lease.release()
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerStatistics:
-    executor: str
-    workers: int
-    ready: int
-    busy: int
-    streams: int
-    restarts: int
-    crashes: int
-    # Slots held by calls that outlived their deadline by the hang grace (thread), and
-    # hung workers killed and restarted (process); see docs/architecture.md, "Hung work".
-    stuck: int = 0
-    reclaimed: int = 0
-    # Ray actors on the ingress's node reached through a link (the worker protocol over a
-    # socket) rather than a Ray call per batch (docs/architecture.md, "Executors: ray").
-    linked: int = 0
-
-
-def make_model(factory: Callable[..., Model], options: Mapping[str, Any]) -> Model:
-    """Instantiate a model: a Model class gets ``options`` as keyword arguments; any
-    other callable is called with them if there are any, else with none."""
-    if isinstance(factory, type) or options:
-        return factory(**options)
-    return factory()
-
-
-async def run_to_end(fut: asyncio.Future[Any]) -> Any:
-    """Await a pool thread's future. Cancelled, it still waits for the thread to return
-    before re-raising: a thread cannot be stopped, and whoever waits on this call must see
-    it as running until its thread is free again (that is how hung work is detected)."""
-    try:
-        return await asyncio.shield(fut)
-    except asyncio.CancelledError as exc:
-        cancelled = exc  # awaited after the handler: compiled (docs/architecture.md)
-    if not fut.done():
-        await asyncio.wait({fut})
-    raise cancelled
-
-
-async def maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
-def model_failure(name: str, exc: BaseException) -> ZeroserveError:
-    """A model's exception as the error the caller gets: ours pass through, others 500."""
-    if isinstance(exc, ZeroserveError):
-        return exc
-    # The exception's text may quote the request's input, and error bodies never echo
-    # input: the client gets the exception's type, the log gets the whole story.
-    log.error("model %r failed", name, exc_info=exc)
-    return WorkerError(f"model {name!r} failed: {type(exc).__name__}")
-
-
-def output_leases(arena: Arena, outputs: Mapping[str, Any]) -> list[Lease]:
-    """Retain the arena leases that back any output arrays (an echo returns its input's
-    own memory), so the caller may release the request body independently."""
-    leases: list[Lease] = []
-    for value in outputs.values():
-        if not isinstance(value, np.ndarray):
-            continue
-        off = arena_offset(value, arena.address, arena.size)
-        if off is None:
-            continue
-        lease = arena.lease_containing(off, value.nbytes)
-        if lease is not None and all(lease is not x for x in leases):
-            leases.append(lease.retain())
-    return leases
-
-
-def check_outputs(name: str, batch_size: int, outputs: Any) -> Sequence[Mapping[str, Any]]:
-    if type(outputs) is not list and not isinstance(outputs, Sequence):  # list: the fast check
-        raise WorkerError(f"model {name!r} returned {type(outputs).__name__}, not a list")
-    if len(outputs) != batch_size:
-        got = len(outputs) if isinstance(outputs, Sequence) else type(outputs).__name__
-        raise WorkerError(f"model {name!r} returned {got} outputs for a batch of {batch_size}")
-    return outputs
+from .model_calls import run_to_end
 
 
 class ThreadStepper:
@@ -316,28 +226,3 @@ class StreamCredit:
             self.event.clear()
             await self.event.wait()
         self.n -= 1
-
-
-class Waiters:
-    """Tasks waiting for a worker slot: ``wait()`` until the next ``wake_all()``, when
-    each re-checks capacity. Shared by the process and Ray executors."""
-
-    __slots__ = ("_futs",)
-
-    def __init__(self) -> None:
-        self._futs: list[asyncio.Future[None]] = []
-
-    def wake_all(self) -> None:
-        futs, self._futs = self._futs, []
-        for fut in futs:
-            if not fut.done():
-                fut.set_result(None)
-
-    async def wait(self) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        self._futs.append(fut)
-        try:
-            await fut
-        finally:
-            if fut in self._futs:
-                self._futs.remove(fut)

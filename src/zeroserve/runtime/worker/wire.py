@@ -1,4 +1,5 @@
-"""The worker wire protocol: control frames between the server and a process worker.
+"""The worker wire protocol: control frames between the server and a worker (a spawned
+process worker, or a same-node Ray actor on its link).
 
 Frames are a 4-byte little-endian length then one msgspec msgpack message (a tagged
 union, encoders and decoders built once). Only control data travels here: tensors stay
@@ -112,7 +113,7 @@ class InArena(msgspec.Struct, array_like=True, tag="a"):
 
 class Pieces(_Msg, tag="pieces"):
     """A stream's next pieces, in order, each one credit. A sync generator's pieces come
-    many to a frame (``_common.SlicedSteps``)."""
+    many to a frame (``stepping.SlicedSteps``)."""
 
     id: int
     items: list[str | Blob | InArena]
