@@ -53,7 +53,7 @@ examples:
 
 class _Version(argparse.Action):
     """``--version``: the version and which build runs, compiled modules or pure Python
-    (docs/architecture.md, "The compiled build"); computed only when asked."""
+    (docs/decisions/0007-compiled-build.md); computed only when asked."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)

@@ -30,8 +30,8 @@ MAX_CREDENTIAL_BYTES: Final = 512
 # logs, so a key there is refused rather than accepted.
 QUERY_KEY_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "access_token", "token"})
 # ``Final``: every request reads these, and the compiled build then reads them as C
-# constants and statics, not by a lookup in this module's dict (docs/architecture.md,
-# "The compiled build (mypyc)"); the same for the comparison function, otherwise an
+# constants and statics, not by a lookup in this module's dict (docs/decisions/
+# 0008-types-decide-the-calls.md); the same for the comparison function, otherwise an
 # attribute lookup on the ``hmac`` module per key per request.
 _BEARER: Final = b"bearer "
 _BEARER_LEN: Final = len(_BEARER)
