@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The hot path compiled by mypyc, in place next to its sources (tools/build_compiled.py;
-# docs/architecture.md, "The compiled build"), part of `make install`: rebuilt when a
+# docs/decisions/0007-compiled-build.md), part of `make install`: rebuilt when a
 # compiled source changed, a no-op when up to date. ZEROSERVE_PURE=1 (or no C compiler)
 # leaves a pure-Python tree and says so in one line; at run time ZEROSERVE_PURE=1 also
 # makes a compiled tree load its sources.

@@ -15,6 +15,7 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -27,7 +28,15 @@ from .report import Section, merge
 from .servers import BASELINE_SRC_ENV, ECHO
 from .suites import SUITES
 
-PREAMBLE = "# Benchmarks\n"
+# A new report starts with this; an existing one keeps its hand-written text.
+PREAMBLE = """# Benchmarks
+
+Reproduce every number below with `make bench`, or one suite with `python -m benchmarks
+--suites W3` (`python -m benchmarks --help`). Each suite rewrites only its own part,
+between its `zeroserve-bench` markers; each part's footer names the machine it ran on.
+"""
+# Options that say where results go, not what is measured: left out of "Reproduce".
+_OUTPUT_OPTIONS = ("--out", "--results-dir")
 # Suites whose load is the harness's own clients; every other one drives wrk.
 WITHOUT_WRK = frozenset({"W5", "W6", "W7", "tinyllm"})
 
@@ -97,6 +106,50 @@ def _interruptible() -> Callable[[], None]:
     return undo
 
 
+def reproduce(given: list[str], base_src: str | None) -> str:
+    """The command line a report gives to repeat this run: ``make bench`` for a run with
+    no arguments, else ``python -m benchmarks`` with what was measured. Where results go
+    (``--out``, ``--results-dir``) is left out, and a baseline tree is named by its
+    commit, never by its path on this machine."""
+    args: list[str] = []
+    skip = False
+    for arg in given:
+        if skip:
+            skip = False
+        elif arg in _OUTPUT_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in _OUTPUT_OPTIONS)):
+            args.append(arg)
+    command = (
+        "python -m benchmarks " + " ".join(shlex.quote(a) for a in args)
+        if args
+        else ("python -m benchmarks" if given else "make bench")
+    )
+    if base_src:
+        command = f"{BASELINE_SRC_ENV}={describe_tree(base_src)} {command}"
+    return command
+
+
+def describe_tree(src: str) -> str:
+    """A baseline ``src/`` as words that hold on any machine: ``<a checkout of COMMIT,
+    compiled>/src`` (its git commit, and whether it holds a compiled build)."""
+    path = Path(src)
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    what = f"a checkout of {commit}" if commit else "another checkout"
+    if (path / "zeroserve" / "_compiled.json").exists():
+        what += ", compiled"
+    return f"<{what}>/src" if path.name == "src" else f"<{what}>"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the selected suites and merge their sections into ``--out``. Returns the exit
     status: 0 when every suite ran, 1 when one failed, 2 for bad arguments or no wrk."""
@@ -116,18 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     pins = machine.Pinning.detect()
     # An A/B against another checkout is part of how to reproduce the run.
-    base_src = os.environ.get(BASELINE_SRC_ENV)
-    env_prefix = f"{BASELINE_SRC_ENV}={shlex.quote(base_src)} " if base_src else ""
     ctx = SuiteContext(
         quick=args.quick,
         results_dir=args.results_dir,
         pins=pins,
-        command=env_prefix
-        + (
-            "make bench"
-            if not given
-            else "python -m benchmarks " + " ".join(shlex.quote(a) for a in given)
-        ),
+        command=reproduce(list(given), os.environ.get(BASELINE_SRC_ENV)),
         # Taken before the harness pins itself to one CPU.
         machine=tuple(machine.facts()),
         rounds=args.rounds,

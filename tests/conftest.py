@@ -55,8 +55,11 @@ def start_server(
     env: dict[str, str] | None = None,
     loop: str = "auto",
     timeout: float = START_TIMEOUT_S,
+    cwd: Path = ROOT,
 ) -> ServerProcess:
-    """Start ``zeroserve serve`` on a free port and wait (bounded) until it listens."""
+    """Start ``zeroserve serve`` on a free port and wait (bounded) until it listens. Later
+    ``args`` win over the defaults (``--port N`` after the free port's ``--port 0``);
+    ``cwd`` is where relative paths in ``args`` (and model modules) are found."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
     full_env["PYTHONUNBUFFERED"] = "1"
@@ -75,7 +78,7 @@ def start_server(
         *args,
     ]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=ROOT
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, cwd=cwd
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout

@@ -1,5 +1,5 @@
 """``zeroserve --version`` names the build that really runs, and a compiled build whose
-sources changed never shadows them (docs/architecture.md, "The compiled build").
+sources changed never shadows them (docs/decisions/0007-compiled-build.md).
 
 ``make pytest`` sets ``ZEROSERVE_TEST_BUILD`` to the build it meant to test (``compiled``
 after ``make compiled``, ``pure`` for the ``ZEROSERVE_PURE=1`` run), so a
@@ -179,7 +179,7 @@ def test_no_interpreted_class_subclasses_a_compiled_one() -> None:
 # mypyc keeps a compiled coroutine's handled exception in the thread's exception state,
 # not in a frame of its own. A compiled coroutine that suspends inside an ``except`` or
 # ``finally`` body leaves its exception there for whatever the loop runs next, and on
-# resuming re-raises whatever is there then (docs/architecture.md, "The compiled build").
+# resuming re-raises whatever is there then (docs/decisions/0009-no-await-in-handlers-when-compiled.md).
 _SUSPENDS = (ast.Await, ast.AsyncFor, ast.AsyncWith, ast.Yield, ast.YieldFrom)
 
 

@@ -7,7 +7,7 @@ The modules are ``zeroserve.buildinfo.COMPILED_MODULES``, compiled by mypyc into
 extensions next to their sources in ``src/`` (so an editable install and
 ``PYTHONPATH=src`` both import them), plus ``src/zeroserve/_compiled.json``, the
 manifest of the sources they were built from, which ``buildinfo.guard()`` checks at
-import (docs/architecture.md, "The compiled build"). ``ZEROSERVE_PURE=1``, or no C
+import (docs/decisions/0007-compiled-build.md). ``ZEROSERVE_PURE=1``, or no C
 compiler, or no mypyc, leaves a pure-Python tree and says so in one line.
 """
 

@@ -1,4 +1,4 @@
-"""The API key's own cost in the edge, timed in-process (docs/architecture.md, "The edge").
+"""The API key's own cost in the edge, timed in-process (docs/decisions/0011-api-key-cost.md).
 
 Run: ``.venv/bin/python -m benchmarks.scripts.edge_key_cost [--json]`` from the repository
 root. It times what the server runs for every request at the edge, ``Edge.start`` +

@@ -1,4 +1,4 @@
-"""What the API key costs a whole server, in instructions (docs/architecture.md, "The edge").
+"""What the API key costs a whole server, in instructions (docs/decisions/0011-api-key-cost.md).
 
 Run: ``.venv/bin/python -m benchmarks.scripts.edge_key_instructions [--json]`` from the
 repository root (needs valgrind; ``make bench-tools`` installs it). About three minutes.

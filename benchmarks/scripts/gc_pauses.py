@@ -1,5 +1,5 @@
-"""The cyclic GC's pauses on the server's loop under W2 raw SSE x32 (docs/architecture.md,
-"Memory between requests").
+"""The cyclic GC's pauses on the server's loop under W2 raw SSE x32 (docs/decisions/
+0010-memory-between-requests.md).
 
 Run: ``.venv/bin/python -m benchmarks.scripts.gc_pauses [--seconds 10] [--json]`` from the
 repository root; with ``ZSBENCH_BASELINE_SRC=/other/checkout/src`` set it measures that

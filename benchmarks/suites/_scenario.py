@@ -62,7 +62,7 @@ def run(
         notes.append("matplotlib not importable: plots skipped.")
     elif written:
         notes.append(
-            f"Plots (in `{ctx.results_dir}/`, not committed): "
+            "Plots (in the results directory, `--results-dir`, not committed): "
             + ", ".join(f"`{w}`" for w in written)
         )
     return cases, live, grid, settings, notes

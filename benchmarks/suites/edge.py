@@ -1,4 +1,4 @@
-"""EDGE: what the production edge costs (docs/architecture.md, "The edge").
+"""EDGE: what the production edge costs (docs/decisions/0011-api-key-cost.md).
 
 * API keys: W1 64 KiB raw echo and W2 raw SSE (and, in full runs, OpenAI chunks) at 32
   connections, zeroserve with one ``--api-key`` (every request sends it) against the same

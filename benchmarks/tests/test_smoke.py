@@ -64,6 +64,9 @@ def test_quick_bench_writes_table(tmp_path: Path) -> None:
 
     text = out.read_text()
     assert "### W1" in text and "### W2" in text
+    # How to reproduce it, without where this run wrote its results.
+    assert "Reproduce: `python -m benchmarks --quick --suites W1,W2" in text
+    assert str(tmp_path) not in text
     row = re.compile(r"^\| 64 KiB x32 \| FastAPI\+uvicorn \| [\d,.]+ \| 1\.00x \|", re.M)
     assert row.search(text), text
     assert re.search(r"^\| raw SSE x32 \| FastAPI\+uvicorn \| [\d,.]+ \|", text, re.M), text

@@ -2,7 +2,7 @@
 
 from . import buildinfo
 
-buildinfo.guard()  # before any compiled module is imported (docs/architecture.md, "The compiled build")
+buildinfo.guard()  # before any compiled module is imported (docs/decisions/0007-compiled-build.md)
 
 from .errors import ZeroserveError  # noqa: E402
 from .models.base import GenerateRequest, Model, TensorSpec  # noqa: E402

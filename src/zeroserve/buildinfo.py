@@ -1,5 +1,5 @@
 """Which build of zeroserve runs: pure Python, or with the hot path compiled by mypyc
-(docs/architecture.md, "The compiled build").
+(docs/decisions/0007-compiled-build.md).
 
 ``tools/build_compiled.py`` (run by ``make compiled``) compiles ``COMPILED_MODULES`` in
 place: each gets a C extension next to its ``.py``, and the build writes ``MANIFEST``
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-# The hot path (docs/architecture.md, "The compiled build"): the sans-I/O connection and
+# The hot path (docs/decisions/0007-compiled-build.md): the sans-I/O connection and
 # its parsers and framing, the server's asyncio glue, the runtime's stream channel, and
 # what every request passes through above them: the request and its route, the raw
 # endpoint, the OpenAI routes' request path (the chat front ends, the one chat request and

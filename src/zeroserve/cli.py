@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -14,16 +15,45 @@ from .config import Config, load_config
 from .errors import ConfigError, ConfigWarning, ZeroserveError
 from .loadgen import add_arguments as add_loadgen_arguments
 from .loadgen import main as loadgen_main
-from .models.loader import ModelRef, parse_spec
+from .models.loader import BACKENDS, BUILTINS, ModelRef, parse_spec
 
 log = logging.getLogger("zeroserve")
 
 DEFAULT_MODELS = ("echo", "tinyllm", "minilm", "smollm2")
 
+# Each command's help ends with examples (tests/docs/test_guidance.py parses every one of
+# them with this parser, so they stay true).
+MAIN_EXAMPLES = """\
+examples:
+  zeroserve serve                       serve the default models on http://127.0.0.1:8000
+  zeroserve serve --model 'chat=llamacpp:/path/model.gguf?n_ctx=8192'
+  zeroserve models                      list what that would serve, with capabilities
+  zeroserve bench http://127.0.0.1:8000 --stream -c 8 -n 200
+
+Each command's --help has more. A running server describes its API at GET /openapi.json
+and answers the openai SDK at base_url http://127.0.0.1:8000/v1.
+"""
+SERVE_EXAMPLES = """\
+examples:
+  zeroserve serve                                 echo, tinyllm, minilm and smollm2
+  zeroserve serve --model 'chat=llamacpp:/path/model.gguf?n_ctx=8192&parallel=4'
+  zeroserve serve --model emb=onnx:/path/model.onnx
+  zeroserve serve --model mine=my_model:MyModel    a zeroserve.Model in ./my_model.py
+  zeroserve serve --host 0.0.0.0 --api-keys-file keys.toml --access-log -
+
+Then: curl http://127.0.0.1:8000/v1/models, or the openai SDK with
+base_url="http://127.0.0.1:8000/v1". The page at / is a playground and live dashboard.
+"""
+MODELS_EXAMPLES = """\
+examples:
+  zeroserve models                                the default models
+  zeroserve models --model mine=my_model:MyModel --model echo
+"""
+
 
 class _Version(argparse.Action):
     """``--version``: the version and which build runs, compiled modules or pure Python
-    (docs/architecture.md, "The compiled build"); computed only when asked."""
+    (docs/decisions/0007-compiled-build.md); computed only when asked."""
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
@@ -37,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="zeroserve",
         description="A zero-copy Python AI-inference server (OpenAI, KServe V2 and raw APIs).",
+        epilog=MAIN_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action=_Version, help="show the version and build, then exit")
     sub = p.add_subparsers(dest="command", required=True)
@@ -45,10 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve models over HTTP",
         description=(
-            "Serve models over HTTP/1.1. With no --model, serves the embedded default models "
-            "(echo, tinyllm: a demo generative model, minilm: all-MiniLM-L6-v2 embeddings). "
+            "Serve models over HTTP/1.1. With no --model, serves the default models: echo\n"
+            "(the identity), tinyllm (a demo generative model), minilm (all-MiniLM-L6-v2\n"
+            "embeddings) and smollm2 (SmolLM2-135M-Instruct chat on llama.cpp's engine).\n"
             "Configuration: defaults < --config TOML < ZEROSERVE_* environment < flags."
         ),
+        epilog=SERVE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(serve)
     serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
@@ -168,7 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     models = sub.add_parser(
-        "models", help="list the models a configuration serves, with capabilities"
+        "models",
+        help="list the models a configuration serves, with capabilities",
+        description="List the models a configuration serves, with their capabilities.",
+        epilog=MODELS_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(models)
 
@@ -185,9 +224,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         action="append",
         dest="models",
         metavar="SPEC",
-        help="model to serve, repeatable: NAME=module:Class, a built-in (echo, tinyllm, minilm), "
-        "NAME=onnx:/path/model.onnx, NAME=remote:URL[,URL...]; options after '?', e.g. "
-        "'mine=my_model:MyModel?executor=process&workers=2'",
+        help=f"model to serve, repeatable: NAME=module:Class, a built-in ({', '.join(BUILTINS)}), "
+        f"or NAME=BACKEND:LOCATION ({', '.join(BACKENDS)}), e.g. NAME=llamacpp:/path/model.gguf; "
+        "options after '?', e.g. 'mine=my_model:MyModel?executor=process&workers=2'",
     )
     p.add_argument("--config", help="TOML configuration file")
 
@@ -258,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(
             level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+        _import_from_cwd()
         specs = model_specs(cfg)
         if args.command == "models":
             return _list_models(specs)
@@ -278,6 +318,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)
         return 2
+
+
+def _import_from_cwd() -> None:
+    """Let ``--model NAME=my_model:MyModel`` find ``my_model.py`` in the current directory,
+    as ``python -m zeroserve`` does: the console script's ``sys.path`` starts at its own
+    directory instead. Appended, so it never shadows an installed module; spawned workers
+    get the same ``sys.path``."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def _given(**values: Any) -> dict[str, Any]:

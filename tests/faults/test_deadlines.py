@@ -97,7 +97,7 @@ def test_a_stream_cut_by_its_deadline_leaves_no_exception_behind(server: ServerT
     # The cut stream's cancellation passes through handlers that close generators. On the
     # compiled build an await inside such a handler left its CancelledError as the loop
     # thread's handled exception, and every later OpenAI request on the server re-raised
-    # it and hung (docs/architecture.md, "The compiled build").
+    # it and hung (docs/decisions/0009-no-await-in-handlers-when-compiled.md).
     last = sse_data(server, {"model": "slowstart", "messages": MESSAGES}, CUT_AT)[-1]
     assert json.loads(last)["error"]["code"] == "deadline_exceeded"
 

@@ -1,6 +1,7 @@
-"""Model work runs below the HTTP event loop (docs/architecture.md, "Model work yields the
-CPU to the loop"): worker processes and model threads are niced, the loop's thread is
-not. Read from /proc of the real server process and its workers."""
+"""Model work runs below the HTTP event loop (docs/decisions/0001-model-nice-levels.md and
+docs/decisions/0002-loop-real-time-priority.md): worker processes and model threads are
+niced, the loop's thread is not. Read from /proc of the real server process and its
+workers."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def test_generate_embed_and_capabilities(run: Any, executor: str, arena: Any) ->
 def test_streams_leave_no_cyclic_garbage(run: Any, executor: str, arena: Any) -> None:
     """A stream that ends, and one its consumer leaves, are freed by reference counting:
     none of their objects waits for the cyclic GC (a channel's producer hooks, which hold
-    the channel, are dropped when it closes; docs/architecture.md, "Memory between requests")."""
+    the channel, are dropped when it closes; docs/decisions/0010-memory-between-requests.md)."""
 
     async def main() -> None:
         async with engine(executor, {"echo": {"factory": Echo}}, arena=arena) as eng:

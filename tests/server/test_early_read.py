@@ -1,7 +1,7 @@
-"""A new connection's first bytes (docs/architecture.md, "A new connection's first
-bytes"): what a client sent with its connect is read in ``connection_made``, before the
-loop reads for the connection. Each test writes its bytes into a real TCP connection
-before the server side of it is handed to the loop (``connect_accepted_socket``), so they
+"""A new connection's first bytes (docs/decisions/0015-early-reads-of-a-new-connection.md):
+what a client sent with its connect is read in ``connection_made``, before the loop reads
+for the connection. Each test writes its bytes into a real TCP connection before the server
+side of it is handed to the loop (``connect_accepted_socket``), so they
 are in the socket when ``connection_made`` runs and that path always takes them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The serving process's memory policy (docs/architecture.md, "Memory between requests"):
+"""The serving process's memory policy (docs/decisions/0010-memory-between-requests.md):
 memory a request frees stays in the heap for the next one, so a steady stream of requests
 does not fault pages back in; startup's objects are frozen out of the cyclic GC."""
 

@@ -1,7 +1,11 @@
 """Path routing: exact paths by dict lookup, patterned paths (``{name}`` segments) by a
-segment-count index. Unknown path: 404; known path, wrong method: 405 with ``Allow``."""
+segment-count index. Unknown path: 404 naming the closest served route and the API
+document; known path, wrong method: 405 with ``Allow``. Neither repeats the client's path:
+error bodies never echo input."""
 
 from __future__ import annotations
+
+from difflib import get_close_matches
 
 from ..errors import MethodNotAllowed, NotFound
 from .problems import ErrorFormat
@@ -14,6 +18,9 @@ __all__ = ["Handler", "HeadHook", "Route", "RouteDoc", "Router"]
 # so the table is emptied when full; a server has a handful of models, so the paths it
 # serves repeatedly are far fewer.
 MATCHED_PATHS = 1024
+# A 404 suggests the closest served route only for a path up to this long (the
+# comparison is quadratic in the lengths; a served path is far shorter).
+SUGGEST_MAX_PATH = 256
 
 
 class Router:
@@ -72,7 +79,7 @@ class Router:
                         methods = candidate
                         break
                 if methods is None:
-                    raise NotFound(f"no route for {path}")
+                    raise NotFound(self.not_found_message(path))
                 matched = self._matched
                 if len(matched) >= MATCHED_PATHS:
                     matched.clear()  # paths are the client's: the memory stays bounded
@@ -80,8 +87,23 @@ class Router:
         route = methods.get(method)
         if route is None:
             allow = sorted(methods)
-            raise MethodNotAllowed(f"method {method} not allowed on {path}", allow)
+            raise MethodNotAllowed(
+                f"method {method} is not allowed on this path; it allows {', '.join(allow)}", allow
+            )
         return route, params
+
+    def not_found_message(self, path: str) -> str:
+        """What a 404 says: the served route closest to ``path``, if one is close, and
+        where the list of routes is. Only our own paths appear in it."""
+        message = "no route serves this path"
+        if len(path) <= SUGGEST_MAX_PATH:
+            served = sorted({r.pattern for r in self.routes})
+            close = get_close_matches(path, served, n=1, cutoff=0.6)
+            if close:
+                message += f"; the closest served route is {close[0]}"
+        if "/openapi.json" in self._exact:
+            message += "; GET /openapi.json lists every route"
+        return message
 
     def route_errors(self, path: str) -> ErrorFormat:
         """The error format of the API a path belongs to (for errors before routing)."""

@@ -30,8 +30,8 @@ MAX_CREDENTIAL_BYTES: Final = 512
 # logs, so a key there is refused rather than accepted.
 QUERY_KEY_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "access_token", "token"})
 # ``Final``: every request reads these, and the compiled build then reads them as C
-# constants and statics, not by a lookup in this module's dict (docs/architecture.md,
-# "The compiled build (mypyc)"); the same for the comparison function, otherwise an
+# constants and statics, not by a lookup in this module's dict (docs/decisions/
+# 0008-types-decide-the-calls.md); the same for the comparison function, otherwise an
 # attribute lookup on the ``hmac`` module per key per request.
 _BEARER: Final = b"bearer "
 _BEARER_LEN: Final = len(_BEARER)
@@ -40,6 +40,18 @@ _BEARER_LEN: Final = len(_BEARER)
 _SDK_BEARER: Final = b"Bearer "
 _MAX_BEARER_BYTES: Final = len(_SDK_BEARER) + MAX_CREDENTIAL_BYTES
 _compare_digest: Final = hmac.compare_digest
+# What a 401 says: what was wrong and how to send a key, never what was sent.
+HOW_TO_SEND: Final = (
+    "'Authorization: Bearer <key>' (what the openai SDK's api_key sends), "
+    "or an api-key or x-api-key header"
+)
+NO_KEY: Final = "an API key is required: send it as " + HOW_TO_SEND
+UNKNOWN_KEY: Final = "invalid API key: this server has no such key; send one of its keys as " + (
+    HOW_TO_SEND
+)
+MALFORMED_BEARER: Final = (
+    "the Authorization header must be 'Bearer <key>' (the openai SDK's api_key sends it so)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +158,7 @@ class KeyRing:
             if _compare_digest(key.secret, credential):
                 found = i
         if found < 0:
-            raise Unauthorized("invalid API key")
+            raise Unauthorized(UNKNOWN_KEY)
         return found
 
 
@@ -157,20 +169,18 @@ def parse_credential(auth: bytes | None, other: bytes | None) -> bytes:
         if auth.startswith(_SDK_BEARER) and len(auth) > _BEARER_LEN and auth[-1] > 32 < auth[7]:
             credential = auth[_BEARER_LEN:]  # the SDKs' exact form: nothing to strip
             if len(credential) > MAX_CREDENTIAL_BYTES:
-                raise Unauthorized("invalid API key")
+                raise Unauthorized(UNKNOWN_KEY)
             return credential
         value = auth.strip()
         if len(value) <= _BEARER_LEN or value[:_BEARER_LEN].lower() != _BEARER:
-            raise Unauthorized("the Authorization header must be 'Bearer <API key>'")
+            raise Unauthorized(MALFORMED_BEARER)
         credential = value[_BEARER_LEN:].strip()
     else:
         if other is None:
-            raise Unauthorized(
-                "an API key is required: send 'Authorization: Bearer <key>' (or api-key / x-api-key)"
-            )
+            raise Unauthorized(NO_KEY)
         credential = other.strip()
     if not credential or len(credential) > MAX_CREDENTIAL_BYTES:
-        raise Unauthorized("invalid API key")
+        raise Unauthorized(UNKNOWN_KEY)
     return credential
 
 

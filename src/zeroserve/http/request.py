@@ -33,7 +33,7 @@ class RequestHead:
     field as a struct load. It was a ``msgspec.Struct`` (the fastest to build in the
     interpreter), whose fields compiled code can only read by Python's generic
     ``getattr``, about 190 instructions each and some twenty reads a request
-    (docs/architecture.md, "The compiled build (mypyc)", "Types decide the calls")."""
+    (docs/decisions/0008-types-decide-the-calls.md)."""
 
     __slots__ = (
         "chunked",
@@ -93,8 +93,7 @@ class RequestHead:
 # Header names as clients commonly spell them, each mapped to one shared lower-case
 # object. A name found here is not lower-cased into a new bytes object per request (a
 # method call and an allocation), and its hash is computed once, so the edge's and the
-# app's lookups of it are cheaper too (docs/architecture.md, "The compiled build
-# (mypyc)"). Any other name is lower-cased as before.
+# app's lookups of it are cheaper too (docs/decisions/0008-types-decide-the-calls.md). Any other name is lower-cased as before.
 _COMMON_NAMES = (
     b"accept",
     b"accept-encoding",

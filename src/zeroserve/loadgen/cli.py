@@ -43,6 +43,7 @@ other servers is `make bench` in the source tree, not this command.
 EXAMPLES = """\
 examples:
   zeroserve bench http://127.0.0.1:8000 --stream -c 8 -n 200
+  zeroserve bench http://127.0.0.1:8000 --model smollm2 --stream -c 4 -n 20 --max-tokens 32
   zeroserve bench http://127.0.0.1:8000 --endpoint v2 --model echo --duration 10
   zeroserve bench http://localhost:8001/v1 --model my-model --json
 """

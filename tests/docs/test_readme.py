@@ -1,0 +1,303 @@
+"""What we tell users runs: every code block of README.md and docs/*.md that a reader would
+paste runs here, against real servers on 127.0.0.1.
+
+Marks this test honours (a marked block is checked for its mark, never run):
+
+* a language tag for text that is not a command: ``text``, ``toml``, ``yaml``, ``nginx``,
+  ``json``, ``http`` (output samples, configuration excerpts);
+* ``<!-- not tested: REASON -->`` as the nearest non-blank line above the block, with
+  the reason (a block that needs a cluster, a certificate, another machine, or that runs
+  this suite itself);
+* a file the reader saves: a non-shell block whose first line is ``# NAME.EXT`` (``#
+  my_model.py``, ``# keys.toml: ...``) is written into the directory every block runs
+  in, before any block runs; a Python one must also import.
+
+How the rest runs:
+
+* ``python``: as a script, with ``http://127.0.0.1:8000`` replaced by the address of the
+  server this module starts once (``zeroserve serve`` with the default models, as
+  ``make serve`` serves them);
+* ``sh``, ``bash``, ``shell``: each command in order (backslash continuations joined).
+  ``zeroserve serve ...`` (after optional ``VAR=value`` words) starts a server, with its
+  ``--host`` made 127.0.0.1 and its ``--port`` a free port, waits until ``/ready``
+  answers 200, and serves the block's later commands until the next ``zeroserve serve``
+  or the block's end; it must then exit cleanly. Any other command runs in ``bash -e -o
+  pipefail`` with ``zeroserve`` on ``PATH``, ``127.0.0.1:8000`` replaced by the current
+  server's address, and ``curl`` failing on an HTTP error status (a ``.curlrc`` with
+  ``--fail-with-body``); it must exit 0.
+* Placeholders a reader fills in are filled with what is installed:
+  ``/path/model.gguf`` with SmolLM2's GGUF, ``/path/model.onnx`` with MiniLM's ONNX file.
+
+A block without a language tag fails (tag it), and so does a mark without a reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.conftest import ROOT, ServerProcess, start_server
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NOT_COMMANDS = frozenset({"text", "toml", "yaml", "nginx", "json", "http"})
+SHELLS = frozenset({"sh", "bash", "shell"})
+RUNNABLE = SHELLS | {"python"}
+NOT_TESTED = re.compile(r"^<!-- not tested: (?P<reason>\S.*?)\s*-->$")
+SAVED_FILE = re.compile(r"^# (?P<name>[A-Za-z_][\w-]*\.[A-Za-z]+)(?=$|[\s:])")
+DOC_ADDRESS = "127.0.0.1:8000"
+# Blocks in sections another change owns, which cannot carry a mark until it rewrites
+# them: (document, first line) -> why the block is not run. An entry that matches no
+# block fails the test, so it goes once the section has its mark.
+UNMARKED: dict[tuple[str, str], str] = {
+    (
+        "docs/architecture.md",
+        "engine = Engine(configs: Mapping[str, ModelConfig], arena=arena, clock=time.monotonic,",
+    ): "an outline of the Engine's API, not a program",
+}
+COMMAND_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = 60.0
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: Path
+    line: int  # 1-based line of the opening fence
+    language: str
+    code: str
+    mark: str | None  # the not-tested reason, if marked
+
+    @property
+    def name(self) -> str:
+        return f"{self.doc.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def first_line(self) -> str:
+        return self.code.split("\n", 1)[0]
+
+    @property
+    def saved_as(self) -> str | None:
+        if self.language in SHELLS:
+            return None
+        m = SAVED_FILE.match(self.first_line)
+        return m.group("name") if m else None
+
+    @property
+    def unmarked_reason(self) -> str | None:
+        return UNMARKED.get((str(self.doc.relative_to(ROOT)), self.first_line))
+
+
+def blocks(doc: Path) -> list[Block]:
+    lines = doc.read_text().split("\n")
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("```"):
+            i += 1
+            continue
+        language = lines[i][3:].strip()
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        above = next((lines[k] for k in range(i - 1, -1, -1) if lines[k].strip()), "")
+        mark = NOT_TESTED.match(above.strip())
+        found.append(
+            Block(
+                doc,
+                i + 1,
+                language,
+                "\n".join(lines[i + 1 : end]),
+                mark.group("reason") if mark else None,
+            )
+        )
+        i = end + 1
+    return found
+
+
+ALL = [b for doc in DOCS for b in blocks(doc)]
+TO_RUN = [
+    b
+    for b in ALL
+    if b.mark is None
+    and b.unmarked_reason is None
+    and b.language in RUNNABLE
+    and (b.saved_as is None or b.language == "python")
+]
+
+
+def test_every_block_is_run_or_marked() -> None:
+    assert ALL, "no code blocks found"
+    for b in ALL:
+        assert b.language, f"{b.name}: a block needs a language tag (```sh, ```text, ...)"
+        assert b.language in RUNNABLE | NOT_COMMANDS, f"{b.name}: unknown tag {b.language!r}"
+        if b.mark is not None:
+            assert b.mark.strip(), f"{b.name}: a not-tested mark says why"
+    for doc, first in UNMARKED:
+        assert any(str(b.doc.relative_to(ROOT)) == doc and b.first_line == first for b in ALL), (
+            f"UNMARKED entry for {doc} matches no block any more: remove it"
+        )
+    # The README's first screen says what to run and shows the SDK against the default chat
+    # model; these must stay.
+    readme = (ROOT / "README.md").read_text()
+    first_screen = "\n".join(readme.split("\n")[:40])
+    for needed in ("make serve", "make test", "base_url=", "smollm2", "http://127.0.0.1:8000/"):
+        assert needed in first_screen, needed
+
+
+# -- the servers and the directory blocks run in ------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _placeholders() -> dict[str, str]:
+    from zeroserve.models.llamacpp import smollm2_path
+    from zeroserve.models.minilm import onnx_path
+
+    return {"/path/model.gguf": smollm2_path(), "/path/model.onnx": str(onnx_path())}
+
+
+def _zeroserve_on_path(bin_dir: Path) -> str:
+    """A directory with ``zeroserve`` in it: the console script beside this Python when
+    installed (what a reader runs), else a shim running this Python's module."""
+    script = Path(sys.executable).with_name("zeroserve")
+    if script.exists():
+        return str(script.parent)
+    bin_dir.mkdir(exist_ok=True)
+    shim = bin_dir / "zeroserve"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m zeroserve "$@"\n')
+    shim.chmod(0o755)
+    return str(bin_dir)
+
+
+@dataclass
+class Place:
+    """Where blocks run: a directory holding the saved files, and the environment."""
+
+    cwd: Path
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory: pytest.TempPathFactory) -> Place:
+    cwd = tmp_path_factory.mktemp("docs")
+    for b in ALL:
+        if b.saved_as is not None and b.mark is None:
+            (cwd / b.saved_as).write_text(b.code + "\n")
+    (cwd / ".curlrc").write_text("--fail-with-body\n--silent\n--show-error\n")
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([_zeroserve_on_path(cwd / "bin"), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["CURL_HOME"] = str(cwd)
+    return Place(cwd, env)
+
+
+def _wait_ready(server: ServerProcess) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    status = None
+    while time.monotonic() < deadline:
+        assert server.proc.poll() is None, f"server exited with {server.proc.returncode}"
+        try:
+            status = httpx.get(f"{server.url}/ready", timeout=5).status_code
+        except httpx.TransportError:
+            status = None
+        if status == 200:
+            return
+        time.sleep(POLL_S)  # a poll's interval, bounded by the deadline
+    raise AssertionError(f"{server.url}/ready answered {status} for {READY_TIMEOUT_S} s")
+
+
+@pytest.fixture(scope="module")
+def default_server(place: Place) -> Iterator[ServerProcess]:
+    server = start_server(cwd=place.cwd)  # no --model: the default models, as make serve
+    _wait_ready(server)
+    yield server
+    assert server.stop() == 0
+
+
+def _start_documented(words: list[str], place: Place) -> ServerProcess:
+    """``[VAR=value ...] zeroserve serve ARGS`` as the reader runs it, on 127.0.0.1 and a
+    free port."""
+    env = {}
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    assert words[:2] == ["zeroserve", "serve"], words
+    args: list[str] = []
+    rest = iter(words[2:])
+    for word in rest:
+        if word in ("--host", "--port"):
+            next(rest)
+        elif not word.startswith(("--host=", "--port=")):
+            args.append(word)
+    server = start_server(
+        *args, "--host", "127.0.0.1", "--port", str(_free_port()), env=env, cwd=place.cwd
+    )
+    _wait_ready(server)
+    return server
+
+
+def _commands(code: str) -> list[str]:
+    joined = re.sub(r"\\\n\s*", " ", code)
+    return [c for c in joined.split("\n") if c.strip() and not c.lstrip().startswith("#")]
+
+
+def _fill(text: str, server: ServerProcess) -> str:
+    text = text.replace(f"http://{DOC_ADDRESS}", server.url).replace(
+        DOC_ADDRESS, f"{server.host}:{server.port}"
+    )
+    for placeholder, real in _placeholders().items():
+        text = text.replace(placeholder, real)
+    return text
+
+
+def _run(argv: list[str], place: Place, what: str) -> None:
+    proc = subprocess.run(
+        argv,
+        cwd=place.cwd,
+        env=place.env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, (
+        f"{what}\nexit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}"
+        f"\n--- stderr\n{proc.stderr[-3000:]}"
+    )
+
+
+@pytest.mark.parametrize("block", TO_RUN, ids=[b.name for b in TO_RUN])
+def test_block_runs(block: Block, place: Place, default_server: ServerProcess) -> None:
+    if block.language == "python":
+        if block.saved_as is not None:
+            module = Path(block.saved_as).stem
+            _run([sys.executable, "-c", f"import {module}"], place, block.name)
+        else:
+            _run([sys.executable, "-c", _fill(block.code, default_server)], place, block.name)
+        return
+    server = default_server
+    started: ServerProcess | None = None
+    try:
+        for command in _commands(block.code):
+            words = shlex.split(_fill(command, server), comments=True)
+            if "serve" in words and words[words.index("serve") - 1] == "zeroserve":
+                if started is not None:
+                    assert started.stop() == 0, f"{block.name}: the server before {command!r}"
+                started = None
+                started = server = _start_documented(words, place)
+                continue
+            _run(["bash", "-e", "-o", "pipefail", "-c", _fill(command, server)], place, command)
+    finally:
+        if started is not None:
+            assert started.stop() == 0, f"{block.name}: the server did not exit cleanly"
