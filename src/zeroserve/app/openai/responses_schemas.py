@@ -49,8 +49,8 @@ class InputItem(Struct, kw_only=True, forbid_unknown_fields=True):
     """One input item: a message (also an earlier answer's output message sent back),
     or an agent loop's ``function_call`` (an earlier answer's call sent back) and its
     ``function_call_output``. One Struct for the three (a message may omit ``type``, so
-    the items cannot be a tagged union); ``engine_responses`` checks each type's
-    required fields and refuses any other type, naming the item."""
+    the items cannot be a tagged union); the front end (``responses.py``) checks each
+    type's required fields and refuses any other type, naming the item."""
 
     type: str = "message"
     # message
