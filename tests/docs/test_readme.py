@@ -55,15 +55,6 @@ RUNNABLE = SHELLS | {"python"}
 NOT_TESTED = re.compile(r"^<!-- not tested: (?P<reason>\S.*?)\s*-->$")
 SAVED_FILE = re.compile(r"^# (?P<name>[A-Za-z_][\w-]*\.[A-Za-z]+)(?=$|[\s:])")
 DOC_ADDRESS = "127.0.0.1:8000"
-# Blocks in sections another change owns, which cannot carry a mark until it rewrites
-# them: (document, first line) -> why the block is not run. An entry that matches no
-# block fails the test, so it goes once the section has its mark.
-UNMARKED: dict[tuple[str, str], str] = {
-    (
-        "docs/architecture.md",
-        "engine = Engine(configs: Mapping[str, ModelConfig], arena=arena, clock=time.monotonic,",
-    ): "an outline of the Engine's API, not a program",
-}
 COMMAND_TIMEOUT_S = 180.0
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.05
@@ -91,10 +82,6 @@ class Block:
             return None
         m = SAVED_FILE.match(self.first_line)
         return m.group("name") if m else None
-
-    @property
-    def unmarked_reason(self) -> str | None:
-        return UNMARKED.get((str(self.doc.relative_to(ROOT)), self.first_line))
 
 
 def blocks(doc: Path) -> list[Block]:
@@ -127,7 +114,6 @@ TO_RUN = [
     b
     for b in ALL
     if b.mark is None
-    and b.unmarked_reason is None
     and b.language in RUNNABLE
     and (b.saved_as is None or b.language == "python")
 ]
@@ -140,10 +126,6 @@ def test_every_block_is_run_or_marked() -> None:
         assert b.language in RUNNABLE | NOT_COMMANDS, f"{b.name}: unknown tag {b.language!r}"
         if b.mark is not None:
             assert b.mark.strip(), f"{b.name}: a not-tested mark says why"
-    for doc, first in UNMARKED:
-        assert any(str(b.doc.relative_to(ROOT)) == doc and b.first_line == first for b in ALL), (
-            f"UNMARKED entry for {doc} matches no block any more: remove it"
-        )
     # The README's first screen says what to run and shows the SDK against the default chat
     # model; these must stay.
     readme = (ROOT / "README.md").read_text()
