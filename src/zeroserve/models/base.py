@@ -66,8 +66,8 @@ class Model:
     executor: ClassVar[ExecutorKind] = "inline"
     # True when load() starts threads that then do the model's work (an engine's own):
     # the runtime calls load() on a thread of its own, at the model's lowered priority,
-    # which those threads inherit (docs/architecture.md, "Model work yields the CPU to
-    # the loop").
+    # which those threads inherit
+    # (docs/decisions/0001-model-nice-levels.md).
     runs_own_threads: ClassVar[bool] = False
     max_batch_size: ClassVar[int] = 1
     max_batch_delay_ms: ClassVar[float] = 5.0

@@ -6,8 +6,8 @@ its SHA-256 pinned here).
 
 This class owns the engine: it checks the GGUF (present, a GGUF, and the pinned digest
 when one is given: a bad file fails at start with its path and the reason), starts
-``xllamacpp.Server`` and closes its side doors (docs/architecture.md, "The in-process
-engine"):
+``xllamacpp.Server`` and closes its side doors (docs/architecture.md, "The llama.cpp
+backend"):
 
 * the engine always starts llama.cpp's own HTTP server on a loopback port. It is locked
   with a random API key made here and never written anywhere (``_side_key``): every
@@ -77,8 +77,8 @@ _SIGACTION_BYTES = 512
 # template inserts its own ("You are a helpful AI assistant named SmolLM, trained by
 # Hugging Face"), under which the 135M model answers greedily off the point ("What is
 # the capital of France?" -> "L'Etoile, la Marseillaise, ..."); with this one it
-# answers "The capital of France is Paris." (docs/architecture.md, "The in-process
-# engine").
+# answers "The capital of France is Paris."
+# (docs/decisions/0022-default-system-prompt.md).
 SMOLLM2_SYSTEM_PROMPT = "You are a helpful assistant."
 # Longest ``system_prompt`` option, in characters: it is sent with every request that
 # has no system message, so it is meant to be a sentence or two, not a document.

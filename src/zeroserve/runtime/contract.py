@@ -3,8 +3,8 @@ running generation. Every executor implements them: the inline and thread execut
 (``inproc.py``), process workers and Ray actors.
 
 Its own module, kept interpreted: the process and Ray executors are not compiled, and an
-interpreted class cannot subclass a compiled one (docs/architecture.md, "The compiled
-build")."""
+interpreted class cannot subclass a compiled one
+(docs/decisions/0007-compiled-build.md)."""
 
 from __future__ import annotations
 

@@ -271,7 +271,8 @@ class ModelHandle:
 
     def admit(self) -> Ticket:
         """Admit one request at its head, or raise ``Overloaded``: 429 when the queue is
-        full, 503 when no worker can take work (all hung, see docs/architecture.md)."""
+        full, 503 when no worker can take work (all hung:
+        docs/decisions/0020-hung-work-is-reclaimed.md)."""
         rt = self._rt
         if not rt.executor.has_capacity():
             raise rt.executor.unavailable() or rt.no_capacity()

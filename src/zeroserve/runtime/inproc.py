@@ -19,8 +19,8 @@ Strategy
   (a batch, or a stream's step) keeps its thread until it returns; still running
   ``hang_grace_s`` past its deadline it is counted ``stuck``. A stuck batch holds its
   slot; a stuck step holds one of the pool's threads. The model has capacity while a
-  slot that is not stuck has a thread that is not stuck (docs/architecture.md, "Hung
-  work").
+  slot that is not stuck has a thread that is not stuck
+  (docs/decisions/0020-hung-work-is-reclaimed.md).
 
 Invariants
 ----------
@@ -446,7 +446,7 @@ class InProcessExecutor(Executor):
             result: Any = None
             if hasattr(it, "__anext__"):
                 # Closed after the handler, not in a ``finally``: compiled code must not
-                # await inside one (docs/architecture.md, "The compiled build").
+                # await inside one (docs/decisions/0009-no-await-in-handlers-when-compiled.md).
                 failure: BaseException | None = None
                 try:
                     async for piece in it:

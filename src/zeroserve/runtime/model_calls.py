@@ -44,7 +44,8 @@ async def run_to_end(fut: asyncio.Future[Any]) -> Any:
     try:
         return await asyncio.shield(fut)
     except asyncio.CancelledError as exc:
-        cancelled = exc  # awaited after the handler: compiled (docs/architecture.md)
+        cancelled = exc  # awaited after the handler, as compiled code must
+        # (docs/decisions/0009-no-await-in-handlers-when-compiled.md)
     if not fut.done():
         await asyncio.wait({fut})
     raise cancelled

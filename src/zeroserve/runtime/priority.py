@@ -1,5 +1,5 @@
-"""The CPU priority of model work: below the HTTP event loop's (docs/architecture.md,
-"Model work yields the CPU to the loop").
+"""The CPU priority of model work: below the HTTP event loop's
+(docs/decisions/0001-model-nice-levels.md, docs/decisions/0002-loop-real-time-priority.md).
 
 A model that keeps a core busy (an engine's decode thread, a worker process) shares it
 with the event loop. At equal priority the kernel lets a woken loop wait until the busy
@@ -19,8 +19,9 @@ wake-up until the worker threads have caught up. Measured with ``perf sched`` th
 the woken loop waited p90 3.5 ms, p99 5.6 ms for the core, and ``/health`` p99 was 6-7 ms
 at nice 10, 19 and even ``SCHED_IDLE`` workers alike. Meanwhile the worker's pool threads
 run one after another, each for a whole 4 ms scheduler tick; a pool of one thread gives
-the loop its turn (p99 0.6-0.8 ms) but costs a fifth of the tokens/s (docs/architecture.md
-has the measurements). Only a real-time class for the loop
+the loop its turn (p99 0.6-0.8 ms) but costs a fifth of the tokens/s
+(docs/decisions/0002-loop-real-time-priority.md has the measurements). Only a real-time
+class for the loop
 removes that wait (p99 0.006 ms; ``/health`` p99 0.4-0.5 ms in the tinyllm benchmark),
 at a cost: the loop then runs on every wake-up and writes smaller batches, so it takes
 more of the shared core (tokens/s 0.99x, 0.93x and 0.82x of the default at 1, 8 and 32

@@ -131,9 +131,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
             self._read_early(sock.fileno(), transport)
 
     def _read_early(self, fd: int, transport: asyncio.Transport) -> None:
-        """Read what the client sent with its connect, now (docs/architecture.md, "A new
-        connection's first bytes"). The loop calls ``connection_made`` one iteration after
-        the accept and only then starts reading, so the request, usually already in the
+        """Read what the client sent with its connect, now
+        (docs/decisions/0015-early-reads-of-a-new-connection.md). The loop calls
+        ``connection_made`` one iteration after the accept and only then starts reading, so the request, usually already in the
         socket, would wait for a third iteration; under load each is milliseconds. These
         are the transport's own reads, into the buffers it would get (``get_buffer``): no
         copy. They stop once a request is in hand (a handler runs), at an empty socket, an

@@ -1,7 +1,7 @@
-"""The serving process's memory policy, set once it listens (docs/architecture.md, "Memory
-between requests"): what startup made leaves the cyclic GC's reach (and returns to it when
-the server stops), and the C allocator keeps the heap it already has instead of handing it
-back to the kernel after every request."""
+"""The serving process's memory policy, set once it listens
+(docs/decisions/0010-memory-between-requests.md): what startup made leaves the cyclic
+GC's reach (and returns to it when the server stops), and the C allocator keeps the heap
+it already has instead of handing it back to the kernel after every request."""
 
 from __future__ import annotations
 
@@ -54,8 +54,9 @@ def freeze_startup_objects() -> None:
     """Move everything startup made (modules, models, routes: tens to hundreds of
     thousands of objects) out of the cyclic GC's reach, once it is collected: they live as
     long as the process, and every full collection would traverse them again, a pause of
-    24-28 ms on the loop measured under streaming load (docs/architecture.md, "Memory
-    between requests"). Objects made later are collected as usual."""
+    24-28 ms on the loop measured under streaming load
+    (docs/decisions/0010-memory-between-requests.md). Objects made later are collected as
+    usual."""
     gc.collect()
     gc.freeze()
 

@@ -138,7 +138,7 @@ class StreamWriter:
         ``ConnectionResetError`` if the client went away."""
         it = resp.pieces
         # ``it`` is closed after the handler, not in a ``finally``: compiled code must not
-        # await inside one (docs/architecture.md, "The compiled build").
+        # await inside one (docs/decisions/0009-no-await-in-handlers-when-compiled.md).
         failure: BaseException | None = None
         answer: Response | None = None
         ended = sent = False

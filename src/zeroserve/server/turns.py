@@ -5,8 +5,8 @@ Strategy
 The loop polls for I/O (new connections, new request heads) once per iteration, after it
 has run everything that was ready. Without a bound, every running stream writes a batch
 in every iteration, so the time between two polls grows with the number of streams and
-a new client's first event waits two or three of those iterations (docs/architecture.md,
-"The request path, step by step").
+a new client's first event waits two or three of those iterations
+(docs/decisions/0003-stream-turn-budget.md).
 
 ``Turns`` bounds the stream work of one iteration (one *turn*): each writer measures its
 batches (``charge``) and, before its next batch, asks ``over()``; while the turn's work

@@ -101,7 +101,7 @@ async def _all_or_none(coros: list[Coroutine[Any, Any, _T]]) -> list[_T]:
     """Run ``coros`` as tasks and return their results, in order; the first failure
     cancels the rest, is waited out with them, and is raised as the request's. What
     ``asyncio.TaskGroup`` does, without its ``async with`` (compiled code must not
-    suspend in a handler: docs/architecture.md, "The compiled build")."""
+    suspend in a handler: docs/decisions/0009-no-await-in-handlers-when-compiled.md)."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     failure: BaseException | None = None
     try:

@@ -181,7 +181,7 @@ async def collect(output: Output) -> Collected:
     except BaseException as exc:
         failure = exc
     # No await in an ``except`` or ``finally``: compiled code must not suspend in a
-    # handler (docs/architecture.md, "The compiled build").
+    # handler (docs/decisions/0009-no-await-in-handlers-when-compiled.md).
     await output.aclose()
     if failure is not None:
         raise failure

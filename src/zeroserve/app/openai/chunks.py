@@ -1,7 +1,7 @@
 """The chunks of an OpenAI SSE stream, encoded (``ChoiceStream`` in ``streaming.py``
 sends them). Its own module so that it is compiled with the hot path: a chunk is built
 per streamed piece, and ``streaming.py`` holds an async generator, which mypyc does not
-compile (docs/architecture.md, "The compiled build")."""
+compile (docs/decisions/0007-compiled-build.md)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ Strategy
 When the edge counts a relayed stream's tokens and the client did not ask for
 ``stream_options.include_usage``, the relay asks the upstream for it (``_rewrite.py``)
 and the upstream answers with one more event before ``data: [DONE]``: a chunk whose
-``"choices"`` is ``[]`` and whose ``"usage"`` is an object (docs/architecture.md, "The
-edge"). The relay reads it (``UsageScanner``, on the views as they came) and this filter
-takes that event out of what the client gets, since SDK code indexes ``choices[0]``.
+``"choices"`` is ``[]`` and whose ``"usage"`` is an object
+(docs/decisions/0019-relay-counts-stream-tokens.md). The relay reads it
+(``UsageScanner``, on the views as they came) and this filter takes that event out of
+what the client gets, since SDK code indexes ``choices[0]``.
 
 ``UsageChunkFilter.feed`` splits the relayed views into server-sent events only as far
 as it must, in place:

@@ -2,11 +2,11 @@
 
 Strategy
 --------
-The gateway relays an upstream's answer as it came (docs/architecture.md, "The
-edge"), so the tokens of a relayed request are known only from the upstream's own
-``usage`` object: the top-level ``"usage": {...}`` of a JSON answer, or of a stream's
-chunk (OpenAI sends it in the last chunk when the client asked for
-``stream_options.include_usage``; some servers repeat a cumulative one on every chunk).
+The gateway relays an upstream's answer as it came
+(docs/decisions/0019-relay-counts-stream-tokens.md), so the tokens of a relayed request
+are known only from the upstream's own ``usage`` object: the top-level ``"usage": {...}``
+of a JSON answer, or of a stream's chunk (OpenAI sends it in the last chunk when the
+client asked for ``stream_options.include_usage``; some servers repeat a cumulative one on every chunk).
 ``UsageScanner.feed`` searches each relayed buffer in place with one bounded regular
 expression (C speed, no copy of the body) and keeps the last usage seen; the relay
 counts it as soon as it is read (a stream's later, larger cumulative one: the

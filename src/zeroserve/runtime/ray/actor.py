@@ -387,9 +387,10 @@ class RayWorker:
                 finally:
                     # A step cannot be stopped: the stream (its Ray task) ends when the
                     # step's thread returns, so the ingress sees it running and reclaims
-                    # the actor past the deadline plus the hang grace (docs/architecture.md,
-                    # "Hung work"); the generator is closed after that step. Marked
-                    # aborted, a pool call stepping it stops after the step in progress.
+                    # the actor past the deadline plus the hang grace
+                    # (docs/decisions/0020-hung-work-is-reclaimed.md); the generator is
+                    # closed after that step. Marked aborted, a pool call stepping it
+                    # stops after the step in progress.
                     self.aborted.add(rid)
                     await steps.aclose()
             yield ("e", result if isinstance(result, str) else None)

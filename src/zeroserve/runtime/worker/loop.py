@@ -52,7 +52,7 @@ from . import wire as p
 # Threads for sync model calls in one worker: a batch or two plus stepping a handful of
 # concurrent generators. Fewer cost throughput: 32 tinyllm streams on one core gave 0.80x
 # the tokens/s with 1 thread (smaller frames, more of the loop's time), though the event
-# loop then waited less for the core (docs/architecture.md, "Model work yields the CPU").
+# loop then waited less for the core (docs/decisions/0002-loop-real-time-priority.md).
 WORKER_THREADS = 8
 
 
