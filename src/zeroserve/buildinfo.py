@@ -70,6 +70,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "zeroserve.app.chat.request",
     "zeroserve.app.chat.output",
     "zeroserve.app.chat.choices",
+    "zeroserve.app.backends.table",
     "zeroserve.app.backends.local",
     "zeroserve.app.backends.generation",
     "zeroserve.app.openai.telemetry",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
@@ -63,16 +62,25 @@ class DeltaPiece:
 Piece = str | DeltaPiece
 
 
-@dataclass(frozen=True, slots=True)
 class Finish:
     """Why a choice ended (``stop``, ``length`` or ``tool_calls``) and its tokens:
     ``prompt_tokens`` of its prompt (``cached_tokens`` of them served from a prompt
-    cache, None where the backend has none), ``completion_tokens`` generated."""
+    cache, None where the backend has none), ``completion_tokens`` generated. A plain
+    class: a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``."""
 
-    reason: str
-    completion_tokens: int
-    prompt_tokens: int
-    cached_tokens: int | None = None
+    __slots__ = ("cached_tokens", "completion_tokens", "prompt_tokens", "reason")
+
+    def __init__(
+        self,
+        reason: str,
+        completion_tokens: int,
+        prompt_tokens: int,
+        cached_tokens: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.completion_tokens = completion_tokens
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
 
 
 class Output(Protocol):
@@ -160,6 +168,7 @@ async def collect(output: Output) -> Collected:
     """Every piece of ``output``, read into one answer; the output is closed however
     this ends (which stops its generation if it still runs)."""
     out = Collected(output.index)
+    parts = out.parts  # text pieces go straight here: the common case, one append each
     failure: BaseException | None = None
     try:
         while True:
@@ -167,14 +176,20 @@ async def collect(output: Output) -> Collected:
                 piece = await output.__anext__()
             except StopAsyncIteration:
                 break
-            out.add(piece)
+            if isinstance(piece, str):
+                parts.append(piece)
+            else:
+                out.add(piece)
             # Then what the model has ready, a batch per call (a sync inline model's
             # generator makes it in the call): not one await per token. The loop gets a
             # turn between full batches, as a pulled channel's consumer gives it.
             while True:
                 ready = output.take_ready(_READY_BATCH)
                 for p in ready:
-                    out.add(p)
+                    if isinstance(p, str):
+                        parts.append(p)
+                    else:
+                        out.add(p)
                 if len(ready) < _READY_BATCH:
                     break
                 await asyncio.sleep(0)

@@ -12,7 +12,6 @@ it (``names``: ``max_tokens`` is ``max_output_tokens`` on the Responses API).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
@@ -20,6 +19,9 @@ import msgspec
 from ...errors import RequestError
 
 # "function": the deprecated role of a function call's result, passed on as sent.
+# A front end that spells every parameter as the chat request does.
+_SPELLED_AS_HERE: Mapping[str, str] = {}
+
 Role = Literal["system", "user", "assistant", "tool", "function"]
 
 
@@ -71,40 +73,71 @@ class OutputFormat(msgspec.Struct, frozen=True):
     strict: bool | None = None
 
 
-@dataclass(slots=True)
 class ChatRequest:
     """A chat (``messages``) or a completion (``prompts``, each its own generations).
 
     ``n`` choices of each prompt (or of the conversation). ``logprobs``: per-token log
-    probabilities, with ``top_logprobs`` alternatives each. ``names``: how the client's
-    API spells a parameter, for the errors that name it (a name absent is spelled as
-    here)."""
+    probabilities, with ``top_logprobs`` alternatives each. ``timeout``: the client's own,
+    in seconds (its SDK's timeout headers). ``names``: how the client's API spells a
+    parameter, for the errors that name it (a name absent is spelled as here).
+    ``origin``: what the front end keeps of its own request for its answer (opaque to
+    backends).
 
-    model: str
-    messages: list[Turn] | None = None
-    prompts: list[str] | None = None
-    n: int = 1
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    response_format: OutputFormat | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    max_tool_calls: int | None = None
-    stream: bool = False
-    include_usage: bool = False
-    timeout: float | None = None  # the client's own (its SDK's timeout headers), seconds
-    names: Mapping[str, str] = field(default_factory=dict)
-    # What the front end keeps of its own request for its answer (opaque to backends).
-    origin: Any = None
+    A plain class, not a dataclass: compiled, its fields are read and set natively, and it
+    is built once per request (docs/decisions/0008-types-decide-the-calls.md)."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        messages: list[Turn] | None = None,
+        prompts: list[str] | None = None,
+        n: int = 1,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: dict[str, float] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int | None = None,
+        response_format: OutputFormat | None = None,
+        tools: list[FunctionTool] | None = None,
+        tool_choice: ToolChoice | None = None,
+        parallel_tool_calls: bool | None = None,
+        max_tool_calls: int | None = None,
+        stream: bool = False,
+        include_usage: bool = False,
+        timeout: float | None = None,
+        names: Mapping[str, str] | None = None,
+        origin: Any = None,
+    ) -> None:
+        self.model = model
+        self.messages = messages
+        self.prompts = prompts
+        self.n = n
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self.stop: list[str] = stop if stop is not None else []
+        self.presence_penalty = presence_penalty
+        self.frequency_penalty = frequency_penalty
+        self.logit_bias = logit_bias
+        self.logprobs = logprobs
+        self.top_logprobs = top_logprobs
+        self.response_format = response_format
+        self.tools = tools
+        self.tool_choice = tool_choice
+        self.parallel_tool_calls = parallel_tool_calls
+        self.max_tool_calls = max_tool_calls
+        self.stream = stream
+        self.include_usage = include_usage
+        self.timeout = timeout
+        self.names: Mapping[str, str] = names if names is not None else _SPELLED_AS_HERE
+        self.origin = origin
 
     @property
     def chat(self) -> bool:

@@ -1,0 +1,144 @@
+"""The backend of every served model, chosen once per model (docs/architecture.md,
+"Adding a backend").
+
+:class:`Backends` is the table ``{model name: backend}``: a backend is built when its
+model becomes ready (:meth:`Backends.add`) and dropped when it goes away
+(:meth:`Backends.remove`), by the factory that the model's ``served_by`` names in
+:data:`FACTORIES`. A handler reads ``"model"`` once, looks the backend up and calls it:
+:meth:`Backends.chat` and :meth:`Backends.embeddings` are the whole dispatch of the
+chat-like and embedding APIs. A model whose backend relays requests undecoded
+(``forwards``) is found from the body's ``"model"`` alone (a scan of the bytes, no
+decode), and only when such a model is served; every other request is decoded once, by
+its front end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import msgspec
+
+from ... import metrics
+from ...errors import ModelNotFound
+from ...runtime import Engine, ModelHandle
+from ...upstream import UpstreamStatistics
+from ..openai import schemas as s
+from ..relay._rewrite import model_spans
+from ..request import Request
+from ..response import HandlerResult
+from .base import Backend, BackendStatistics, FrontEnd
+from .llamacpp import LlamaCppBackend
+from .local import LocalBackend
+from .remote import RemoteBackend
+
+# A model's ``served_by`` -> the backend that serves it. A new backend is one module and
+# one line here.
+FACTORIES: dict[str, Callable[[ModelHandle], Backend]] = {
+    "local": LocalBackend,
+    "llamacpp": LlamaCppBackend,
+    "remote": RemoteBackend,
+}
+# The metric source of the relays' upstreams, zeroserve_upstream_<field>{name="<model>
+# <url>"}, cumulative fields as *_total counters (histograms in app/relay/_relay.py).
+UPSTREAM_COUNTERS = (
+    "requests",
+    "errors",
+    "ejections",
+    "connects",
+    "reused",
+    "read_pauses",
+    "batches",
+    "coalesced",
+)
+
+
+class Backends:
+    """The backends of an engine's models, by name."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._table: dict[str, Backend] = {}
+        self._forwarding = 0  # backends that relay requests undecoded
+        for name in engine.names():
+            self.add(name)
+        metrics.register_source("upstream", self._upstreams, counters=UPSTREAM_COUNTERS)
+
+    def add(self, name: str) -> Backend:
+        """Build the backend of model ``name`` (ready in the engine)."""
+        handle = self.engine.model(name)
+        factory = FACTORIES.get(handle.model.served_by)
+        if factory is None:
+            raise ValueError(f"model {name!r} is served by {handle.model.served_by!r}, unknown")
+        backend = self._table[name] = factory(handle)
+        self._forwarding += backend.forwards
+        return backend
+
+    async def remove(self, name: str) -> None:
+        """Drop model ``name``'s backend (the model is going away)."""
+        backend = self._table.pop(name)
+        self._forwarding -= backend.forwards
+        await backend.aclose()
+
+    def get(self, name: str) -> Backend:
+        backend = self._table.get(name)
+        if backend is None:
+            # The message does not repeat the name: error bodies never echo input.
+            raise ModelNotFound(
+                "the requested model is not served here; GET /v1/models lists the models",
+                param="model",
+            )
+        return backend
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(self._table.values())
+
+    # -- dispatch --------------------------------------------------------------------------
+    def _forwarder(self, req: Request) -> Backend | None:
+        """The backend of the body's ``"model"`` if it relays requests undecoded (the
+        request then admitted: 429 raised here); None otherwise, and always when no such
+        backend is served (then the body is not scanned at all)."""
+        if not self._forwarding:
+            return None
+        spans = model_spans(req.body)
+        if not spans:
+            return None  # not a JSON object with a model: the front end's decode says why
+        start, end = spans[-1]
+        try:
+            name = msgspec.json.decode(req.body[start:end])
+        except msgspec.DecodeError:
+            return None
+        backend = self._table.get(name) if isinstance(name, str) else None
+        if backend is None or not backend.forwards:
+            return None
+        req.admit(self.engine.model(name))
+        return backend
+
+    def chat(self, api: FrontEnd, req: Request) -> HandlerResult:
+        """Serve a chat-like API's request."""
+        backend = self._forwarder(req)
+        if backend is not None:
+            return backend.forward(req, api.upstream_path)
+        chat = api.decode(req)
+        return self.get(chat.model).chat(api, chat, req)
+
+    def embeddings(
+        self, req: Request, decode: Callable[[Request], s.EmbeddingRequest]
+    ) -> HandlerResult:
+        """Serve an embeddings request (``decode``: the API's decode and checks)."""
+        backend = self._forwarder(req)
+        if backend is not None:
+            return backend.forward(req, "/embeddings")
+        body = decode(req)
+        return self.get(body.model).embeddings(body, req)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def statistics(self) -> dict[str, BackendStatistics]:
+        return {name: b.statistics() for name, b in self._table.items()}
+
+    def _upstreams(self) -> dict[str, UpstreamStatistics]:
+        return {k: v for b in self._table.values() for k, v in b.statistics().upstreams.items()}
+
+    async def aclose(self) -> None:
+        metrics.unregister_source("upstream")
+        for name in list(self._table):
+            await self.remove(name)
