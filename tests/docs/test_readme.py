@@ -113,9 +113,7 @@ ALL = [b for doc in DOCS for b in blocks(doc)]
 TO_RUN = [
     b
     for b in ALL
-    if b.mark is None
-    and b.language in RUNNABLE
-    and (b.saved_as is None or b.language == "python")
+    if b.mark is None and b.language in RUNNABLE and (b.saved_as is None or b.language == "python")
 ]
 
 
