@@ -50,4 +50,22 @@ def test_exact_wire_shape(server: ServerThread) -> None:
     assert r.headers["content-type"] == "application/json"
     doc = r.json()
     assert doc["object"] == "list"
-    assert set(doc["data"][0]) == {"id", "object", "created", "owned_by", "description"}
+    assert set(doc["data"][0]) == {
+        "id",
+        "object",
+        "created",
+        "owned_by",
+        "description",
+        "capabilities",
+    }
+    by_id = {m["id"]: m["capabilities"] for m in doc["data"]}
+    # What each model serves, before a client sends: tinyllm's own generate honours no
+    # optional chat parameter (a 400 names one given), echo also embeds.
+    assert by_id["tinyllm"] == {
+        "chat": True,
+        "embeddings": False,
+        "parameters": [],
+        "relayed": False,
+        "context_length": by_id["tinyllm"]["context_length"],
+    }
+    assert by_id["echo"]["embeddings"] is True

@@ -48,7 +48,7 @@ class App:
         stats.register(self.router, engine)
         if ui:
             page.register(self.router)
-        openapi.register(self.router)  # last: it describes every route above
+        openapi.register(self.router, self.limits)  # last: it describes every route above
 
     def on_head(self, head: RequestHead) -> Request:
         route, params = self.router.match(head.method, head.path)

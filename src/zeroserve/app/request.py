@@ -13,31 +13,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import parse_qsl
 
 from .. import metrics
 from ..edge import EdgeContext
 from ..http.connection import RequestHead
 from ..runtime import Lease, ModelHandle, Ticket
+from .apidoc import RouteDoc
 from .problems import ErrorFormat
 from .response import HandlerResult
 
 Handler = Callable[["Request"], HandlerResult]
 HeadHook = Callable[["Request"], None]  # may raise; runs before the body is read
-
-
-@dataclass(frozen=True, slots=True)
-class RouteDoc:
-    """What ``/openapi.json`` says of a route (docs/architecture.md, "Adding an
-    endpoint"): its summary, the msgspec types of its request and answer (a tuple: one
-    of several shapes), and whether it streams: ``True`` for SSE events of the answer's
-    own kind, or the types of its events' data."""
-
-    summary: str
-    request: Any = None
-    response: Any = None
-    stream: bool | tuple[Any, ...] = False
 
 
 @dataclass(slots=True)

@@ -8,8 +8,9 @@ from __future__ import annotations
 from difflib import get_close_matches
 
 from ..errors import MethodNotAllowed, NotFound
+from .apidoc import RouteDoc
 from .problems import ErrorFormat
-from .request import Handler, HeadHook, Route, RouteDoc
+from .request import Handler, HeadHook, Route
 
 __all__ = ["Handler", "HeadHook", "Route", "RouteDoc", "Router"]
 

@@ -43,6 +43,22 @@ class FrontEnd(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a model's backend serves, as ``/v1/models`` tells a client before it sends:
+    the chat-like APIs (``chat``) and embeddings; the optional chat parameters it honours
+    (``honours``: names of ``app/chat/request.py``'s ``OPTIONAL_PARAMETERS``; the others
+    are refused with a 400 naming them); its context (tokens, when known); and whether
+    an upstream decides all of it (``relayed``: what the upstream accepts is not known
+    here)."""
+
+    chat: bool
+    embeddings: bool
+    honours: frozenset[str] = frozenset()
+    context_length: int | None = None
+    relayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class BackendStatistics:
     """What a backend counts beyond the runtime's own statistics: a relay's upstreams
     (``"<model> <url>"``: their connections, requests, errors)."""
@@ -78,6 +94,10 @@ class Backend(Protocol):
 
     def embeddings(self, body: EmbeddingRequest, req: Request) -> HandlerResult:
         """Answer an embeddings request (OpenAI's shape)."""
+        ...
+
+    def capabilities(self) -> Capabilities:
+        """What the model serves (``/v1/models``)."""
         ...
 
     def statistics(self) -> BackendStatistics: ...

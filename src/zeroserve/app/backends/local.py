@@ -31,10 +31,13 @@ from ..limits import SEED_SPACE
 from ..openai import schemas as s
 from ..request import Request
 from ..response import JSON, HandlerResult, Response
-from .base import BackendStatistics, FrontEnd
+from .base import BackendStatistics, Capabilities, FrontEnd
 from .generation import Generation, count_tokens
 
 _STATS = BackendStatistics()
+# ``Model.generate`` takes a prompt, ``max_tokens``, ``temperature``, ``top_p``, ``seed``
+# and ``stop``: no optional parameter is honoured beyond those every backend honours.
+NOTHING_OPTIONAL: frozenset[str] = frozenset()
 
 
 class LocalBackend:
@@ -52,6 +55,15 @@ class LocalBackend:
     def forward(self, req: Request, path: str) -> HandlerResult:
         raise AssertionError("a local model's requests are decoded first")
 
+    def capabilities(self) -> Capabilities:
+        caps = self.handle.capabilities
+        return Capabilities(
+            chat="generate" in caps,
+            embeddings="embed" in caps,
+            honours=NOTHING_OPTIONAL,
+            context_length=self.handle.model.context_length,
+        )
+
     def statistics(self) -> BackendStatistics:
         return _STATS
 
@@ -65,7 +77,7 @@ class LocalBackend:
             raise CapabilityError(
                 f"model {handle.name!r} does not support text generation", param="model"
             )
-        _refuse_unhonoured(chat)
+        chat.refuse_unhonoured(NOTHING_OPTIONAL)
         meta = handle.model
         if chat.messages is not None:
             turns = [_turn(m, i, chat) for i, m in enumerate(chat.messages)]
@@ -176,26 +188,6 @@ class LocalBackend:
             [s.encoder.encode(s.EmbeddingList("list", data, handle.name, usage))],
             content_type=JSON,
         )
-
-
-def _refuse_unhonoured(chat: ChatRequest) -> None:
-    """A 400 naming the first parameter ``Model.generate`` cannot honour, given at a value
-    that would change the answer."""
-    fmt = chat.response_format
-    choice = chat.tool_choice
-    for name, bad in (
-        ("logprobs", chat.logprobs),
-        ("top_logprobs", bool(chat.top_logprobs)),
-        ("presence_penalty", bool(chat.presence_penalty)),
-        ("frequency_penalty", bool(chat.frequency_penalty)),
-        ("logit_bias", bool(chat.logit_bias)),
-        ("response_format", fmt is not None and fmt.type != "text"),
-        ("tools", bool(chat.tools)),
-        ("tool_choice", choice is not None and choice.mode == "required"),
-        ("max_tool_calls", chat.max_tool_calls is not None),
-    ):
-        if bad:
-            raise chat.refuse(name)
 
 
 def _turn(m: Turn, i: int, chat: ChatRequest) -> dict[str, str]:

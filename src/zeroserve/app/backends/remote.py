@@ -17,7 +17,7 @@ from ..openai.schemas import EmbeddingRequest
 from ..relay import Relay, api_key
 from ..request import Request
 from ..response import HandlerResult
-from .base import BackendStatistics, FrontEnd
+from .base import BackendStatistics, Capabilities, FrontEnd
 
 # The route of the raw API (``forward(req, RAW)``): the upstream's own raw path for the
 # model, the body not rewritten.
@@ -62,6 +62,9 @@ class RemoteBackend:
     def embeddings(self, body: EmbeddingRequest, req: Request) -> HandlerResult:
         req.admit(self.handle)
         return self.forward(req, "/embeddings")
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(chat=True, embeddings=True, relayed=True)
 
     def statistics(self) -> BackendStatistics:
         return BackendStatistics(

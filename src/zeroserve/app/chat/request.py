@@ -19,6 +19,24 @@ import msgspec
 from ...errors import RequestError
 
 # "function": the deprecated role of a function call's result, passed on as sent.
+# The optional parameters of a chat request, in the order a refusal names the first one a
+# backend does not honour (docs/architecture.md, "One chat path"). Every backend honours
+# the rest (the prompt or conversation, max_tokens, temperature, top_p, seed, stop, n,
+# stream and usage); a backend declares which of these it honours
+# (``Capabilities.honours``), and one given at a value that would change the answer is
+# refused by the others.
+OPTIONAL_PARAMETERS: tuple[str, ...] = (
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "max_tool_calls",
+)
+
 # A front end that spells every parameter as the chat request does.
 _SPELLED_AS_HERE: Mapping[str, str] = {}
 
@@ -152,6 +170,38 @@ class ChatRequest:
     def param(self, name: str) -> str:
         """``name`` as the client's API spells it."""
         return self.names.get(name, name)
+
+    def given(self) -> list[str]:
+        """The optional parameters given at a value that changes the answer (a neutral
+        value, such as a 0 penalty or a ``text`` format, changes nothing)."""
+        fmt = self.response_format
+        choice = self.tool_choice
+        out: list[str] = []
+        if self.logprobs:
+            out.append("logprobs")
+        if self.top_logprobs:
+            out.append("top_logprobs")
+        if self.presence_penalty:
+            out.append("presence_penalty")
+        if self.frequency_penalty:
+            out.append("frequency_penalty")
+        if self.logit_bias:
+            out.append("logit_bias")
+        if fmt is not None and fmt.type != "text":
+            out.append("response_format")
+        if self.tools:
+            out.append("tools")
+        if choice is not None and choice.mode == "required":
+            out.append("tool_choice")
+        if self.max_tool_calls is not None:
+            out.append("max_tool_calls")
+        return out
+
+    def refuse_unhonoured(self, honours: frozenset[str]) -> None:
+        """A 400 naming the first optional parameter given that ``honours`` lacks."""
+        for name in self.given():
+            if name not in honours:
+                raise self.refuse(name)
 
     def refuse(self, name: str, why: str = "is not supported by this model") -> RequestError:
         """The 400 for a parameter the serving backend cannot honour, naming it."""

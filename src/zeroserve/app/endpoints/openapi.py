@@ -15,9 +15,11 @@ from typing import Any
 
 import msgspec
 
+from ..apidoc import Refinement, RouteDoc
+from ..limits import ApiLimits
 from ..request import Request
 from ..response import JSON, Response
-from ..router import RouteDoc, Router
+from ..router import Router
 
 _REF = "#/components/schemas/{name}"
 
@@ -41,21 +43,29 @@ class KServeError(msgspec.Struct):
     error: str
 
 
-def build(router: Router) -> dict[str, Any]:
-    """The OpenAPI document of every route in ``router``."""
+def build(router: Router, limits: ApiLimits | None = None) -> dict[str, Any]:
+    """The OpenAPI document of every route in ``router``, with the API limits in force."""
+    limits = limits or ApiLimits()
     docs = {
         id(route): route.doc or RouteDoc(f"{route.method} {route.pattern}")
         for route in router.routes
     }
     types: list[Any] = [OpenAIError, KServeError]
+    refinements = [ref for doc in docs.values() for ref in doc.refinements]
     for doc in docs.values():
         resp_t, sse = doc.response, doc.stream
         events = () if isinstance(sse, bool) else sse
         for t in (doc.request, *(resp_t if isinstance(resp_t, tuple) else (resp_t,)), *events):
             if t is not None and t not in types:
                 types.append(t)
+    for ref in refinements:
+        for t in ref.shapes.values():
+            if t not in types:
+                types.append(t)
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     by_type: dict[Any, Any] = dict(zip(types, schemas, strict=True))
+    for ref in refinements:
+        _refine(components[ref.type.__name__], ref, by_type, limits)
     for doc in docs.values():
         if isinstance(doc.response, tuple):  # an answer of one of several shapes
             by_type[doc.response] = {"anyOf": [by_type[t] for t in doc.response]}
@@ -111,6 +121,26 @@ def build(router: Router) -> dict[str, Any]:
     }
 
 
+def _refine(
+    component: dict[str, Any], ref: Refinement, by_type: dict[Any, Any], limits: ApiLimits
+) -> None:
+    """What the document adds to one Struct's schema (``app/apidoc.py``)."""
+    props = component["properties"]
+    for name, t in ref.shapes.items():
+        props[name] = {**by_type[t], **{k: v for k, v in props[name].items() if k == "default"}}
+    for name, (keyword, limit) in ref.limits.items():
+        bound = getattr(limits, limit)
+        prop = props[name]
+        if keyword in prop:
+            prop[keyword] = min(prop[keyword], bound)
+        else:
+            prop[keyword] = bound
+    for name, schema in ref.only.items():
+        props[name] = {**schema, **{k: v for k, v in props[name].items() if k == "default"}}
+    if ref.rules:
+        component.setdefault("allOf", []).extend(ref.rules)
+
+
 def _version() -> str:
     try:
         return metadata.version("zeroserve")
@@ -135,13 +165,13 @@ def _ok(schema: Any, sse: Any) -> dict[str, Any]:
     return out
 
 
-def register(router: Router) -> None:
+def register(router: Router, limits: ApiLimits | None = None) -> None:
     """Add ``GET /openapi.json`` (call after every other route is registered)."""
     body: list[bytes] = []
 
     def openapi(req: Request) -> Response:
         if not body:  # built on first use, when every route is known
-            body.append(msgspec.json.encode(build(router)))
+            body.append(msgspec.json.encode(build(router, limits)))
         return Response(200, body, content_type=JSON)
 
     router.add("GET", "/openapi.json", openapi, doc=RouteDoc("This document"))

@@ -41,6 +41,7 @@ import numpy as np
 from ... import metrics
 from ...errors import CapabilityError, ModelNotFound, PayloadTooLarge, RequestError
 from ...runtime import Engine, ModelHandle
+from ..apidoc import Refinement
 from ..limits import MAX_TIMEOUT_S, ApiLimits, check_count
 from ..request import Request
 from ..response import JSON, OCTET, Response
@@ -52,6 +53,8 @@ from .schemas import (
     MetadataTensor,
     ModelMetadata,
     ModelReady,
+    RequestInput,
+    ResponseOutput,
     ServerMetadata,
     encoder,
 )
@@ -192,8 +195,16 @@ def register(router: Router, engine: Engine, limits: ApiLimits | None = None) ->
                 "Inference (KServe V2, JSON or binary tensors)",
                 InferenceRequest,
                 InferenceResponse,
+                refinements=_DATATYPES,
             ),
         )
+
+
+# The datatypes the codec serves (the protocol's own list but none of its others).
+_DATATYPES = tuple(
+    Refinement(t, only={"datatype": {"enum": list(codec.DATATYPES)}})
+    for t in (RequestInput, ResponseOutput, MetadataTensor)
+)
 
 
 def _versions(handle: ModelHandle) -> list[str]:

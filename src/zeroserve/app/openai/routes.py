@@ -15,10 +15,12 @@ import time
 
 from ...runtime import Engine
 from ..backends import Backends
+from ..chat.request import OPTIONAL_PARAMETERS
 from ..limits import ApiLimits, check_count
 from ..request import Request
 from ..response import JSON, HandlerResult, Response
 from ..router import RouteDoc, Router
+from . import contract
 from . import responses_schemas as r
 from . import schemas as s
 from .chat import ChatCompletions, Completions
@@ -51,6 +53,7 @@ def register(
             s.ChatCompletionRequest,
             s.ChatCompletion,
             True,
+            contract.CHAT,
         ),
     )
     add(
@@ -62,13 +65,16 @@ def register(
             s.CompletionRequest,
             s.Completion,
             True,
+            contract.COMPLETIONS,
         ),
     )
     add(
         "POST",
         "/v1/embeddings",
         api.embeddings,
-        doc=RouteDoc("Embeddings (OpenAI)", s.EmbeddingRequest, s.EmbeddingList),
+        doc=RouteDoc(
+            "Embeddings (OpenAI)", s.EmbeddingRequest, s.EmbeddingList, False, contract.EMBEDDINGS
+        ),
     )
     add(
         "POST",
@@ -80,6 +86,7 @@ def register(
             r.ResponsesRequest,
             r.ResponseObject,
             r.EVENT_TYPES,
+            contract.RESPONSES,
         ),
     )
 
@@ -100,7 +107,7 @@ class _OpenAI:
 
     # -- models ------------------------------------------------------------------------
     def _card(self, name: str) -> s.ModelCard:
-        self.backends.get(name)  # 404 for a name not served
+        caps = self.backends.get(name).capabilities()  # 404 for a name not served
         handle = self.engine.model(name)
         meta = handle.model
         builtin = type(meta).__module__.startswith("zeroserve.")
@@ -113,6 +120,13 @@ class _OpenAI:
             created=self.created,
             owned_by="zeroserve" if builtin else "user",
             description=description,
+            capabilities=s.ModelCapabilities(
+                chat=caps.chat,
+                embeddings=caps.embeddings,
+                parameters=[p for p in OPTIONAL_PARAMETERS if p in caps.honours],  # type: ignore[misc]
+                relayed=caps.relayed,
+                context_length=caps.context_length,
+            ),
         )
 
     def list_models(self, req: Request) -> Response:

@@ -332,12 +332,43 @@ class EmbeddingUsage(Struct):
     total_tokens: int
 
 
+class ModelCapabilities(Struct):
+    """What a model serves, so a client can ask before it sends.
+
+    ``chat``: chat completions, completions and the Responses API; ``embeddings``;
+    ``parameters``: the optional chat parameters it honours beyond those every chat
+    model honours (``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``n``,
+    streaming and usage), as chat completions spells them; any other is refused with a
+    400 naming it when given at a value that would change the answer; ``relayed``: an
+    upstream server answers, and decides what it accepts; ``context_length``: tokens of
+    one request's context (prompt and answer), when known."""
+
+    chat: bool
+    embeddings: bool
+    parameters: list[
+        Literal[
+            "logprobs",
+            "top_logprobs",
+            "presence_penalty",
+            "frequency_penalty",
+            "logit_bias",
+            "response_format",
+            "tools",
+            "tool_choice",
+            "max_tool_calls",
+        ]
+    ]
+    relayed: bool
+    context_length: int | None
+
+
 class ModelCard(Struct):
     id: str
     object: str
     created: int
     owned_by: str
     description: str
+    capabilities: ModelCapabilities
 
 
 class ModelList(Struct):

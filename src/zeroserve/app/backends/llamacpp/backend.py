@@ -27,11 +27,12 @@ from .... import metrics
 from ....errors import CapabilityError, RequestError
 from ....runtime import ModelHandle, Ticket
 from ...chat import ChatRequest, Choices, Output, QueuedChoice, admit
+from ...chat.request import OPTIONAL_PARAMETERS
 from ...deadlines import openai_timeout
 from ...openai import schemas as s
 from ...request import Request
 from ...response import JSON, HandlerResult, Response, StreamResponse
-from ..base import BackendStatistics, FrontEnd
+from ..base import BackendStatistics, Capabilities, FrontEnd
 from . import wire
 from .embeddings import chunks as embedding_chunks
 from .embeddings import merge as merge_embeddings
@@ -43,6 +44,8 @@ from .requests import Requests, requests
 TOKENIZE_TIMEOUT_S = 5.0
 _ERROR_PREFIX = b'{"error"'
 _STATS = BackendStatistics()
+# The optional chat parameters llama.cpp's engine honours (every one the chat request has).
+HONOURS: frozenset[str] = frozenset(OPTIONAL_PARAMETERS)
 
 
 @runtime_checkable
@@ -89,6 +92,14 @@ class LlamaCppBackend:
     def forward(self, req: Request, path: str) -> HandlerResult:
         raise AssertionError("a llama.cpp model's requests are decoded first")
 
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            chat=True,
+            embeddings=self.engine.embedding,
+            honours=HONOURS,
+            context_length=self.engine.context_length,
+        )
+
     def statistics(self) -> BackendStatistics:
         return _STATS
 
@@ -106,6 +117,7 @@ class LlamaCppBackend:
     # -- chat and completions ----------------------------------------------------------
     def chat(self, api: FrontEnd, chat: ChatRequest, req: Request) -> HandlerResult:
         engine = self.engine
+        chat.refuse_unhonoured(HONOURS)
         planned = requests(chat, engine)
         deadline = self._deadline(chat.timeout)
         ctx = engine.context_length

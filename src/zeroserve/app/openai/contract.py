@@ -1,0 +1,205 @@
+"""What ``/openapi.json`` says of the OpenAI routes beyond their Structs' own schemas
+(``app/apidoc.py``): the real shapes of the fields kept raw, the configurable limits, the
+only values served of fields OpenAI defines more widely, and the rules between fields.
+Each entry is checked where the request is decoded (``chat.py``, ``responses.py``), and
+the contract test (``tests/openai/test_contract.py``) holds the two together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..apidoc import Refinement
+from . import responses_schemas as r
+from . import schemas as s
+
+_NULL: dict[str, Any] = {"type": "null"}
+
+
+def _only(schema: dict[str, Any], why: str) -> dict[str, Any]:
+    return {**schema, "description": f"Only these values are served: {why}."}
+
+
+def _null(why: str) -> dict[str, Any]:
+    return _only(_NULL, why)
+
+
+_STATELESS = "this server keeps no state"
+_NOT_SERVED = "not served by any model here"
+
+CHAT = (
+    Refinement(
+        s.ChatCompletionRequest,
+        shapes={
+            "tools": list[s.Tool] | None,
+            "tool_choice": s.ToolChoice | None,
+            "response_format": s.ResponseFormat | None,
+        },
+        limits={
+            "messages": ("maxItems", "messages"),
+            "n": ("maximum", "n"),
+            "stop": ("maxItems", "stop"),
+            "tools": ("maxItems", "tools"),
+            "max_tokens": ("maximum", "output_tokens"),
+            "max_completion_tokens": ("maximum", "output_tokens"),
+        },
+        rules=(
+            {  # top_logprobs needs logprobs
+                "if": {
+                    "required": ["top_logprobs"],
+                    "properties": {"top_logprobs": {"type": "integer", "minimum": 1}},
+                },
+                "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+            },
+            {  # a tool choice other than none needs tools
+                "if": {
+                    "required": ["tool_choice"],
+                    "properties": {"tool_choice": {"not": {"enum": ["none", None]}}},
+                },
+                "then": {"required": ["tools"], "properties": {"tools": {"type": "array"}}},
+            },
+        ),
+    ),
+    Refinement(
+        s.Message,
+        only={"function_call": _null("deprecated by OpenAI; send tool_calls")},
+        rules=(
+            {  # every turn but an assistant's carries content
+                "if": {"properties": {"role": {"enum": ["system", "developer", "user", "tool"]}}},
+                "then": {"required": ["content"], "properties": {"content": {"not": _NULL}}},
+            },
+        ),
+    ),
+    Refinement(
+        s.ContentPart,
+        only={"type": _only({"enum": ["text"]}, "text parts; the models here read no other")},
+        rules=({"required": ["text"], "properties": {"text": {"type": "string"}}},),
+    ),
+    Refinement(
+        s.ResponseFormat,
+        rules=(
+            {
+                "if": {"properties": {"type": {"const": "json_schema"}}},
+                "then": {
+                    "required": ["json_schema"],
+                    "properties": {"json_schema": {"required": ["schema"]}},
+                },
+            },
+        ),
+    ),
+)
+
+COMPLETIONS = (
+    Refinement(
+        s.CompletionRequest,
+        limits={
+            "prompt": ("maxItems", "prompts"),
+            "n": ("maximum", "n"),
+            "stop": ("maxItems", "stop"),
+            "max_tokens": ("maximum", "output_tokens"),
+        },
+        only={
+            "prompt": _only(
+                {
+                    "anyOf": [
+                        {"type": "string"},
+                        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                    ]
+                },
+                "text prompts; token arrays are not served",
+            ),
+            "echo": _only({"enum": [False, None]}, "false; " + _NOT_SERVED),
+            "suffix": _null(_NOT_SERVED),
+            "best_of": _only({"enum": [1, None]}, "1; " + _NOT_SERVED),
+        },
+    ),
+)
+
+EMBEDDINGS = (Refinement(s.EmbeddingRequest, limits={"input": ("maxItems", "embedding_inputs")}),)
+
+RESPONSES = (
+    Refinement(
+        r.ResponsesRequest,
+        shapes={"tools": list[r.FunctionToolIn] | None, "tool_choice": r.ToolChoiceIn | None},
+        limits={
+            "input": ("maxItems", "messages"),
+            "tools": ("maxItems", "tools"),
+            "max_output_tokens": ("maximum", "output_tokens"),
+        },
+        only={
+            "previous_response_id": _null(_STATELESS),
+            "conversation": _null(_STATELESS),
+            "prompt": _null(_STATELESS),
+            "background_options": _null(_STATELESS),
+            "store": _only({"enum": [False, None]}, "false; " + _STATELESS),
+            "background": _only({"enum": [False, None]}, "false; " + _STATELESS),
+            "include": _only({"anyOf": [{"type": "array", "maxItems": 0}, _NULL]}, _NOT_SERVED),
+            "reasoning": _null("the models here do not reason"),
+            "top_logprobs": _only({"enum": [0, None]}, "0; " + _NOT_SERVED),
+            "truncation": _only({"enum": ["disabled", None]}, "disabled; " + _NOT_SERVED),
+            "context_management": _null(_NOT_SERVED),
+            "moderation": _null(_NOT_SERVED),
+            "access_programs": _null(_NOT_SERVED),
+            "image": _null(_NOT_SERVED),
+        },
+    ),
+    Refinement(
+        r.TextConfig,
+        only={"verbosity": _only({"enum": ["medium", None]}, "medium; " + _NOT_SERVED)},
+    ),
+    Refinement(
+        r.TextFormat,
+        rules=(
+            {
+                "if": {"properties": {"type": {"const": "json_schema"}}},
+                "then": {"required": ["schema"]},
+            },
+        ),
+    ),
+    Refinement(
+        r.InputItem,
+        only={
+            "type": _only(
+                {"enum": ["message", "function_call", "function_call_output"]},
+                "messages and an agent loop's function calls and their outputs",
+            )
+        },
+        rules=(
+            {
+                "if": {"properties": {"type": {"const": "message"}}},
+                "then": {
+                    "required": ["role", "content"],
+                    "properties": {"role": {"not": _NULL}, "content": {"not": _NULL}},
+                },
+            },
+            {
+                "if": {"required": ["type"], "properties": {"type": {"const": "function_call"}}},
+                "then": {
+                    "required": ["call_id", "name", "arguments"],
+                    "properties": {
+                        "call_id": {"type": "string"},
+                        "name": {"type": "string"},
+                        "arguments": {"type": "string"},
+                    },
+                },
+            },
+            {
+                "if": {
+                    "required": ["type"],
+                    "properties": {"type": {"const": "function_call_output"}},
+                },
+                "then": {
+                    "required": ["call_id", "output"],
+                    "properties": {"call_id": {"type": "string"}, "output": {"not": _NULL}},
+                },
+            },
+        ),
+    ),
+    Refinement(
+        r.InputPart,
+        only={
+            "type": _only({"enum": ["input_text", "output_text"]}, "text parts"),
+        },
+        rules=({"required": ["text"], "properties": {"text": {"type": "string"}}},),
+    ),
+)
