@@ -67,5 +67,8 @@ def test_exact_wire_shape(server: ServerThread) -> None:
         "parameters": [],
         "relayed": False,
         "context_length": by_id["tinyllm"]["context_length"],
+        "embedding_dimensions": None,
+        "token_inputs": False,
     }
+    assert by_id["echo"]["embedding_dimensions"] == 64
     assert by_id["echo"]["embeddings"] is True

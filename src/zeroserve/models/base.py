@@ -76,6 +76,9 @@ class Model:
     description: ClassVar[str] = ""
     # Tokens per chat/completion context, for validation of max_tokens (None = unbounded).
     context_length: ClassVar[int | None] = None
+    # The width of ``embed``'s rows, when it is fixed: a request's ``dimensions`` other
+    # than it is refused before the model runs, and /v1/models tells it.
+    embedding_dimensions: ClassVar[int | None] = None
     # KServe V2 model metadata: the platform and the one version the model is served as.
     platform: ClassVar[str] = "zeroserve"
     version: ClassVar[str] = "1"

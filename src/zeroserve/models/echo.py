@@ -43,6 +43,7 @@ def _cycle(pieces: list[Any], limit: int | None) -> Iterator[Any]:
 class EchoModel(Model):
     executor = "inline"
     description: ClassVar[str] = "Identity / echo model for diagnostics and benchmarks."
+    embedding_dimensions: ClassVar[int | None] = EMBED_DIM
 
     def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
         return [dict(inputs) for inputs in batch]

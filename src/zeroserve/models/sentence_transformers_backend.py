@@ -80,6 +80,8 @@ class SentenceTransformersModel(Model):
         self._model = SentenceTransformer(str(folder), device=self.device, local_files_only=True)
         limit = getattr(self._model, "max_seq_length", None)
         self.context_length = int(limit) if limit else None  # type: ignore[misc]
+        width = self._model.get_sentence_embedding_dimension()
+        self.embedding_dimensions = int(width) if width else None  # type: ignore[misc]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         model = self._loaded()

@@ -47,7 +47,9 @@ class Capabilities:
     """What a model's backend serves, as ``/v1/models`` tells a client before it sends:
     the chat-like APIs (``chat``) and embeddings; the optional chat parameters it honours
     (``honours``: names of ``app/chat/request.py``'s ``OPTIONAL_PARAMETERS``; the others
-    are refused with a 400 naming them); its context (tokens, when known); and whether
+    are refused with a 400 naming them); its context (tokens, when known); the width of its embeddings, when fixed
+    (``embedding_dimensions``: the only ``dimensions`` served); whether it embeds
+    token arrays as well as text (``token_inputs``); and whether
     an upstream decides all of it (``relayed``: what the upstream accepts is not known
     here)."""
 
@@ -56,6 +58,8 @@ class Capabilities:
     honours: frozenset[str] = frozenset()
     context_length: int | None = None
     relayed: bool = False
+    embedding_dimensions: int | None = None
+    token_inputs: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ class LocalBackend:
             embeddings="embed" in caps,
             honours=NOTHING_OPTIONAL,
             context_length=self.handle.model.context_length,
+            embedding_dimensions=self.handle.model.embedding_dimensions,
         )
 
     def statistics(self) -> BackendStatistics:
@@ -155,6 +156,9 @@ class LocalBackend:
                 f"model {handle.name!r} does not support embeddings", param="model"
             )
         texts = _texts(body.input)
+        width = handle.model.embedding_dimensions
+        if body.dimensions is not None and width is not None and body.dimensions != width:
+            raise _not_shortened(handle.name, width)  # refused before the model runs
         deadline = handle.deadline(openai_timeout(req))
         req.admit(handle)  # the request owns the ticket until the engine takes it
         if req.edge is not None:
@@ -167,11 +171,7 @@ class LocalBackend:
         handle = self.handle
         vecs = await handle.embed(req.take_ticket(), texts, deadline=deadline)
         if body.dimensions is not None and body.dimensions != vecs.shape[1]:
-            raise RequestError(
-                f"model {handle.name!r} returns {vecs.shape[1]}-dimensional embeddings and "
-                "cannot shorten them; omit 'dimensions' or pass its native size",
-                param="dimensions",
-            )
+            raise _not_shortened(handle.name, vecs.shape[1])
         if body.encoding_format == "base64":
             # base64 of little-endian float32 bytes; msgspec writes bytes as base64.
             rows = np.ascontiguousarray(vecs, dtype="<f4")
@@ -207,4 +207,12 @@ def _texts(value: str | list[Any]) -> list[str]:
         return list(value)
     raise RequestError(
         "token-array inputs are not supported by this model; send text", param="input"
+    )
+
+
+def _not_shortened(model: str, width: int) -> RequestError:
+    return RequestError(
+        f"model {model!r} returns {width}-dimensional embeddings and cannot shorten them; "
+        "omit 'dimensions' or pass its native size",
+        param="dimensions",
     )

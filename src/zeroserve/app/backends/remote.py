@@ -64,7 +64,7 @@ class RemoteBackend:
         return self.forward(req, "/embeddings")
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(chat=True, embeddings=True, relayed=True)
+        return Capabilities(chat=True, embeddings=True, relayed=True, token_inputs=True)
 
     def statistics(self) -> BackendStatistics:
         return BackendStatistics(

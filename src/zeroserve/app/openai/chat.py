@@ -75,13 +75,14 @@ def response_format(raw: msgspec.Raw | msgspec.UnsetType, param: str) -> OutputF
     if fmt.type != "json_schema":
         return OutputFormat(fmt.type)
     js = fmt.json_schema
-    if js is None or not s.given(js.schema):
+    schema = None if js is None else s.json_object(js.schema, f"{param}.json_schema.schema")
+    if js is None or schema is None:
         raise RequestError(
             f"{param} of type json_schema needs json_schema.schema",
             param=f"{param}.json_schema.schema",
         )
     return OutputFormat(
-        "json_schema", js.schema, name=js.name, description=js.description, strict=js.strict
+        "json_schema", schema, name=js.name, description=js.description, strict=js.strict
     )
 
 
@@ -130,10 +131,10 @@ def _tools(
         FunctionTool(
             t.function.name,
             t.function.description,
-            t.function.parameters if s.given(t.function.parameters) else None,
+            s.json_object(t.function.parameters, f"tools[{i}].function.parameters"),
             t.function.strict,
         )
-        for t in decoded
+        for i, t in enumerate(decoded)
     ]
     check_tools(tools, choice, limits)
     return tools, choice

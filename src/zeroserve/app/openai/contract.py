@@ -24,6 +24,12 @@ def _null(why: str) -> dict[str, Any]:
     return _only(_NULL, why)
 
 
+# A JSON Schema given raw (tool parameters, a format's schema): an object, or null.
+_SCHEMA: dict[str, Any] = {
+    "anyOf": [{"type": "object"}, _NULL],
+    "description": "A JSON Schema object, passed to the model as it came.",
+}
+
 _STATELESS = "this server keeps no state"
 _NOT_SERVED = "not served by any model here"
 
@@ -44,6 +50,10 @@ CHAT = (
             "max_completion_tokens": ("maximum", "output_tokens"),
         },
         rules=(
+            # Tools, when given, are some: OpenAI refuses an empty list too. Their names are
+            # unique and a tool choice names only tools among them (not expressible here;
+            # the 400 names "tools" or "tool_choice").
+            {"properties": {"tools": {"minItems": 1}}},
             {  # top_logprobs needs logprobs
                 "if": {
                     "required": ["top_logprobs"],
@@ -65,7 +75,11 @@ CHAT = (
         only={"function_call": _null("deprecated by OpenAI; send tool_calls")},
         rules=(
             {  # every turn but an assistant's carries content
-                "if": {"properties": {"role": {"enum": ["system", "developer", "user", "tool"]}}},
+                "if": {
+                    "properties": {
+                        "role": {"enum": ["system", "developer", "user", "tool", "function"]}
+                    }
+                },
                 "then": {"required": ["content"], "properties": {"content": {"not": _NULL}}},
             },
         ),
@@ -75,6 +89,8 @@ CHAT = (
         only={"type": _only({"enum": ["text"]}, "text parts; the models here read no other")},
         rules=({"required": ["text"], "properties": {"text": {"type": "string"}}},),
     ),
+    Refinement(s.FunctionDef, only={"parameters": _SCHEMA}),
+    Refinement(s.JsonSchemaFormat, only={"schema": _SCHEMA}),
     Refinement(
         s.ResponseFormat,
         rules=(
@@ -82,7 +98,12 @@ CHAT = (
                 "if": {"properties": {"type": {"const": "json_schema"}}},
                 "then": {
                     "required": ["json_schema"],
-                    "properties": {"json_schema": {"required": ["schema"]}},
+                    "properties": {
+                        "json_schema": {
+                            "required": ["schema"],
+                            "properties": {"schema": {"type": "object"}},
+                        }
+                    },
                 },
             },
         ),
@@ -126,6 +147,18 @@ RESPONSES = (
             "tools": ("maxItems", "tools"),
             "max_output_tokens": ("maximum", "output_tokens"),
         },
+        rules=(
+            {  # a tool choice other than none needs tools
+                "if": {
+                    "required": ["tool_choice"],
+                    "properties": {"tool_choice": {"not": {"enum": ["none", None]}}},
+                },
+                "then": {
+                    "required": ["tools"],
+                    "properties": {"tools": {"type": "array", "minItems": 1}},
+                },
+            },
+        ),
         only={
             "previous_response_id": _null(_STATELESS),
             "conversation": _null(_STATELESS),
@@ -147,12 +180,14 @@ RESPONSES = (
         r.TextConfig,
         only={"verbosity": _only({"enum": ["medium", None]}, "medium; " + _NOT_SERVED)},
     ),
+    Refinement(r.FunctionToolIn, only={"parameters": _SCHEMA}),
     Refinement(
         r.TextFormat,
+        only={"schema": _SCHEMA},
         rules=(
             {
                 "if": {"properties": {"type": {"const": "json_schema"}}},
-                "then": {"required": ["schema"]},
+                "then": {"required": ["schema"], "properties": {"schema": {"type": "object"}}},
             },
         ),
     ),

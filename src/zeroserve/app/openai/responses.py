@@ -142,10 +142,10 @@ class Responses:
                 FunctionTool(
                     t.name,
                     t.description,
-                    t.parameters if s.given(t.parameters) else None,
+                    s.json_object(t.parameters, f"tools[{i}].parameters"),
                     t.strict,
                 )
-                for t in tools
+                for i, t in enumerate(tools)
             ]
             or None,
             tool_choice=internal,
@@ -306,16 +306,17 @@ def _tool_choice(raw: msgspec.Raw | msgspec.UnsetType) -> Choice:
 def _response_format(fmt: r.TextFormat) -> OutputFormat:
     if fmt.type != "json_schema":
         return OutputFormat(fmt.type)
-    if not s.given(fmt.schema):
+    schema = s.json_object(fmt.schema, "text.format.schema")
+    if schema is None:
         raise RequestError(
             "text.format of type json_schema needs a schema", param="text.format.schema"
         )
-    if len(fmt.schema) > s.MAX_RESPONSE_FORMAT_BYTES:
+    if len(schema) > s.MAX_RESPONSE_FORMAT_BYTES:
         raise RequestError(
-            f"text.format.schema is {len(fmt.schema)} bytes; the limit is "
+            f"text.format.schema is {len(schema)} bytes; the limit is "
             f"{s.MAX_RESPONSE_FORMAT_BYTES}",
             param="text.format.schema",
         )
     return OutputFormat(
-        "json_schema", fmt.schema, name=fmt.name, description=fmt.description, strict=fmt.strict
+        "json_schema", schema, name=fmt.name, description=fmt.description, strict=fmt.strict
     )

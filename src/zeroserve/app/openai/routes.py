@@ -126,6 +126,8 @@ class _OpenAI:
                 parameters=[p for p in OPTIONAL_PARAMETERS if p in caps.honours],  # type: ignore[misc]
                 relayed=caps.relayed,
                 context_length=caps.context_length,
+                embedding_dimensions=caps.embedding_dimensions,
+                token_inputs=caps.token_inputs,
             ),
         )
 

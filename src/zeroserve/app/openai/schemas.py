@@ -68,6 +68,17 @@ def given(raw: msgspec.Raw | UnsetType | None) -> TypeIs[msgspec.Raw]:
     return isinstance(raw, msgspec.Raw) and len(raw) > 0 and bytes(raw) != b"null"
 
 
+def json_object(raw: msgspec.Raw | UnsetType | None, param: str) -> msgspec.Raw | None:
+    """A raw JSON Schema field (tool ``parameters``, a format's ``schema``): ``None`` when
+    absent or ``null``, else the raw object; any other JSON value is a 400 naming
+    ``param`` (the engine would refuse it later, without naming the field)."""
+    if not given(raw):
+        return None
+    if bytes(memoryview(raw)[:1]) != b"{":
+        raise RequestError(f"'{param}' must be a JSON Schema object", param=param)
+    return raw
+
+
 class StreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     include_usage: bool | None = False
     include_obfuscation: bool | None = None  # no effect: nothing is obfuscated here
@@ -341,7 +352,10 @@ class ModelCapabilities(Struct):
     streaming and usage), as chat completions spells them; any other is refused with a
     400 naming it when given at a value that would change the answer; ``relayed``: an
     upstream server answers, and decides what it accepts; ``context_length``: tokens of
-    one request's context (prompt and answer), when known."""
+    one request's context (prompt and answer), when known;
+    ``embedding_dimensions``: the width of its embeddings when fixed, the only
+    ``dimensions`` it serves; ``token_inputs``: whether it embeds token arrays (else
+    only text, and a token array is refused with a 400 naming ``input``)."""
 
     chat: bool
     embeddings: bool
@@ -360,6 +374,8 @@ class ModelCapabilities(Struct):
     ]
     relayed: bool
     context_length: int | None
+    embedding_dimensions: int | None
+    token_inputs: bool
 
 
 class ModelCard(Struct):

@@ -111,6 +111,7 @@ class MiniLMEmbedder(Model):
         "all-MiniLM-L6-v2 sentence embeddings (384-d, int8 ONNX on onnxruntime, Apache-2.0)"
     )
     context_length: ClassVar[int | None] = MAX_TOKENS
+    embedding_dimensions: ClassVar[int | None] = EMBED_DIM
     dimensions: ClassVar[int] = EMBED_DIM
     supports_dimensions: ClassVar[bool] = False
 

@@ -98,6 +98,7 @@ class LlamaCppBackend:
             embeddings=self.engine.embedding,
             honours=HONOURS,
             context_length=self.engine.context_length,
+            token_inputs=self.engine.embedding,  # the engine embeds token arrays too
         )
 
     def statistics(self) -> BackendStatistics:

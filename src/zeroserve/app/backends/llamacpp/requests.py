@@ -85,7 +85,7 @@ def requests(chat: ChatRequest, engine: PromptEngine) -> Requests:
         if tool_plan is not None
         else chat.param("response_format")
         if fmt is not None and fmt.type != "text"
-        else None
+        else chat.param("messages")  # what is left: the conversation's shape
     )
     return Requests(bodies, bound, messages, None, tool_plan, error_param)
 
