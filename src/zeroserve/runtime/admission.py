@@ -20,6 +20,7 @@ Invariants
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -130,6 +131,8 @@ class Admission:
         self._admitted = 0
         self._rejected = 0
         self._completed = 0
+        # Set when the last ticket is released while someone waits to drain.
+        self._idle: asyncio.Event | None = None
 
     def admit(self) -> Ticket:
         """A ticket, or ``Overloaded(429)`` with ``retry_after`` from the drain rate."""
@@ -148,6 +151,17 @@ class Admission:
         self._in_flight -= 1
         self._completed += 1
         self.meter.record()
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no ticket is held (nothing queued, running or streaming)."""
+        while self._in_flight:
+            self._idle = asyncio.Event()
+            try:
+                await self._idle.wait()
+            finally:
+                self._idle = None
 
     @property
     def in_flight(self) -> int:

@@ -48,7 +48,7 @@ class StateError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class ModelStatus:
+class ModelStateSnapshot:
     """An immutable snapshot of one model's state."""
 
     state: ModelState
@@ -60,17 +60,17 @@ class ModelStateMachine:
     """The state of one model; every move goes through ``to``."""
 
     def __init__(self) -> None:
-        self._status = ModelStatus(ModelState.UNLOADED)
+        self._status = ModelStateSnapshot(ModelState.UNLOADED)
 
     @property
-    def status(self) -> ModelStatus:
+    def status(self) -> ModelStateSnapshot:
         return self._status
 
     @property
     def state(self) -> ModelState:
         return self._status.state
 
-    def to(self, new: ModelState, reason: str | None = None) -> ModelStatus:
+    def to(self, new: ModelState, reason: str | None = None) -> ModelStateSnapshot:
         """Move to ``new``; ``reason`` is required for ``failed`` and refused otherwise."""
         old = self._status
         if new not in TRANSITIONS[old.state]:
@@ -78,5 +78,5 @@ class ModelStateMachine:
         if (new is ModelState.FAILED) != (reason is not None):
             raise StateError("a reason goes with the failed state, and only with it")
         loads = old.loads + (new is ModelState.LOADING)
-        self._status = ModelStatus(new, reason, loads)
+        self._status = ModelStateSnapshot(new, reason, loads)
         return self._status
