@@ -1,0 +1,146 @@
+"""The model manager: loads and unloads catalog entries on the engine (DESIGN.md 6c).
+
+Strategy
+--------
+The manager owns one ``ModelStateMachine`` per catalog entry and is the only caller of
+``Engine.load`` / ``Engine.unload``. Loads of one model are shared: every caller that asks
+while a load runs awaits that same load (under ``asyncio.shield``, so one caller giving up
+cancels nothing for the others) and sees its one outcome, success or the failure's
+reason. Operations on one model run one at a time under its lock, so a load racing an
+unload ends in a state that matches the engine: ``loaded`` exactly when the engine serves
+the model.
+
+A load names a catalog entry, never a path from a request; an unknown name is
+``ModelNotFound`` naming it (an admin's input, safe to repeat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+
+from ..errors import ModelNotFound
+from ..models.catalog import CatalogEntry
+from ..models.loader import ModelRef
+from .engine import Engine
+from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
+from .options import ModelConfig
+
+
+def config_for(ref: ModelRef) -> ModelConfig:
+    """The engine's config for a parsed spec (imports the model's class)."""
+    return ModelConfig(name=ref.name, factory=ref.load_class(), options=ref.options, **ref.runtime)
+
+
+class ModelManager:
+    """Catalog entries, their states, and the loads and unloads that move them."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        catalog: Mapping[str, CatalogEntry],
+        *,
+        loaded: Iterable[str] = (),
+    ) -> None:
+        """``loaded`` names the entries the engine started with."""
+        self._engine = engine
+        self._entries = dict(catalog)
+        self._machines = {name: ModelStateMachine() for name in self._entries}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._loads: dict[str, asyncio.Task[None]] = {}
+        for name in loaded:
+            machine = self._machine(name)
+            machine.to(ModelState.LOADING)
+            machine.to(ModelState.LOADED)
+
+    # -- queries ---------------------------------------------------------------------------
+    def entries(self) -> dict[str, CatalogEntry]:
+        return dict(self._entries)
+
+    def status(self, name: str) -> ModelStateSnapshot:
+        return self._machine(name).status
+
+    def statuses(self) -> dict[str, ModelStateSnapshot]:
+        return {name: m.status for name, m in self._machines.items()}
+
+    # -- operations ------------------------------------------------------------------------
+    async def load(self, name: str) -> None:
+        """Load ``name`` unless loaded; join the load already running, if any.
+
+        Raises ``ModelLoadError`` (or ``SpecError``) with the load's reason; the model is
+        then ``failed`` and a later call tries again.
+        """
+        entry = self._entry(name)
+        task = self._loads.get(name)
+        if task is None:
+            if self._machine(name).state is ModelState.LOADED:
+                return
+            task = asyncio.ensure_future(self._load(entry))
+            self._loads[name] = task
+            task.add_done_callback(self._load_done(name))
+        await asyncio.shield(task)
+
+    async def unload(self, name: str) -> None:
+        """Unload ``name`` once its admitted work has finished; a model not loaded stays so
+        (a failed one becomes ``unloaded``). A load in progress is waited for first."""
+        self._entry(name)
+        task = self._loads.get(name)
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+        async with self._lock(name):
+            machine = self._machine(name)
+            if machine.state is ModelState.FAILED:
+                machine.to(ModelState.UNLOADED)
+                return
+            if machine.state is not ModelState.LOADED:
+                return
+            machine.to(ModelState.UNLOADING)
+            try:
+                await self._engine.unload(name)
+            finally:
+                machine.to(ModelState.UNLOADED)
+
+    # -- internals -------------------------------------------------------------------------
+    async def _load(self, entry: CatalogEntry) -> None:
+        name = entry.name
+        async with self._lock(name):
+            machine = self._machine(name)
+            if machine.state is ModelState.LOADED:
+                return
+            machine.to(ModelState.LOADING)
+            try:
+                await self._engine.load(name, config_for(entry.ref))
+            except Exception as exc:
+                machine.to(ModelState.FAILED, str(exc))
+                raise
+            except BaseException:
+                machine.to(ModelState.FAILED, "the load was cancelled")
+                raise
+            machine.to(ModelState.LOADED)
+
+    def _load_done(self, name: str) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            if self._loads.get(name) is task:
+                del self._loads[name]
+            if not task.cancelled():
+                task.exception()  # retrieved: each caller got it through its shield
+
+        return done
+
+    def _entry(self, name: str) -> CatalogEntry:
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ModelNotFound(f"model {name!r} is not in the catalog")
+        return entry
+
+    def _machine(self, name: str) -> ModelStateMachine:
+        self._entry(name)
+        return self._machines[name]
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
