@@ -15,7 +15,7 @@ import pytest
 from helpers import counter, engine, flag, until
 from models_for_tests import BrokenLoad, Echo, Gate
 
-from zeroserve.errors import ModelNotFound
+from zeroserve.errors import ModelNotFound, Overloaded
 from zeroserve.runtime import InferResult, ModelLoadError
 from zeroserve.runtime.options import ModelConfig
 
@@ -41,6 +41,7 @@ def test_a_model_loaded_at_run_time_serves_and_its_unload_lets_work_finish(
         async with engine(executor, {"echo": {"factory": Echo}}, arena=arena) as eng:
             await eng.load("gate", cfg)
             assert eng.names() == ["echo", "gate"] and eng.ready()
+            held = eng.model("gate")  # a handle taken before the unload
             pending = asyncio.ensure_future(_infer(eng, "gate", {"x": np.arange(3)}))
             await until(lambda: started.value == 1, "the request to run")
 
@@ -48,6 +49,9 @@ def test_a_model_loaded_at_run_time_serves_and_its_unload_lets_work_finish(
             await until(lambda: "gate" not in eng._handles, "the unload to begin")
             with pytest.raises(ModelNotFound):
                 eng.model("gate")  # new requests no longer find it
+            with pytest.raises(Overloaded, match="being unloaded") as refused:
+                held.admit()  # nor do requests that found it just before
+            assert refused.value.status == 503
             assert not unloading.done() and "gate" in eng.names()  # in flight: not cut
 
             gate.set()

@@ -133,9 +133,19 @@ class Admission:
         self._completed = 0
         # Set when the last ticket is released while someone waits to drain.
         self._idle: asyncio.Event | None = None
+        # Set when the model is being unloaded: a handle taken before that admits no more.
+        self._closed_reason: str | None = None
+
+    def close(self, reason: str) -> None:
+        """Admit nothing more (503 with ``reason``); tickets held run to their end."""
+        self._closed_reason = reason
 
     def admit(self) -> Ticket:
-        """A ticket, or ``Overloaded(429)`` with ``retry_after`` from the drain rate."""
+        """A ticket, or ``Overloaded(429)`` with ``retry_after`` from the drain rate
+        (``Overloaded(503)`` once closed)."""
+        if self._closed_reason is not None:
+            self._rejected += 1
+            raise Overloaded(self._closed_reason, status=503, retry_after=DEFAULT_RETRY_AFTER_S)
         if self._in_flight >= self.depth:
             self._rejected += 1
             raise Overloaded(

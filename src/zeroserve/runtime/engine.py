@@ -181,6 +181,7 @@ class Engine:
         if rt is None or name not in self._handles:
             raise ModelNotFound(f"model {name!r} is not loaded")
         del self._handles[name]
+        rt.admission.close(f"model {name!r} is being unloaded")
         await rt.admission.wait_idle()
         del self._models[name]
         self.configs.pop(name, None)
