@@ -16,7 +16,7 @@ from models_for_tests import Echo
 from zeroserve.errors import ModelNotFound
 from zeroserve.models.catalog import CatalogEntry
 from zeroserve.models.loader import ModelRef
-from zeroserve.runtime import ModelLoadError
+from zeroserve.runtime import ManualClock, ModelLoadError
 from zeroserve.runtime.model_manager import ModelManager
 from zeroserve.runtime.model_state import ModelState
 
@@ -105,5 +105,46 @@ def test_racing_loads_and_unloads_end_consistent(run: Any, executor: str, arena:
                 assert (state is ModelState.LOADED) == ("extra" in eng.names())
             await mgr.unload("extra")
             assert eng.names() == ["echo"]
+
+    run(main())
+
+
+def test_an_idle_model_is_unloaded_after_keep_alive_unless_pinned_or_busy(
+    run: Any, executor: str, arena: Any
+) -> None:
+    clock = ManualClock()
+    catalog = _catalog(executor)
+    catalog["kept"] = CatalogEntry(ref=_entry("kept", "Echo", executor).ref, origin="t", pin=True)
+
+    async def main() -> None:
+        async with engine(executor, {"echo": {"factory": Echo}}, arena=arena, clock=clock) as eng:
+            mgr = ModelManager(eng, catalog, loaded=["echo"], keep_alive_s=300.0)
+            await mgr.load("extra")
+            await mgr.load("kept")
+            clock.advance(299.0)
+            assert mgr.idle_models() == []
+
+            h = eng.model("extra")
+            ticket = h.admit()  # in flight: never idle, however long
+            clock.advance(600.0)
+            assert sorted(mgr.idle_models()) == ["echo"]
+            result = await h.infer(ticket, {"x": np.arange(2)})
+            result.release()
+            clock.advance(299.0)  # idle since the request ended: not yet
+            assert await mgr.unload_idle() == ["echo"]
+            clock.advance(1.0)
+            assert await mgr.unload_idle() == ["extra"]
+            assert mgr.status("extra").state is ModelState.UNLOADED
+            assert mgr.status("kept").state is ModelState.LOADED  # pinned
+            assert eng.names() == ["kept"]
+
+    run(main())
+
+
+def test_keep_alive_must_not_be_negative(run: Any, arena: Any) -> None:
+    async def main() -> None:
+        async with engine("inline", {"echo": {"factory": Echo}}, arena=arena) as eng:
+            with pytest.raises(ValueError, match="keep_alive_s"):
+                ModelManager(eng, _catalog("inline"), keep_alive_s=-1.0)
 
     run(main())

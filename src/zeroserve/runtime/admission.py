@@ -135,6 +135,8 @@ class Admission:
         self._idle: asyncio.Event | None = None
         # Set when the model is being unloaded: a handle taken before that admits no more.
         self._closed_reason: str | None = None
+        # When the last ticket was released (or the admission made): idle since then.
+        self._idle_since = clock()
 
     def close(self, reason: str) -> None:
         """Admit nothing more (503 with ``reason``); tickets held run to their end."""
@@ -161,8 +163,15 @@ class Admission:
         self._in_flight -= 1
         self._completed += 1
         self.meter.record()
-        if self._in_flight == 0 and self._idle is not None:
-            self._idle.set()
+        if self._in_flight == 0:
+            self._idle_since = self._clock()
+            if self._idle is not None:
+                self._idle.set()
+
+    @property
+    def idle_since(self) -> float | None:
+        """When the model last held no ticket, on the clock; None while one is held."""
+        return None if self._in_flight else self._idle_since
 
     async def wait_idle(self) -> None:
         """Return once no ticket is held (nothing queued, running or streaming)."""

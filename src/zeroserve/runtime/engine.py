@@ -281,6 +281,11 @@ class Engine:
         models = {name: rt.status() for name, rt in self._models.items()}
         return EngineStatus(started=self._started, closed=self._closed, models=models)
 
+    def idle_since(self, name: str) -> float | None:
+        """When loaded model ``name`` last had nothing in flight and no stream open (on
+        the engine's clock); None while it has."""
+        return self._models[name].admission.idle_since
+
     def names(self) -> list[str]:
         return list(self._models)
 

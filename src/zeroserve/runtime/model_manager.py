@@ -27,6 +27,10 @@ from .engine import Engine
 from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
 from .options import ModelConfig
 
+# How long a model stays loaded with nothing in flight and no stream open: Ollama's
+# ``keep_alive`` default (5 minutes), long enough for a conversation's next turn.
+DEFAULT_KEEP_ALIVE_S = 300.0
+
 
 def config_for(ref: ModelRef) -> ModelConfig:
     """The engine's config for a parsed spec (imports the model's class)."""
@@ -42,9 +46,14 @@ class ModelManager:
         catalog: Mapping[str, CatalogEntry],
         *,
         loaded: Iterable[str] = (),
+        keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
     ) -> None:
-        """``loaded`` names the entries the engine started with."""
+        """``loaded`` names the entries the engine started with; ``keep_alive_s`` is how
+        long an unpinned model may stay idle before ``unload_idle`` unloads it."""
+        if not keep_alive_s >= 0:
+            raise ValueError(f"keep_alive_s must be >= 0 seconds, not {keep_alive_s!r}")
         self._engine = engine
+        self._keep_alive_s = keep_alive_s
         self._entries = dict(catalog)
         self._machines = {name: ModelStateMachine() for name in self._entries}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -93,16 +102,40 @@ class ModelManager:
             machine = self._machine(name)
             if machine.state is ModelState.FAILED:
                 machine.to(ModelState.UNLOADED)
-                return
-            if machine.state is not ModelState.LOADED:
-                return
-            machine.to(ModelState.UNLOADING)
-            try:
-                await self._engine.unload(name)
-            finally:
-                machine.to(ModelState.UNLOADED)
+            elif machine.state is ModelState.LOADED:
+                await self._unload_locked(name)
+
+    def idle_models(self) -> list[str]:
+        """Loaded, unpinned models idle (nothing in flight, no stream open) for at least
+        ``keep_alive_s`` on the engine's clock."""
+        return [name for name in self._machines if self._expired(name)]
+
+    async def unload_idle(self) -> list[str]:
+        """Unload every model ``idle_models`` names, each checked again under its lock (a
+        request that arrived meanwhile keeps it loaded). Returns the names unloaded."""
+        done: list[str] = []
+        for name in self.idle_models():
+            async with self._lock(name):
+                if self._expired(name):
+                    await self._unload_locked(name)
+                    done.append(name)
+        return done
 
     # -- internals -------------------------------------------------------------------------
+    def _expired(self, name: str) -> bool:
+        if self._machines[name].state is not ModelState.LOADED or self._entries[name].pin:
+            return False
+        since = self._engine.idle_since(name)
+        return since is not None and self._engine.clock() - since >= self._keep_alive_s
+
+    async def _unload_locked(self, name: str) -> None:
+        machine = self._machines[name]
+        machine.to(ModelState.UNLOADING)
+        try:
+            await self._engine.unload(name)
+        finally:
+            machine.to(ModelState.UNLOADED)
+
     async def _load(self, entry: CatalogEntry) -> None:
         name = entry.name
         async with self._lock(name):
