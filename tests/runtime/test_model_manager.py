@@ -13,7 +13,7 @@ import pytest
 from helpers import engine
 from models_for_tests import Echo
 
-from zeroserve.errors import ModelNotFound
+from zeroserve.errors import ModelNotFound, Overloaded
 from zeroserve.models.catalog import CatalogEntry
 from zeroserve.models.loader import ModelRef
 from zeroserve.runtime import ManualClock, ModelLoadError
@@ -146,5 +146,39 @@ def test_keep_alive_must_not_be_negative(run: Any, arena: Any) -> None:
         async with engine("inline", {"echo": {"factory": Echo}}, arena=arena) as eng:
             with pytest.raises(ValueError, match="keep_alive_s"):
                 ModelManager(eng, _catalog("inline"), keep_alive_s=-1.0)
+
+    run(main())
+
+
+def test_over_models_max_the_least_recently_used_idle_unpinned_model_goes_first(
+    run: Any, executor: str, arena: Any
+) -> None:
+    clock = ManualClock()
+    catalog = _catalog(executor)
+    catalog["third"] = _entry("third", "Echo", executor)
+    catalog["kept"] = CatalogEntry(ref=_entry("kept", "Echo", executor).ref, origin="t", pin=True)
+
+    async def main() -> None:
+        async with engine(executor, {"echo": {"factory": Echo}}, arena=arena, clock=clock) as eng:
+            mgr = ModelManager(eng, catalog, loaded=["echo"], models_max=2)
+            clock.advance(1.0)
+            await mgr.load("extra")
+            clock.advance(1.0)
+            h = eng.model("echo")  # echo used after extra: extra is now the LRU
+            (await h.infer(h.admit(), {"x": np.arange(1)})).release()
+            await mgr.load("third")
+            assert sorted(eng.names()) == ["echo", "third"] and mgr.evictions == 1
+            assert mgr.status("extra").state is ModelState.UNLOADED
+
+            await mgr.unload("third")
+            await mgr.load("kept")  # pinned: never evicted
+            busy = eng.model("echo").admit()  # in flight: not idle, not evicted
+            with pytest.raises(Overloaded, match="none is idle and unpinned") as info:
+                await mgr.load("extra")
+            assert info.value.status == 503
+            assert mgr.status("extra").state is ModelState.UNLOADED
+            busy.release()
+            await mgr.load("extra")  # echo is idle again: it makes room
+            assert sorted(eng.names()) == ["extra", "kept"] and mgr.evictions == 2
 
     run(main())

@@ -20,9 +20,10 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 
-from ..errors import ModelNotFound
+from ..errors import ModelNotFound, Overloaded
 from ..models.catalog import CatalogEntry
 from ..models.loader import ModelRef
+from .admission import DEFAULT_RETRY_AFTER_S
 from .engine import Engine
 from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
 from .options import ModelConfig
@@ -47,13 +48,20 @@ class ModelManager:
         *,
         loaded: Iterable[str] = (),
         keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+        models_max: int | None = None,
     ) -> None:
         """``loaded`` names the entries the engine started with; ``keep_alive_s`` is how
-        long an unpinned model may stay idle before ``unload_idle`` unloads it."""
+        long an unpinned model may stay idle before ``unload_idle`` unloads it;
+        ``models_max`` caps the models loaded (or loading) at once: a load over it first
+        unloads the least recently used idle, unpinned model."""
         if not keep_alive_s >= 0:
             raise ValueError(f"keep_alive_s must be >= 0 seconds, not {keep_alive_s!r}")
+        if models_max is not None and models_max < 1:
+            raise ValueError(f"models_max must be at least 1, not {models_max!r}")
         self._engine = engine
         self._keep_alive_s = keep_alive_s
+        self._models_max = models_max
+        self.evictions = 0  # models unloaded to make room under models_max
         self._entries = dict(catalog)
         self._machines = {name: ModelStateMachine() for name in self._entries}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -128,6 +136,37 @@ class ModelManager:
         since = self._engine.idle_since(name)
         return since is not None and self._engine.clock() - since >= self._keep_alive_s
 
+    async def _make_room(self, name: str) -> None:
+        """Under ``models_max``, unload least recently used idle, unpinned models until
+        ``name`` fits; ``Overloaded(503)`` when none can be unloaded."""
+        limit = self._models_max
+        if limit is None:
+            return
+        busy = (ModelState.LOADED, ModelState.LOADING)
+        while True:
+            held = [n for n, m in self._machines.items() if m.state in busy and n != name]
+            if len(held) < limit:
+                return
+            idle = [
+                (since, n)
+                for n in held
+                if self._machines[n].state is ModelState.LOADED
+                and not self._entries[n].pin
+                and (since := self._engine.idle_since(n)) is not None
+            ]
+            if not idle:
+                raise Overloaded(
+                    f"{len(held)} models are loaded (the most at once, --models-max) and none "
+                    f"is idle and unpinned; model {name!r} cannot load now",
+                    status=503,
+                    retry_after=DEFAULT_RETRY_AFTER_S,
+                )
+            victim = min(idle)[1]
+            async with self._lock(victim):
+                if self._machines[victim].state is ModelState.LOADED:
+                    await self._unload_locked(victim)
+                    self.evictions += 1
+
     async def _unload_locked(self, name: str) -> None:
         machine = self._machines[name]
         machine.to(ModelState.UNLOADING)
@@ -142,7 +181,8 @@ class ModelManager:
             machine = self._machine(name)
             if machine.state is ModelState.LOADED:
                 return
-            machine.to(ModelState.LOADING)
+            await self._make_room(name)
+            machine.to(ModelState.LOADING)  # no await since the room was checked
             try:
                 await self._engine.load(name, config_for(entry.ref))
             except Exception as exc:
