@@ -182,3 +182,24 @@ def test_over_models_max_the_least_recently_used_idle_unpinned_model_goes_first(
             assert sorted(eng.names()) == ["extra", "kept"] and mgr.evictions == 2
 
     run(main())
+
+
+def test_a_rescan_adds_new_entries_and_unloads_the_ones_gone(
+    run: Any, executor: str, arena: Any
+) -> None:
+    async def main() -> None:
+        async with engine(executor, {"echo": {"factory": Echo}}, arena=arena) as eng:
+            mgr = ModelManager(eng, _catalog(executor), loaded=["echo"])
+            await mgr.load("extra")
+            fresh = {"echo": _catalog(executor)["echo"], "new": _entry("new", "Echo", executor)}
+            added, removed = await mgr.rescan(fresh)
+            assert added == ["new"] and sorted(removed) == ["broken", "extra"]
+            assert sorted(mgr.statuses()) == ["echo", "new"]
+            assert mgr.status("new").state is ModelState.UNLOADED
+            assert eng.names() == ["echo"]
+            with pytest.raises(ModelNotFound, match="'extra' is not in the catalog"):
+                await mgr.load("extra")
+            await mgr.load("new")
+            assert sorted(eng.names()) == ["echo", "new"]
+
+    run(main())

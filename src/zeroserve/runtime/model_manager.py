@@ -82,6 +82,24 @@ class ModelManager:
         return {name: m.status for name, m in self._machines.items()}
 
     # -- operations ------------------------------------------------------------------------
+    async def rescan(self, catalog: Mapping[str, CatalogEntry]) -> tuple[list[str], list[str]]:
+        """Take a fresh catalog (a rescanned models dir). New entries start ``unloaded``; an
+        entry that is gone is unloaded first (its admitted work finishes) and then leaves;
+        a changed entry is used by its next load. Returns ``(added, removed)`` names."""
+        added = [name for name in catalog if name not in self._entries]
+        removed = [name for name in self._entries if name not in catalog]
+        for name in removed:
+            await self.unload(name)
+            task = self._loads.get(name)
+            async with self._lock(name):
+                if task is not None or self._machines[name].state is not ModelState.UNLOADED:
+                    continue  # loaded again meanwhile: it stays until a later rescan
+                del self._entries[name], self._machines[name], self._locks[name]
+        for name, entry in catalog.items():
+            self._entries[name] = entry
+            self._machines.setdefault(name, ModelStateMachine())
+        return added, removed
+
     async def load(self, name: str) -> None:
         """Load ``name`` unless loaded; join the load already running, if any.
 
