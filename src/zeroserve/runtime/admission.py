@@ -20,6 +20,7 @@ Invariants
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -130,9 +131,23 @@ class Admission:
         self._admitted = 0
         self._rejected = 0
         self._completed = 0
+        # Set when the last ticket is released while someone waits to drain.
+        self._idle: asyncio.Event | None = None
+        # Set when the model is being unloaded: a handle taken before that admits no more.
+        self._closed_reason: str | None = None
+        # When the last ticket was released (or the admission made): idle since then.
+        self._idle_since = clock()
+
+    def close(self, reason: str) -> None:
+        """Admit nothing more (503 with ``reason``); tickets held run to their end."""
+        self._closed_reason = reason
 
     def admit(self) -> Ticket:
-        """A ticket, or ``Overloaded(429)`` with ``retry_after`` from the drain rate."""
+        """A ticket, or ``Overloaded(429)`` with ``retry_after`` from the drain rate
+        (``Overloaded(503)`` once closed)."""
+        if self._closed_reason is not None:
+            self._rejected += 1
+            raise Overloaded(self._closed_reason, status=503, retry_after=DEFAULT_RETRY_AFTER_S)
         if self._in_flight >= self.depth:
             self._rejected += 1
             raise Overloaded(
@@ -148,6 +163,24 @@ class Admission:
         self._in_flight -= 1
         self._completed += 1
         self.meter.record()
+        if self._in_flight == 0:
+            self._idle_since = self._clock()
+            if self._idle is not None:
+                self._idle.set()
+
+    @property
+    def idle_since(self) -> float | None:
+        """When the model last held no ticket, on the clock; None while one is held."""
+        return None if self._in_flight else self._idle_since
+
+    async def wait_idle(self) -> None:
+        """Return once no ticket is held (nothing queued, running or streaming)."""
+        while self._in_flight:
+            self._idle = asyncio.Event()
+            try:
+                await self._idle.wait()
+            finally:
+                self._idle = None
 
     @property
     def in_flight(self) -> int:

@@ -139,6 +139,54 @@ class Engine:
         self._started = True
         self._register_metrics()
 
+    async def load(self, name: str, cfg: ModelConfig) -> None:
+        """Load one more model while the engine serves the others (DESIGN.md section 6c).
+
+        Raises ``ModelLoadError`` naming the model when it cannot load; its workers are
+        stopped first, so a failed load leaves nothing behind. ``ValueError`` when a model
+        of that name is loaded already (replacing one is a separate, draining step).
+        """
+        if not self._started or self._closed:
+            raise RuntimeError("the engine is not serving: start it before loading models")
+        if name in self._models:
+            raise ValueError(f"model {name!r} is loaded already")
+        if cfg.name and cfg.name != name:
+            raise ValueError(f"model config {cfg.name!r} loaded under the name {name!r}")
+        spec, meta = self._resolve(name, cfg)
+        rt = ModelRuntime(
+            spec, meta, self._executor(spec, meta), clock=self.clock, options=self.options
+        )
+        try:
+            await rt.executor.start(self.options.load_timeout_s)
+        except Exception as exc:
+            await rt.executor.aclose()
+            if isinstance(exc, ModelLoadError):
+                raise
+            raise ModelLoadError(name, f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            await rt.executor.aclose()
+            raise
+        rt.start_slots()
+        rt.start_batchers()
+        self.configs[name] = cfg
+        self._models[name] = rt
+        self._handles[name] = ModelHandle(rt)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``: new requests no longer find it, the requests and
+        streams it admitted run to their end, then its workers stop (nothing in flight
+        is cut; a request's own deadline still bounds it). ``ModelNotFound`` when it is
+        not loaded."""
+        rt = self._models.get(name)
+        if rt is None or name not in self._handles:
+            raise ModelNotFound(f"model {name!r} is not loaded")
+        del self._handles[name]
+        rt.admission.close(f"model {name!r} is being unloaded")
+        await rt.admission.wait_idle()
+        del self._models[name]
+        self.configs.pop(name, None)
+        await rt.aclose()
+
     async def aclose(self) -> None:
         if self._closed:
             return
@@ -232,6 +280,11 @@ class Engine:
         """The lifecycle and every model's workers (what ``/ready`` reports when false)."""
         models = {name: rt.status() for name, rt in self._models.items()}
         return EngineStatus(started=self._started, closed=self._closed, models=models)
+
+    def idle_since(self, name: str) -> float | None:
+        """When loaded model ``name`` last had nothing in flight and no stream open (on
+        the engine's clock); None while it has."""
+        return self._models[name].admission.idle_since
 
     def names(self) -> list[str]:
         return list(self._models)

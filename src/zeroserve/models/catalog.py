@@ -1,0 +1,157 @@
+"""The catalog: what could be served (DESIGN.md section 6c, "Models that come and go").
+
+A catalog entry is a parsed model spec (``ModelRef``) plus where it came from and the
+settings that govern its life at run time (``pin``). Entries come from *sources*: the
+``--model`` specs, a ``--models-dir`` repository, and any other directory of models (the
+pull cache plugs in here as one more ``EntrySource``). Building the catalog opens
+nothing but directory listings and ``model.toml`` files; loading is the runtime's job.
+
+A models directory holds:
+
+* ``NAME.gguf`` — a GGUF file, served by llama.cpp as model ``NAME``;
+* ``NAME/model.toml`` — a folder with a spec and its options::
+
+      spec = "llamacpp:weights.gguf"   # any --model SPEC; a relative location is
+                                       # resolved against the folder
+      pin = true                       # optional: never unloaded for idleness or LRU
+      [options]                        # optional: the spec's ?key=value options
+      executor = "thread"
+
+Anything else in the directory is left alone. Two entries with one name are an error
+naming both places, never a silent choice.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from ..errors import SpecError
+from .loader import BACKENDS, ModelRef, parse_spec
+
+# The file in a model folder that names its spec.
+MODEL_TOML = "model.toml"
+# Keys a model.toml may hold; any other is refused by name (nothing silently ignored).
+TOML_KEYS = frozenset({"spec", "pin", "options"})
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One model the server could serve.
+
+    Attributes:
+        ref: the parsed spec (name, target, options, runtime settings).
+        origin: where it was found: ``"--model"``, or the file or folder it came from.
+        pin: True keeps the model loaded (no idle unload, no LRU eviction).
+    """
+
+    ref: ModelRef
+    origin: str
+    pin: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+
+# A source of entries read from one directory (the models dir, the pull cache).
+EntrySource = Callable[[Path], list[CatalogEntry]]
+
+
+def entries_from_specs(specs: Iterable[str]) -> list[CatalogEntry]:
+    """Catalog entries for ``--model`` specs."""
+    return [CatalogEntry(ref=parse_spec(text), origin="--model") for text in specs]
+
+
+def scan_models_dir(root: Path) -> list[CatalogEntry]:
+    """Entries for every ``*.gguf`` file and ``*/model.toml`` folder directly in ``root``.
+
+    Raises ``SpecError`` naming the file at fault (an unreadable ``model.toml``, a bad
+    spec, an unknown key) or the directory when it is missing.
+    """
+    if not root.is_dir():
+        raise SpecError(f"models directory {str(root)!r} does not exist or is not a directory")
+    entries: list[CatalogEntry] = []
+    for path in sorted(root.iterdir()):
+        if path.is_file() and path.suffix == ".gguf":
+            spec = f"{path.stem}=llamacpp:{path.resolve()}"
+            entries.append(CatalogEntry(ref=parse_spec(spec), origin=str(path)))
+        elif path.is_dir() and (path / MODEL_TOML).is_file():
+            entries.append(_folder_entry(path))
+    return entries
+
+
+def build_catalog(
+    specs: Iterable[str] = (),
+    dirs: Iterable[tuple[Path, EntrySource]] = (),
+) -> dict[str, CatalogEntry]:
+    """The catalog, by name, from ``--model`` specs and directory sources, in that order.
+
+    Raises ``SpecError`` when two entries share a name, naming both origins.
+    """
+    found: list[CatalogEntry] = entries_from_specs(specs)
+    for path, source in dirs:
+        found.extend(source(path))
+    catalog: dict[str, CatalogEntry] = {}
+    for entry in found:
+        if entry.name in catalog:
+            raise SpecError(
+                f"model {entry.name!r} is named twice: by {catalog[entry.name].origin} "
+                f"and by {entry.origin}"
+            )
+        catalog[entry.name] = entry
+    return catalog
+
+
+def _folder_entry(folder: Path) -> CatalogEntry:
+    toml_path = folder / MODEL_TOML
+    try:
+        data = tomllib.loads(toml_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{toml_path}: cannot read: {exc}") from exc
+    unknown = sorted(set(data) - TOML_KEYS)
+    if unknown:
+        raise SpecError(
+            f"{toml_path}: unknown key(s) {', '.join(unknown)} "
+            f"(allowed: {', '.join(sorted(TOML_KEYS))})"
+        )
+    spec = data.get("spec")
+    if not isinstance(spec, str) or not spec:
+        raise SpecError(f"{toml_path}: 'spec' must be a non-empty string")
+    pin = data.get("pin", False)
+    if not isinstance(pin, bool):
+        raise SpecError(f"{toml_path}: 'pin' must be true or false")
+    options = data.get("options", {})
+    if not isinstance(options, dict) or any(isinstance(v, (dict, list)) for v in options.values()):
+        raise SpecError(f"{toml_path}: [options] must be a table of plain values")
+    if "?" in spec:
+        raise SpecError(f"{toml_path}: put options in [options], not after '?' in 'spec'")
+    text = f"{folder.name}={_resolve_location(spec, folder)}"
+    if options:
+        text += "?" + urlencode({k: _option_text(v) for k, v in options.items()})
+    try:
+        ref = parse_spec(text)
+    except SpecError as exc:
+        raise SpecError(f"{toml_path}: {exc}") from exc
+    return CatalogEntry(ref=ref, origin=str(folder), pin=pin)
+
+
+def _resolve_location(spec: str, folder: Path) -> str:
+    """A backend location relative to the model folder becomes an absolute path."""
+    backend, colon, location = spec.partition(":")
+    if colon and backend in BACKENDS and backend != "remote" and location:
+        place = Path(location)
+        if not place.is_absolute():
+            return f"{backend}:{(folder / place).resolve()}"
+    return spec
+
+
+def _option_text(value: Any) -> str:
+    # parse_spec coerces "true"/"false" and numbers back from text.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
