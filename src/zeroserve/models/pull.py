@@ -37,11 +37,13 @@ def pull(text: str, root: Path | None = None) -> Path:
 
 
 def _pull_hf(source: PullSource, base: Path) -> Path:
-    from huggingface_hub import hf_hub_download, list_repo_files
+    from huggingface_hub import HfApi, hf_hub_download
 
     name = source.selector
     if not name.endswith(".gguf"):
-        ggufs = sorted(f for f in list_repo_files(source.repo) if f.endswith(".gguf"))
+        api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
+        listed = api.list_repo_files(source.repo)
+        ggufs = sorted(f for f in listed if f.endswith(".gguf"))
         wanted = [f for f in ggufs if name.lower() in f.lower()] if name else ggufs
         if len(wanted) != 1:
             raise RequestError(
@@ -49,7 +51,9 @@ def _pull_hf(source: PullSource, base: Path) -> Path:
                 f" choose one of: {', '.join(ggufs) or '(no .gguf files)'}"
             )
         name = wanted[0]
-    return Path(hf_hub_download(source.repo, name, cache_dir=str(base / "hf")))
+    # HF_ENDPOINT read per call: huggingface_hub reads it once, at its import.
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    return Path(hf_hub_download(source.repo, name, cache_dir=str(base / "hf"), endpoint=endpoint))
 
 
 def _pull_url(source: PullSource, base: Path) -> Path:
