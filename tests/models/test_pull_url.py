@@ -92,3 +92,18 @@ def test_plain_http_refused_by_default(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.delenv("ZEROSERVE_PULL_ALLOW_HTTP", raising=False)
     with pytest.raises(RequestError, match="plain http"):
         pull("http://127.0.0.1:9/m/x.gguf", tmp_path)
+
+
+def test_cli_pull_list_rm(
+    hub: _Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zeroserve.cli import main
+
+    monkeypatch.setenv("ZEROSERVE_CACHE", str(tmp_path))
+    assert main(["pull", _url(hub)]) == 0
+    assert main(["list"]) == 0
+    assert f"tiny\t{len(PAYLOAD)}\t" in capsys.readouterr().out
+    assert main(["rm", "tiny"]) == 0
+    assert cached_models(tmp_path) == []
+    assert main(["rm", "tiny"]) == 1
+    assert "no cached model named 'tiny'" in capsys.readouterr().err
