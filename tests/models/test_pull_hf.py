@@ -121,3 +121,26 @@ def test_wrong_pin_deletes_and_names_both(hub: _Hub, tmp_path: Path) -> None:
         pull(f"hf:{REPO}:{SMOLLM2_FILE}@sha256={wrong}", tmp_path)
     assert wrong in str(info.value) and SMOLLM2_SHA256 in str(info.value)
     assert cached_models(tmp_path) == []
+
+
+def test_offline_uses_the_cache_without_the_hub(hub: _Hub, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    source = f"hf:{REPO}:{SMOLLM2_FILE}"
+    first = pull(source, tmp_path)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", ZEROSERVE_CACHE=str(tmp_path))
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens: any fetch would fail
+    seen = len(hub.log)
+    done = subprocess.run(
+        [sys.executable, "-m", "zeroserve", "pull", source],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(first)
+    assert len(hub.log) == seen
