@@ -1,4 +1,4 @@
-"""The ``zeroserve`` command: ``serve``, ``models`` and ``bench``."""
+"""The ``zeroserve`` command: ``serve``, ``models``, ``bench``, and the cache: ``pull``, ``list``, ``rm``."""
 
 from __future__ import annotations
 
@@ -215,7 +215,44 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="load a running server: req/s, TTFT, inter-token latency, percentiles"
     )
     add_loadgen_arguments(bench)
+
+    pull = sub.add_parser(
+        "pull",
+        help="fetch a model into the cache (hf:ORG/REPO[:FILE_OR_QUANT] or https://URL)",
+        description="Fetch a model into the cache (ZEROSERVE_CACHE, else ~/.cache/zeroserve). "
+        "SOURCE is hf:ORG/REPO[:FILE_OR_QUANT] or https://URL, optionally pinned with "
+        "@sha256=HEX (checked before use; a mismatch deletes the file). An interrupted "
+        "download resumes on the next pull.",
+    )
+    pull.add_argument("source", metavar="SOURCE")
+    sub.add_parser("list", help="list the models in the cache, with sizes")
+    rm = sub.add_parser("rm", help="delete a cached model by name (as `zeroserve list` shows it)")
+    rm.add_argument("name", metavar="NAME")
     return p
+
+
+def _cache_command(args: argparse.Namespace) -> int:
+    from .models.cache import cached_models
+    from .models.pull import pull
+
+    if args.command == "pull":
+        print(pull(args.source))
+        return 0
+    found = cached_models()
+    if args.command == "list":
+        for name, path in found:
+            print(f"{name}\t{path.stat().st_size}\t{path}")
+        return 0
+    matches = [path for name, path in found if name == args.name]
+    if not matches:
+        print(f"zeroserve rm: no cached model named {args.name!r}", file=sys.stderr)
+        return 1
+    for path in matches:
+        target = path.resolve()
+        path.unlink()
+        if target != path:
+            target.unlink(missing_ok=True)
+    return 0
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -248,6 +285,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return loadgen_main(args)
+    if args.command in ("pull", "list", "rm"):
+        try:
+            return _cache_command(args)
+        except ZeroserveError as exc:
+            print(f"zeroserve {args.command}: {exc}", file=sys.stderr)
+            return 1
     overrides: dict[str, Any] = {"models": args.models}
     if args.command == "serve":
         overrides.update(

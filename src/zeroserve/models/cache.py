@@ -1,0 +1,128 @@
+"""The model cache: where pulled models live, what a pull source names, and hash pins.
+
+Pulling is opt-in and the default is offline (docs/architecture.md, section 6c). This module
+owns the parts with no network: the cache directory (``ZEROSERVE_CACHE``, else
+``$XDG_CACHE_HOME/zeroserve``, else ``~/.cache/zeroserve``), the source syntax, the
+``sha256=`` pin check, and the catalog seam :func:`cached_models`.
+
+Source syntax: ``hf:ORG/REPO[:FILE_OR_QUANT][@sha256=HEX]`` or ``https://...[@sha256=HEX]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from zeroserve.errors import RequestError
+
+#: Bytes read per step while hashing a file: large enough to keep the loop cheap on
+#: multi-GiB GGUF files, small enough to stay out of the way of the server's memory.
+HASH_CHUNK_BYTES = 1 << 20
+
+_PIN = re.compile(r"@sha256=([0-9a-fA-F]{64})$")
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class HashMismatch(RequestError):
+    """A downloaded or cached file does not match its ``sha256=`` pin; the file is deleted."""
+
+
+@dataclass(frozen=True, slots=True)
+class PullSource:
+    """A parsed pull source.
+
+    Attributes:
+        kind: ``"hf"`` or ``"url"``.
+        repo: ``ORG/REPO`` for ``hf``; empty for a URL.
+        selector: a file name or a quant tag for ``hf`` (empty: the repo's single GGUF);
+            the URL itself for ``url``.
+        sha256: the lowercase hex pin, or ``None``.
+    """
+
+    kind: str
+    repo: str
+    selector: str
+    sha256: str | None
+
+
+def parse_source(text: str) -> PullSource:
+    """Parse ``hf:ORG/REPO[:FILE_OR_QUANT][@sha256=HEX]`` or ``https://URL[@sha256=HEX]``.
+
+    Raises:
+        RequestError: the text is neither form; the message names it.
+    """
+    pin: str | None = None
+    match = _PIN.search(text)
+    body = text
+    if match is not None:
+        pin = match.group(1).lower()
+        body = text[: match.start()]
+    elif "@sha256=" in text:
+        raise RequestError(f"bad sha256 pin in {text!r}: expected 64 hex digits")
+    if body.startswith("hf:"):
+        repo, _, selector = body[3:].partition(":")
+        if not _REPO.match(repo):
+            raise RequestError(f"bad hf source {text!r}: expected hf:ORG/REPO[:FILE_OR_QUANT]")
+        if "/" in selector or selector.startswith("."):
+            raise RequestError(f"bad file in hf source {text!r}")
+        return PullSource("hf", repo, selector, pin)
+    if body.startswith(("https://", "http://")):
+        return PullSource("url", "", body, pin)
+    raise RequestError(f"unknown pull source {text!r}: expected hf:ORG/REPO[:FILE] or https://URL")
+
+
+def cache_dir() -> Path:
+    """The cache root: ``ZEROSERVE_CACHE``, else the user's cache directory."""
+    explicit = os.environ.get("ZEROSERVE_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "zeroserve"
+
+
+def file_sha256(path: Path) -> str:
+    """The lowercase hex SHA-256 of a file, read in :data:`HASH_CHUNK_BYTES` steps."""
+    digest = hashlib.sha256()
+    buffer = bytearray(HASH_CHUNK_BYTES)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as handle:
+        while n := handle.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def verify_pin(path: Path, expected: str | None) -> None:
+    """Check ``path`` against its pin before it is used; on a mismatch delete it.
+
+    Raises:
+        HashMismatch: names the expected and the actual hash.
+    """
+    if expected is None:
+        return
+    actual = file_sha256(path)
+    if actual != expected.lower():
+        path.unlink(missing_ok=True)
+        raise HashMismatch(
+            f"sha256 mismatch for {path.name}: expected {expected.lower()}, got {actual};"
+            " the file was deleted"
+        )
+
+
+def cached_models(root: Path | None = None) -> list[tuple[str, Path]]:
+    """The GGUF files in the cache as (name, path) pairs, named after the file's stem.
+
+    A ``.part`` file (a download in progress) is not a model. Sorted by name.
+    """
+    base = cache_dir() if root is None else root
+    if not base.is_dir():
+        return []
+    found = [
+        (path.stem, path)
+        for path in base.rglob("*.gguf")
+        if path.is_file() and not path.name.endswith(".part")
+    ]
+    return sorted(found)
