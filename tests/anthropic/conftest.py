@@ -3,7 +3,8 @@
 
 * ``local``: an in-thread server (the OpenAI suite's ``ServerThread``, so a test can read
   the engine's queues) with ``echo``, ``tinyllm``, ``endless`` (a stream whose close the
-  test observes) and ``smollm2`` (llama.cpp's engine);
+  test observes, queue depth 1), ``failing`` (fails after two pieces) and ``smollm2``
+  (llama.cpp's engine);
 * ``gateway``: a ``zeroserve serve`` process whose ``far`` is ``remote:`` to ``local``'s
   ``tinyllm`` and ``near`` to its ``smollm2``;
 Clients and constants: ``messages_suite.py``. (This folder has no ``__init__.py``: with
@@ -43,7 +44,7 @@ def local() -> Iterator[ServerThread]:
     configs = {
         name: cfg
         for name, cfg in default_configs().items()
-        if name in ("echo", "tinyllm", "endless")
+        if name in ("echo", "tinyllm", "endless", "failing")
     }
     options = {"parallel": 2, "n_ctx": 1024, "alias": "smollm2"}
     configs["smollm2"] = ModelConfig("smollm2", SmolLM2Model, options=options)

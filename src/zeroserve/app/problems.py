@@ -45,6 +45,10 @@ def error_body(exc: ZeroserveError, fmt: ErrorFormat, request_id: bytes = b"") -
     if fmt == "kserve":
         return _encoder.encode({"error": message})
     if fmt == "anthropic":
+        # Anthropic's errors have no ``param``: its messages start with the field's path.
+        param = exc.param
+        if param is not None and param not in message:
+            message = f"{param}: {message}"
         return _encoder.encode(
             {"type": "error", "error": {"type": anthropic_type(exc.status), "message": message}}
         )

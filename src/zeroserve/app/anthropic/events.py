@@ -147,12 +147,10 @@ class MessageEvents:
             try:
                 while piece is not None:
                     out += self._piece(piece)
-                    while True:  # what is ready now goes in the same write
-                        ready = output.take_ready(PULL_YIELD_EVERY)
-                        for p in ready:
-                            out += self._piece(p)
-                        if len(ready) < PULL_YIELD_EVERY:
-                            break
+                    # What is ready now (a batch at most: the writer, and the loop, get
+                    # their turn between batches) goes in the same write.
+                    for p in output.take_ready(PULL_YIELD_EVERY):
+                        out += self._piece(p)
                     yield b"".join(out)
                     out = []
                     piece = await anext(output, None)
