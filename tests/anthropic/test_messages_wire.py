@@ -243,3 +243,37 @@ def test_leaving_mid_stream_releases_everything(local: ServerThread, model: str)
     # The model serves the next request.
     m = client(local.url).messages.create(model=model, max_tokens=2, messages=USER)
     assert m.usage.output_tokens == 2
+
+
+def test_fields_that_change_nothing_are_accepted(local: ServerThread) -> None:
+    """``metadata.user_id``, ``cache_control`` (the engine caches prompts anyway),
+    ``thinking`` disabled and any ``anthropic-version``; ``metadata``'s other keys are
+    refused by name."""
+    block = {"type": "text", "text": "a b c", "cache_control": {"type": "ephemeral"}}
+    body: dict[str, Any] = {
+        "model": "echo",
+        "max_tokens": 2,
+        "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [block]}],
+        "metadata": {"user_id": "u-1"},
+        "thinking": {"type": "disabled"},
+    }
+    r = httpx.post(local.url + "/v1/messages", json=body, headers={"anthropic-version": "1999"})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["output_tokens"] == 2
+    bad = {**body, "metadata": {"user_id": "u-1", "tier": "x"}}
+    r = httpx.post(local.url + "/v1/messages", json=bad)
+    assert "metadata.tier" in _error(r, 400, "invalid_request_error")
+
+
+def test_the_api_document_describes_the_routes(local: ServerThread) -> None:
+    doc = httpx.get(local.url + "/openapi.json").json()
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        op = doc["paths"][path]["post"]
+        assert op["responses"]["4XX"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/AnthropicError"
+        }
+    schemas = doc["components"]["schemas"]
+    assert "max_tokens" in schemas["MessagesRequest"]["required"]
+    events = doc["paths"]["/v1/messages"]["post"]["responses"]["200"]["content"]
+    assert "text/event-stream" in events
