@@ -15,7 +15,8 @@ text block, as the whole answer is.
 The first piece is awaited before the first event, so a failure before it is still an
 HTTP status in Anthropic's error shape; a failure after it is an ``error`` event, and the
 stream ends. The pieces a backend has ready are written as one piece of the response
-(one write), not one event at a time.
+(one write), not one event at a time; what that costs next to chat's stream:
+docs/decisions/0029-messages-stream-level-with-chat.md.
 """
 
 from __future__ import annotations
