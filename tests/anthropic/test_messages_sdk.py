@@ -191,3 +191,20 @@ def test_count_tokens(local: ServerThread, gateway: ServerProcess, model: str) -
     )
     read = m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
     assert read == short.input_tokens
+
+
+def test_a_prefill_is_continued_or_refused_by_name(local: ServerThread) -> None:
+    """A last assistant message is continued by llama.cpp's engine; a model's own chat
+    template cannot continue it, so that backend's 400 names ``messages``."""
+    c = client(local.url)
+    prefill: Any = [
+        {"role": "user", "content": "What's the Greek name for Sun? (A) Sol (B) Helios"},
+        {"role": "assistant", "content": "The best answer is ("},
+    ]
+    kw: Any = {"max_tokens": 6, "messages": prefill, "extra_body": GREEDY}
+    m = c.messages.create(model="smollm2", **kw)
+    text = m.content[0].text  # type: ignore[union-attr]
+    assert text and not text.startswith("The best answer")  # the continuation only
+    with pytest.raises(anthropic.BadRequestError) as info:
+        c.messages.create(model="tinyllm", **kw)
+    assert "messages" in info.value.body["error"]["message"]  # type: ignore[index]

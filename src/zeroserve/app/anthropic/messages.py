@@ -18,6 +18,9 @@ The translation:
   ``description``, ``input_schema``) become function tools; ``tool_choice`` ``auto``,
   ``any`` (a required call), ``tool`` (a required call of that one) and ``none``, with
   ``disable_parallel_tool_use`` bounding the calls to one.
+* a last message from the assistant is a prefill: the answer continues it
+  (``ChatRequest.continues``; llama.cpp's engine does, a model's own template cannot
+  and its backend refuses it by name).
 * ``metadata.user_id``, ``cache_control`` and ``thinking: {"type": "disabled"}`` are
   accepted (none changes the answer); anything else unknown is a 400 naming it, and a
   backend's 400 names the parameter as this API spells it (``stop_sequences``).
@@ -241,6 +244,7 @@ class Messages:
             stream=bool(body.stream),
             include_usage=True,
             report_stop=True,
+            continues=body.messages[-1].role == "assistant",
             names=_NAMES,
         )
 

@@ -78,6 +78,13 @@ class LocalBackend:
                 f"model {handle.name!r} does not support text generation", param="model"
             )
         chat.refuse_unhonoured(NOTHING_OPTIONAL)
+        if chat.continues:
+            # A model's chat template opens a new assistant turn after the conversation.
+            raise chat.refuse(
+                "messages",
+                "ends with an assistant turn to continue (a prefill), which this model "
+                "cannot do: its chat template always starts a new turn",
+            )
         meta = handle.model
         if chat.messages is not None:
             turns = [_turn(m, i, chat) for i, m in enumerate(chat.messages)]

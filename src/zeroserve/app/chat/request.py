@@ -102,6 +102,9 @@ class ChatRequest:
     tokens (an optional parameter). ``report_stop``: the answer says which stop string
     ended it (``Finish.stop_sequence``, Anthropic's ``stop_sequence``), so a backend whose
     model would match stop strings out of sight matches them where it can see them.
+    ``continues``: the answer continues the conversation's last turn, an assistant's
+    (Anthropic's prefill), rather than starting a new one; a backend that cannot refuses
+    it.
     ``names``: how the client's API spells a
     parameter, for the errors that name it (a name absent is spelled as here).
     ``origin``: what the front end keeps of its own request for its answer (opaque to
@@ -137,6 +140,7 @@ class ChatRequest:
         include_usage: bool = False,
         timeout: float | None = None,
         report_stop: bool = False,
+        continues: bool = False,
         names: Mapping[str, str] | None = None,
         origin: Any = None,
     ) -> None:
@@ -164,6 +168,7 @@ class ChatRequest:
         self.include_usage = include_usage
         self.timeout = timeout
         self.report_stop = report_stop
+        self.continues = continues
         self.names: Mapping[str, str] = names if names is not None else _SPELLED_AS_HERE
         self.origin = origin
 
