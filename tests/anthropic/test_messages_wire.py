@@ -22,6 +22,9 @@ import anthropic
 # past it).
 RELEASE_TIMEOUT_S = 30.0
 HEADERS = {"anthropic-version": "2023-06-01"}
+# httpx's 5 s default is too short for the engine on a busy 2-core box (a bound, not a
+# timing assertion).
+READ_TIMEOUT_S = 60.0
 USER: Any = [{"role": "user", "content": "a b c"}]
 WEATHER: Any = {
     "name": "get_weather",
@@ -44,7 +47,9 @@ def _events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _stream(url: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    with httpx.stream("POST", url + "/v1/messages", json=body, headers=HEADERS) as r:
+    with httpx.stream(
+        "POST", url + "/v1/messages", json=body, headers=HEADERS, timeout=READ_TIMEOUT_S
+    ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         return list(_events(r.iter_lines()))
