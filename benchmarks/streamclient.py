@@ -1,6 +1,7 @@
-"""The harness's bounded asyncio client for OpenAI chat streams (SSE over HTTP/1.1):
-N workers open streams back to back, one fresh connection each, and count content tokens
-the time to the first one and the gaps between the next ones."""
+"""The harness's bounded asyncio client for chat streams (SSE over HTTP/1.1): OpenAI's
+chat chunks, or Anthropic's Messages events. N workers open streams back to back, one
+fresh connection each, and count content tokens the time to the first one and the gaps
+between the next ones."""
 
 from __future__ import annotations
 
@@ -31,12 +32,21 @@ class StreamStats:
     errors: list[str] = field(default_factory=list)
 
 
+# What ends a stream: OpenAI's last event, Anthropic's.
+ENDS = (b"[DONE]", b'{"type":"message_stop"}')
+
+
 def count_tokens(event: bytes) -> int:
-    """1 if an OpenAI chat chunk carries non-empty content, else 0."""
-    if event == b"[DONE]":
+    """1 if an OpenAI chat chunk carries non-empty content, or an Anthropic event is a
+    non-empty ``text_delta``, else 0."""
+    if event in ENDS:
         return 0
     try:
-        choices = json.loads(event).get("choices") or [{}]
+        data = json.loads(event)
+        if data.get("type") == "content_block_delta":
+            delta = data.get("delta") or {}
+            return 1 if delta.get("type") == "text_delta" and delta.get("text") else 0
+        choices = data.get("choices") or [{}]
         return 1 if (choices[0].get("delta") or {}).get("content") else 0
     except (ValueError, AttributeError):
         return 0
@@ -84,7 +94,7 @@ async def _one_stream(port: int, request: bytes, stats: StreamStats, window_end:
                         last = now
                     if now <= window_end:
                         stats.tokens += n
-                    if payload == b"[DONE]":
+                    if payload in ENDS:
                         if now <= window_end:
                             stats.streams += 1
                         return

@@ -63,6 +63,14 @@ def test_token_counting_and_chat_validator() -> None:
     assert count_tokens(b'{"choices":[{"delta":{"content":"x"}}]}') == 1
     assert count_tokens(b'{"choices":[{"delta":{"role":"assistant","content":""}}]}') == 0
     assert count_tokens(b"[DONE]") == 0
+    # Anthropic's Messages events: a text delta is a token, the rest are not.
+    delta = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"x"}}'
+    assert count_tokens(delta) == 1
+    assert count_tokens(delta.replace(b'"x"', b'""')) == 0
+    args = b'{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{"}}'
+    assert count_tokens(args) == 0
+    assert count_tokens(b'{"type":"ping"}') == 0
+    assert count_tokens(b'{"type":"message_stop"}') == 0
     check = chat_validator(2)
     good = {"object": "chat.completion", "choices": [{"message": {"content": "a b"}}]}
     assert check(200, {}, json.dumps(good).encode()) is None

@@ -31,6 +31,7 @@ def test_catalog_names_every_suite_once_per_module() -> None:
         "W4",
         "tinyllm",
         "llamacpp",
+        "messages",
         "gateway",
         "W5",
         "W6",

@@ -83,6 +83,9 @@ class ProtocolError(ZeroserveError):
 
     def __init__(self, message: str, *, status: int = 400) -> None:
         super().__init__(message, status=status, code=self._CODES.get(status, "bad_request"))
+        # The request's path, where the head was valid enough to tell it (a body over
+        # the limit): the answer is then in that route's error format.
+        self.path: str | None = None
 
 
 class RequestError(ZeroserveError):

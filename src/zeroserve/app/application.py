@@ -8,6 +8,7 @@ from ..edge import Edge
 from ..errors import ZeroserveError
 from ..http.connection import RequestHead
 from ..runtime import Engine
+from .anthropic import routes as anthropic
 from .backends import Backends
 from .endpoints import openapi, ops, raw, stats
 from .endpoints import ui as page
@@ -44,6 +45,7 @@ class App:
         ops.register(self.router, engine, self.readiness, metrics_view)
         raw.register(self.router, engine, self.backends, self.limits)
         openai.register(self.router, engine, self.backends, self.limits)
+        anthropic.register(self.router, self.backends, self.limits)
         kserve.register(self.router, engine, self.limits)
         stats.register(self.router, engine)
         if ui:

@@ -31,6 +31,8 @@ class Router:
         self.routes: list[Route] = []
         # Patterned paths already matched (``/v1/raw/echo``): path -> (routes, params).
         self._matched: dict[str, tuple[dict[str, Route], dict[str, str]]] = {}
+        # Path prefix -> the error format of the API family under it (route_errors).
+        self._families: list[tuple[str, ErrorFormat]] = [("/v2", "kserve")]
 
     def add(
         self,
@@ -108,9 +110,15 @@ class Router:
 
     def route_errors(self, path: str) -> ErrorFormat:
         """The error format of the API a path belongs to (for errors before routing)."""
-        if path.startswith("/v2"):
-            return "kserve"
+        for prefix, fmt in self._families:
+            if path.startswith(prefix):
+                return fmt
         return "openai"
+
+    def error_family(self, prefix: str, fmt: ErrorFormat) -> None:
+        """Paths under ``prefix`` belong to an API whose errors are ``fmt``: so are the
+        errors answered before a route is matched (limits, keys, quotas, 404)."""
+        self._families.append((prefix, fmt))
 
 
 def _match(segs: tuple[str, ...], parts: list[str]) -> dict[str, str]:

@@ -256,11 +256,14 @@ def _validate(
             raise ProtocolError("invalid Host header")
         c.valid_host = host
     if content_length is not None and content_length > limits.max_body_bytes:
-        raise ProtocolError(
+        too_large = ProtocolError(
             f"request body of {content_length} bytes exceeds the limit of "
             f"{limits.max_body_bytes} bytes",
             status=413,
         )
+        # A valid head: its path says which API's error format the 413 is in.
+        too_large.path = split_target(url)[0]
+        raise too_large
     expect_continue = False
     if expect is not None:
         if expect != b"100-continue":

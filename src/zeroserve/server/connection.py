@@ -476,9 +476,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
             # Bytes after a request we are still answering broke framing: just close.
             self._abort()
             return
-        fmt: ErrorFormat = (
-            self.server.app.error_format(self.conn.head.path) if self.conn.head else "openai"
-        )
+        head = self.conn.head
+        path = head.path if head is not None else exc.path
+        fmt: ErrorFormat = self.server.app.error_format(path) if path is not None else "openai"
         if self.request is not None:  # the body was bad: the request never ran
             self._release_request(self.request)
             self.request = None

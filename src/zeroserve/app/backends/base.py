@@ -100,6 +100,11 @@ class Backend(Protocol):
         """Answer an embeddings request (OpenAI's shape)."""
         ...
 
+    async def prompt_tokens(self, chat: ChatRequest) -> int:
+        """The tokens of ``chat``'s conversation as the model reads it (its chat
+        template applied): a 400 naming what the model cannot take, as :meth:`chat`."""
+        ...
+
     def capabilities(self) -> Capabilities:
         """What the model serves (``/v1/models``)."""
         ...

@@ -21,7 +21,10 @@ Models receive ``stop`` and should honour it (``tinyllm`` does, token by token),
 model that ignores it must not break the API: :class:`StopFilter` applies the stop
 sequences to the text as it passes. It holds back only a tail that could still become a
 stop sequence, so pieces stay as prompt as the model's, and it costs nothing when no
-stop sequence is given. A match ends the generation with ``"stop"``.
+stop sequence is given. A match ends the generation with ``"stop"``, and the string
+matched is the finish's ``stop_sequence`` (a request that must report it,
+``ChatRequest.report_stop``, leaves the stop strings to the filter: a model that
+honours them itself would end with ``"stop"`` and not say which).
 """
 
 from __future__ import annotations
@@ -57,19 +60,21 @@ def as_text(piece: Any) -> str:
 class StopFilter:
     """Cuts a text stream before the first occurrence of any stop sequence."""
 
-    __slots__ = ("_longest", "_pending", "_stops", "stopped")
+    __slots__ = ("_longest", "_pending", "_stops", "matched", "stopped")
 
     def __init__(self, stops: list[str]) -> None:
         self._stops = [x for x in stops if x]
         self._longest = max((len(x) for x in self._stops), default=0)
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop sequence that ended the text
 
     def push(self, text: str) -> str:
         """Text that is safe to emit now (possibly empty)."""
         buf = self._pending + text
-        cut = min((i for i in (buf.find(x) for x in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, x) for x in self._stops if (i := buf.find(x)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])
             self.stopped = True
             self._pending = ""
             return buf[:cut]
@@ -208,7 +213,9 @@ class Generation:
             self._debit(tokens - self._debited)
         if self.timer is not None:
             self.timer.observe(tokens, prompt_tokens=self.prompt_tokens)
-        return Finish(reason, tokens, self.prompt_tokens)
+        filt = self._filter
+        matched = filt.matched if filt is not None else None
+        return Finish(reason, tokens, self.prompt_tokens, stop_sequence=matched)
 
     def _finish(self) -> tuple[str, int]:
         pieces = self._tokens

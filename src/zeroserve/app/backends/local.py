@@ -79,6 +79,13 @@ class LocalBackend:
                 f"model {handle.name!r} does not support text generation", param="model"
             )
         chat.refuse_unhonoured(NOTHING_OPTIONAL)
+        if chat.continues:
+            # A model's chat template opens a new assistant turn after the conversation.
+            raise chat.refuse(
+                "messages",
+                "ends with an assistant turn to continue (a prefill), which this model "
+                "cannot do: its chat template always starts a new turn",
+            )
         meta = handle.model
         if chat.messages is not None:
             turns = [_turn(m, i, chat) for i, m in enumerate(chat.messages)]
@@ -111,10 +118,11 @@ class LocalBackend:
                     temperature=1.0 if chat.temperature is None else chat.temperature,
                     top_p=1.0 if chat.top_p is None else chat.top_p,
                     seed=None if chat.seed is None else (chat.seed + j) % SEED_SPACE,
-                    stop=chat.stop,
+                    # Reported stops are matched by the Generation's filter, in sight.
+                    stop=[] if chat.report_stop else chat.stop,
                 )
                 k = i * chat.n + j
-                start = self._starter(greq, c, deadline, on_tokens)
+                start = self._starter(greq, chat.stop, c, deadline, on_tokens)
                 pending.append(QueuedChoice(k, tickets[k], start))
         if edge is not None:
             edge.model = handle.name
@@ -124,9 +132,21 @@ class LocalBackend:
                     p.watch(edge.trace.queue_watch())
         return api.respond(Choices(pending, sum(counts)), chat, req)
 
+    async def prompt_tokens(self, chat: ChatRequest) -> int:
+        handle = self.handle
+        if "generate" not in handle.capabilities:
+            raise CapabilityError(
+                f"model {handle.name!r} does not support text generation", param="model"
+            )
+        chat.refuse_unhonoured(NOTHING_OPTIONAL)
+        assert chat.messages is not None
+        turns = [_turn(m, i, chat) for i, m in enumerate(chat.messages)]
+        return count_tokens(handle.model, handle.model.chat_template(turns))
+
     def _starter(
         self,
         greq: GenerateRequest,
+        stop: list[str],
         prompt_tokens: int,
         deadline: float,
         on_tokens: Callable[[int], None] | None,
@@ -141,7 +161,7 @@ class LocalBackend:
                 index=index,
                 max_tokens=greq.max_tokens,
                 prompt_tokens=prompt_tokens,
-                stop=greq.stop,
+                stop=stop,
                 on_tokens=on_tokens,
                 model=handle.name,
             )

@@ -63,6 +63,9 @@ class RemoteBackend:
         req.admit(self.handle)
         return self.forward(req, "/embeddings")
 
+    async def prompt_tokens(self, chat: ChatRequest) -> int:
+        raise AssertionError("a remote model's token counts are relayed undecoded")
+
     def capabilities(self) -> Capabilities:
         return Capabilities(chat=True, embeddings=True, relayed=True, token_inputs=True)
 

@@ -22,10 +22,11 @@ from ... import metrics
 from ...errors import ModelNotFound
 from ...runtime import Engine, ModelHandle
 from ...upstream import UpstreamStatistics
+from ..chat import ChatRequest
 from ..openai import schemas as s
 from ..relay._rewrite import model_spans
 from ..request import Request
-from ..response import HandlerResult
+from ..response import HandlerResult, Response
 from .base import Backend, BackendStatistics, FrontEnd
 from .llamacpp import LlamaCppBackend
 from .local import LocalBackend
@@ -131,6 +132,22 @@ class Backends:
         body = decode(req)
         return self.get(body.model).embeddings(body, req)
 
+    def count_tokens(
+        self,
+        req: Request,
+        decode: Callable[[Request], ChatRequest],
+        path: str,
+        answer: Callable[[int], Response],
+    ) -> HandlerResult:
+        """Serve a token count of a chat request's prompt (``decode``: the API's decode;
+        ``path``: the upstream route a relay sends it to; ``answer``: the count in the
+        API's shape)."""
+        backend = self._forwarder(req)
+        if backend is not None:
+            return backend.forward(req, path)
+        chat = decode(req)
+        return _counted(self.get(chat.model), chat, answer)
+
     # -- lifecycle -------------------------------------------------------------------------
     def statistics(self) -> dict[str, BackendStatistics]:
         return {name: b.statistics() for name, b in self._table.items()}
@@ -142,3 +159,9 @@ class Backends:
         metrics.unregister_source("upstream")
         for name in list(self._table):
             await self.remove(name)
+
+
+async def _counted(
+    backend: Backend, chat: ChatRequest, answer: Callable[[int], Response]
+) -> Response:
+    return answer(await backend.prompt_tokens(chat))

@@ -65,10 +65,12 @@ Piece = str | DeltaPiece
 class Finish:
     """Why a choice ended (``stop``, ``length`` or ``tool_calls``) and its tokens:
     ``prompt_tokens`` of its prompt (``cached_tokens`` of them served from a prompt
-    cache, None where the backend has none), ``completion_tokens`` generated. A plain
-    class: a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``."""
+    cache, None where the backend has none), ``completion_tokens`` generated;
+    ``stop_sequence``: the stop string that ended it, where the request asked
+    (``ChatRequest.report_stop``) and one did. A plain class: a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``."""
 
-    __slots__ = ("cached_tokens", "completion_tokens", "prompt_tokens", "reason")
+    __slots__ = ("cached_tokens", "completion_tokens", "prompt_tokens", "reason", "stop_sequence")
 
     def __init__(
         self,
@@ -76,11 +78,13 @@ class Finish:
         completion_tokens: int,
         prompt_tokens: int,
         cached_tokens: int | None = None,
+        stop_sequence: str | None = None,
     ) -> None:
         self.reason = reason
         self.completion_tokens = completion_tokens
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = cached_tokens
+        self.stop_sequence = stop_sequence
 
 
 class Output(Protocol):

@@ -1,6 +1,7 @@
 """The one chat request (docs/architecture.md, "One chat path").
 
-Every chat-like API (chat completions, completions, the Responses API) decodes its own
+Every chat-like API (chat completions, completions, the Responses API, Anthropic's
+Messages) decodes its own
 shape at the boundary and translates it into a :class:`ChatRequest`; every backend
 serves that. So a backend never sees an API's wire shape, and a front end never knows
 which backend answers. The request is already checked: its ranges by the front end's
@@ -35,6 +36,7 @@ OPTIONAL_PARAMETERS: tuple[str, ...] = (
     "tools",
     "tool_choice",
     "max_tool_calls",
+    "top_k",
 )
 
 # A front end that spells every parameter as the chat request does.
@@ -96,7 +98,14 @@ class ChatRequest:
 
     ``n`` choices of each prompt (or of the conversation). ``logprobs``: per-token log
     probabilities, with ``top_logprobs`` alternatives each. ``timeout``: the client's own,
-    in seconds (its SDK's timeout headers). ``names``: how the client's API spells a
+    in seconds (its SDK's timeout headers). ``top_k``: sample among the k likeliest
+    tokens (an optional parameter). ``report_stop``: the answer says which stop string
+    ended it (``Finish.stop_sequence``, Anthropic's ``stop_sequence``), so a backend whose
+    model would match stop strings out of sight matches them where it can see them.
+    ``continues``: the answer continues the conversation's last turn, an assistant's
+    (Anthropic's prefill), rather than starting a new one; a backend that cannot refuses
+    it.
+    ``names``: how the client's API spells a
     parameter, for the errors that name it (a name absent is spelled as here).
     ``origin``: what the front end keeps of its own request for its answer (opaque to
     backends).
@@ -114,6 +123,7 @@ class ChatRequest:
         max_tokens: int | None = None,
         temperature: float | None = None,
         top_p: float | None = None,
+        top_k: int | None = None,
         seed: int | None = None,
         stop: list[str] | None = None,
         presence_penalty: float | None = None,
@@ -129,6 +139,8 @@ class ChatRequest:
         stream: bool = False,
         include_usage: bool = False,
         timeout: float | None = None,
+        report_stop: bool = False,
+        continues: bool = False,
         names: Mapping[str, str] | None = None,
         origin: Any = None,
     ) -> None:
@@ -139,6 +151,7 @@ class ChatRequest:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.top_p = top_p
+        self.top_k = top_k
         self.seed = seed
         self.stop: list[str] = stop if stop is not None else []
         self.presence_penalty = presence_penalty
@@ -154,6 +167,8 @@ class ChatRequest:
         self.stream = stream
         self.include_usage = include_usage
         self.timeout = timeout
+        self.report_stop = report_stop
+        self.continues = continues
         self.names: Mapping[str, str] = names if names is not None else _SPELLED_AS_HERE
         self.origin = origin
 
@@ -195,6 +210,8 @@ class ChatRequest:
             out.append("tool_choice")
         if self.max_tool_calls is not None:
             out.append("max_tool_calls")
+        if self.top_k is not None:
+            out.append("top_k")
         return out
 
     def refuse_unhonoured(self, honours: frozenset[str]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from ..anthropic.schemas import AnthropicError
 from ..apidoc import Refinement, RouteDoc
 from ..limits import ApiLimits
 from ..request import Request
@@ -32,7 +33,7 @@ class OpenAIErrorDetail(msgspec.Struct):
 
 
 class OpenAIError(msgspec.Struct):
-    """The error body of every route but the KServe ones."""
+    """The error body of every route but the KServe and Anthropic ones."""
 
     error: OpenAIErrorDetail
 
@@ -43,6 +44,10 @@ class KServeError(msgspec.Struct):
     error: str
 
 
+# The error body of each error format (``app/problems.py``); OpenAI's for the rest.
+_ERROR_BODIES: dict[str, Any] = {"kserve": KServeError, "anthropic": AnthropicError}
+
+
 def build(router: Router, limits: ApiLimits | None = None) -> dict[str, Any]:
     """The OpenAPI document of every route in ``router``, with the API limits in force."""
     limits = limits or ApiLimits()
@@ -50,7 +55,7 @@ def build(router: Router, limits: ApiLimits | None = None) -> dict[str, Any]:
         id(route): route.doc or RouteDoc(f"{route.method} {route.pattern}")
         for route in router.routes
     }
-    types: list[Any] = [OpenAIError, KServeError]
+    types: list[Any] = [OpenAIError, KServeError, AnthropicError]
     refinements = [ref for doc in docs.values() for ref in doc.refinements]
     for doc in docs.values():
         resp_t, sse = doc.response, doc.stream
@@ -73,7 +78,7 @@ def build(router: Router, limits: ApiLimits | None = None) -> dict[str, Any]:
     for route in router.routes:
         doc = docs[id(route)]
         summary, req_t, resp_t, sse = doc.summary, doc.request, doc.response, doc.stream
-        error = by_type[KServeError if route.errors == "kserve" else OpenAIError]
+        error = by_type[_ERROR_BODIES.get(route.errors, OpenAIError)]
         op: dict[str, Any] = {
             "summary": summary,
             "operationId": f"{route.method.lower()}{route.pattern}".replace("/", "_")

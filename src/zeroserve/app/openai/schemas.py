@@ -370,6 +370,7 @@ class ModelCapabilities(Struct):
             "tools",
             "tool_choice",
             "max_tool_calls",
+            "top_k",
         ]
     ]
     relayed: bool

@@ -90,6 +90,8 @@ WHOLE_BODY_MAX_BYTES = 1 << 20
 # The routes whose streams report usage only when asked (``stream_options``).
 _USAGE_ROUTES = frozenset(("/chat/completions", "/completions"))
 # A client's credential headers: meant for this server, not for the upstream.
+# The upstream route of Anthropic's Messages API (and its token count).
+MESSAGES_PATH = "/messages"
 _CREDENTIALS = frozenset((b"authorization", b"api-key", b"x-api-key"))
 # The statuses with which OpenAI-compatible servers refuse a field they do not accept
 # (400; 422 from FastAPI/pydantic validation).
@@ -180,8 +182,12 @@ class Relay:
         ctx = ssl.create_default_context() if any(u.tls for u in options.upstreams) else None
         self.upstreams = [Upstream(u, options, self._now, ctx) for u in options.upstreams]
         self._extra: list[tuple[bytes, bytes]] = []
+        # Anthropic's Messages routes take the key as x-api-key (its API reads a Bearer
+        # token as another kind of credential); a zeroserve upstream takes either.
+        self._extra_messages: list[tuple[bytes, bytes]] = []
         if api_key:
             self._extra.append((b"authorization", b"Bearer " + api_key.encode("latin-1")))
+            self._extra_messages.append((b"x-api-key", api_key.encode("latin-1")))
         self.upstream_model = options.upstream_model or name
         self._turn = itertools.count()
         self._ttfb = {u.url.url: TTFB_SECONDS.labels(name, u.url.url) for u in self.upstreams}
@@ -255,7 +261,7 @@ class Relay:
                         unasked = rewritten.unasked
                 body = rewritten.body
         query = req.head.query
-        extra = self._extra
+        extra = self._extra_messages if path.startswith(MESSAGES_PATH) else self._extra
         if edge is not None:
             edge.model = self.name
             # The id the client sees is the one the upstream logs, and the upstream's

@@ -134,6 +134,14 @@ class LlamaCppBackend:
             return self._start(api, chat, req, planned, deadline)
         return self._counted(api, chat, req, planned, deadline)
 
+    async def prompt_tokens(self, chat: ChatRequest) -> int:
+        """Counted by the engine's own template and tokenizer (its side port), the
+        conversation as the engine would be sent it (a tool plan's system turn too)."""
+        chat.refuse_unhonoured(HONOURS)
+        planned = requests(chat, self.engine)
+        timeout = max(min(TOKENIZE_TIMEOUT_S, self.engine.timeout), 0.001)
+        return await self.engine.prompt_tokens(planned.messages, None, timeout)
+
     async def _counted(
         self, api: FrontEnd, chat: ChatRequest, req: Request, planned: Requests, deadline: float
     ) -> Response | StreamResponse:

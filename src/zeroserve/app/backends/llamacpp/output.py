@@ -32,6 +32,7 @@ class EngineOutput:
         "_on_tokens",
         "_queue",
         "_reason",
+        "_stop_word",
         "_stream",
         "_timings",
         "_usage",
@@ -55,6 +56,7 @@ class EngineOutput:
         self.error_param = error_param
         self._queue: deque[Piece] = deque()
         self._reason: str | None = None
+        self._stop_word: str | None = None  # the stop string that matched (verbose chunks)
         self._usage: wire.EngineUsage | None = None
         self._timings: wire.EngineTimings | None = None
         self.timer = GenerationTimer(model)
@@ -99,6 +101,9 @@ class EngineOutput:
             self._usage = data.usage
         if data.timings is not None:
             self._timings = data.timings
+        verbose = data.verbose
+        if verbose is not None and verbose.stop_type == "word":
+            self._stop_word = verbose.stopping_word
         queue = self._queue
         for c in data.choices:
             logprobs = c.logprobs.content if c.logprobs is not None else None
@@ -155,6 +160,7 @@ class EngineOutput:
             u.completion_tokens,
             u.prompt_tokens,
             details.cached_tokens if details is not None else None,
+            self._stop_word,
         )
 
 

@@ -422,5 +422,9 @@ class PlannedOutput:
     def finish(self) -> Finish:
         f = self._inner.finish()
         return Finish(
-            self._state.reason(f.reason), f.completion_tokens, f.prompt_tokens, f.cached_tokens
+            self._state.reason(f.reason),
+            f.completion_tokens,
+            f.prompt_tokens,
+            f.cached_tokens,
+            f.stop_sequence,
         )

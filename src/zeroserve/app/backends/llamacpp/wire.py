@@ -66,6 +66,7 @@ def sampling(chat: ChatRequest, seed: int | None) -> dict[str, Any]:
         ("max_tokens", chat.max_tokens),
         ("temperature", chat.temperature),
         ("top_p", chat.top_p),
+        ("top_k", chat.top_k),
         ("seed", seed),
         ("presence_penalty", chat.presence_penalty),
         ("frequency_penalty", chat.frequency_penalty),
@@ -75,6 +76,10 @@ def sampling(chat: ChatRequest, seed: int | None) -> dict[str, Any]:
             out[key] = value
     if chat.stop:
         out["stop"] = chat.stop
+        if chat.report_stop:
+            # The finish chunk then says which stop string matched (``__verbose``); it
+            # also repeats the prompt, so it is asked for only when it must be reported.
+            out["verbose"] = True
     return out
 
 
@@ -167,12 +172,21 @@ class EngineUsage(Struct, kw_only=True):
     prompt_tokens_details: EnginePromptDetails | None = None
 
 
+class EngineVerbose(Struct, kw_only=True):
+    """The finish chunk's ``__verbose`` (asked for with ``"verbose": true``): why the
+    generation stopped (``word``: a stop string, ``eos``, ``limit``) and which string."""
+
+    stop_type: str = ""
+    stopping_word: str = ""
+
+
 class EngineChunk(Struct, kw_only=True):
     """The fields of an engine chunk that zeroserve reads."""
 
     choices: list[EngineChunkChoice] = []
     usage: EngineUsage | None = None
     timings: EngineTimings | None = None
+    verbose: EngineVerbose | None = msgspec.field(default=None, name="__verbose")
 
 
 class EngineEmbeddingUsage(Struct, kw_only=True, frozen=True):
