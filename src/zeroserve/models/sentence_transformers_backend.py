@@ -80,7 +80,12 @@ class SentenceTransformersModel(Model):
         self._model = SentenceTransformer(str(folder), device=self.device, local_files_only=True)
         limit = getattr(self._model, "max_seq_length", None)
         self.context_length = int(limit) if limit else None  # type: ignore[misc]
-        width = self._model.get_sentence_embedding_dimension()
+        # sentence-transformers renamed the method (the old name warns); take either.
+        dimension = (
+            getattr(self._model, "get_embedding_dimension", None)
+            or self._model.get_sentence_embedding_dimension
+        )
+        width = dimension()
         self.embedding_dimensions = int(width) if width else None  # type: ignore[misc]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
