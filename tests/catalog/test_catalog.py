@@ -1,4 +1,4 @@
-"""The catalog (DESIGN.md section 6c): a real models directory holding smollm2's GGUF and
+"""The catalog (docs/architecture.md, "Models at run time"): a real models directory holding smollm2's GGUF and
 model folders is read into entries whose specs build real models."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Loading and unloading one model while the engine serves others (DESIGN.md section 6c),
+"""Loading and unloading one model while the engine serves others (docs/architecture.md, "Models at run time"),
 on every executor and loop: an unload lets admitted work finish, a failed load leaves
 nothing behind, and load/unload cycles leave processes, threads and fds as they were."""
 

@@ -1,4 +1,4 @@
-"""The model manager (DESIGN.md section 6c) on every executor and loop: concurrent loads
+"""The model manager (docs/architecture.md, "Models at run time") on every executor and loop: concurrent loads
 share one, a failed load answers every waiter with its reason and is retried later, and
 racing loads and unloads end in a state that matches what the engine serves."""
 

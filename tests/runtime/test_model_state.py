@@ -1,4 +1,4 @@
-"""A model's state machine (DESIGN.md section 6c): every allowed move, every refused one."""
+"""A model's state machine (docs/architecture.md, "Models at run time"): every allowed move, every refused one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The catalog: what could be served (DESIGN.md section 6c, "Models that come and go").
+"""The catalog: what could be served (docs/architecture.md, "Models at run time").
 
 A catalog entry is a parsed model spec (``ModelRef``) plus where it came from and the
 settings that govern its life at run time (``pin``). Entries come from *sources*: the

@@ -140,7 +140,7 @@ class Engine:
         self._register_metrics()
 
     async def load(self, name: str, cfg: ModelConfig) -> None:
-        """Load one more model while the engine serves the others (DESIGN.md section 6c).
+        """Load one more model while the engine serves the others (docs/architecture.md, "Models at run time").
 
         Raises ``ModelLoadError`` naming the model when it cannot load; its workers are
         stopped first, so a failed load leaves nothing behind. ``ValueError`` when a model

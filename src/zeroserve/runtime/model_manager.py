@@ -1,4 +1,4 @@
-"""The model manager: loads and unloads catalog entries on the engine (DESIGN.md 6c).
+"""The model manager: loads and unloads catalog entries on the engine (docs/architecture.md, "Models at run time").
 
 Strategy
 --------

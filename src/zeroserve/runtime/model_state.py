@@ -1,4 +1,4 @@
-"""A model's state at run time (DESIGN.md section 6c), one state machine in one file.
+"""A model's state at run time (docs/architecture.md, "Models at run time"), one state machine in one file.
 
 States: ``unloaded`` -> ``loading`` -> ``loaded`` -> ``unloading`` -> ``unloaded``; a load
 that fails ends in ``failed`` with its reason, from which a new load may start. The
