@@ -39,6 +39,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from tests.conftest import ServerProcess, start_server
 
+from zeroserve.app.chat.request import OPTIONAL_PARAMETERS
+
 schemathesis = pytest.importorskip("schemathesis")
 pytest.importorskip("xllamacpp")
 
@@ -58,18 +60,14 @@ CASES = [
     *((route, model) for route in CHAT_ROUTES for model in ("echo", "tinyllm", "smollm2", "gw")),
     *(("/v1/embeddings", model) for model in ("echo", "minilm")),
 ]
-# Optional chat parameters a model's card may leave out (``capabilities.parameters``).
-OPTIONAL = (
-    "logprobs",
-    "top_logprobs",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "max_tool_calls",
-    "top_k",
+# A fixed, bounded draw per case (see the module's docstring).
+DRAW = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    derandomize=not FRESH,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
 )
 # Small sizes: a generated conversation fits a 512-token context and answers in a few tokens.
 MAX_STRING, MAX_ITEMS, MAX_PROPERTIES, MAX_OUTPUT = 12, 3, 3, 4
@@ -125,7 +123,7 @@ def _document_for(
     if not narrow:
         return schemathesis.openapi.from_dict(d)
     honoured = set(card["parameters"])
-    for name in OPTIONAL:
+    for name in OPTIONAL_PARAMETERS:  # the optional parameters a card may leave out
         if name not in honoured:
             props.pop(name, None)
     if "tools" not in honoured:  # no tool turns in the history of a model without tools
@@ -253,14 +251,7 @@ def test_valid_requests_are_answered_as_documented(
 
     with httpx.Client(base_url=url, timeout=60) as client:
 
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            database=None,
-            derandomize=not FRESH,
-            phases=[Phase.generate],
-            suppress_health_check=list(HealthCheck),
-        )
+        @DRAW
         @given(operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
         def run(case: Any) -> None:
             body = _integral(case.body)
@@ -294,14 +285,7 @@ def test_invalid_requests_are_refused_in_the_error_shape(
     document = _document_for(doc, route, model, card, narrow=False)
     operation = next(iter(document.get_all_operations())).ok()
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        derandomize=not FRESH,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
+    @DRAW
     @given(operation.as_strategy(generation_mode=GenerationMode.NEGATIVE))
     def run(case: Any) -> None:
         response = case.call(base_url=url)
