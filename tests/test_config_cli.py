@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT, serve_argv, start_server
 
+from tests.support import ROOT, scaled, serve_argv, start_server
 from zeroserve.cli import build_parser, model_specs
 from zeroserve.config import load_config
 from zeroserve.errors import ConfigError, ConfigWarning, SpecError
@@ -75,7 +75,7 @@ def test_unknown_environment_variable_does_not_stop_the_cli() -> None:
         [sys.executable, "-m", "zeroserve", "models", "--model", "echo"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         cwd=ROOT,
         env=env,
     )
@@ -129,7 +129,7 @@ def test_bad_toml_is_reported(tmp_path: Path) -> None:
 
 def test_model_specs() -> None:
     assert parse_spec("echo").target.endswith(":EchoModel")
-    spec = parse_spec("mine=tests.server.models:Reverse?executor=process&workers=2&size=3")
+    spec = parse_spec("mine=tests.support.models.raw:Reverse?executor=process&workers=2&size=3")
     assert (spec.name, spec.runtime, spec.options) == (
         "mine",
         {"executor": "process", "workers": 2},
@@ -183,7 +183,7 @@ def test_unknown_model_class_fails_fast_with_a_message() -> None:
         serve_argv("--model", "x=no_such_module:Model"),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         cwd=ROOT,
     )
     assert proc.returncode == 2 and "no_such_module" in proc.stderr
@@ -199,11 +199,11 @@ def test_failing_load_fails_fast_with_a_message() -> None:
             "--port",
             "0",
             "--model",
-            "bad=tests.server.models:FailsToLoad",
+            "bad=tests.support.models.raw:FailsToLoad",
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
@@ -214,11 +214,11 @@ def test_failing_load_fails_fast_with_a_message() -> None:
 def test_user_model_from_a_file_on_each_executor(tmp_path: Path) -> None:
     server = start_server(
         "--model",
-        "rev=tests.server.models:Reverse",
+        "rev=tests.support.models.raw:Reverse",
         "--model",
-        "revt=tests.server.models:Reverse?executor=thread",
+        "revt=tests.support.models.raw:Reverse?executor=thread",
         "--model",
-        "revp=tests.server.models:Reverse?executor=process",
+        "revp=tests.support.models.raw:Reverse?executor=process",
     )
     try:
         for name in ("rev", "revt", "revp"):
@@ -287,6 +287,6 @@ def test_workers_share_the_port() -> None:
                 )
     finally:
         proc.terminate()
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=scaled(30)) == 0
         assert proc.stdout is not None
         proc.stdout.close()

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import ROOT, ServerProcess, start_server
+
+from tests.support import ROOT, ServerProcess, scaled, start_server
 
 # One bench run (a few dozen requests on loopback) must end well within this.
 RUN_TIMEOUT_S = 60.0
@@ -301,7 +302,7 @@ def fastapi_peer() -> Iterator[str]:
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=scaled(10))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 
 import pytest
+
 from tests.support import SLOWDOWN_VARIABLE, await_until, scaled, slowdown, wait_until
 
 

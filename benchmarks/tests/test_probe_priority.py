@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support import scaled
 
 from benchmarks.machine import is_realtime
 
@@ -46,7 +47,7 @@ def _run_child(refuse: bool) -> tuple[int, int, str]:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         check=False,
         preexec_fn=no_rt_budget if refuse else None,
     )

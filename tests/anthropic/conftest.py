@@ -7,47 +7,33 @@
   (llama.cpp's engine);
 * ``gateway``: a ``zeroserve serve`` process whose ``far`` is ``remote:`` to ``local``'s
   ``tinyllm`` and ``near`` to its ``smollm2``;
-Clients and constants: ``messages_suite.py``. (This folder has no ``__init__.py``: with
-one, ``import anthropic`` would find it instead of the SDK.)
+Clients and constants: ``messages_suite.py``.
 
 * ``keyed``: a process serving ``echo`` behind an API key, with a small body limit.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 
 import pytest
-from tests.conftest import ServerProcess, start_server
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OPENAI_SUITE = os.path.join(os.path.dirname(HERE), "openai")
-for path in (HERE, OPENAI_SUITE):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+from tests.anthropic.messages_suite import KEY, SMALL_BODY_BYTES
+from tests.support import ServerProcess, ServerThread, start_server
+from tests.support.models import default_configs
+from tests.support.smollm2 import require_llamacpp, smollm2_config
 
-from openai_servers import ServerThread, default_configs  # noqa: E402
-
-from zeroserve.runtime import ModelConfig  # noqa: E402
-
-pytest.importorskip("xllamacpp")
-
-from messages_suite import KEY, SMALL_BODY_BYTES  # noqa: E402
+require_llamacpp()
 
 
 @pytest.fixture(scope="session")
 def local() -> Iterator[ServerThread]:
-    from zeroserve.models.llamacpp import SmolLM2Model
-
     configs = {
         name: cfg
         for name, cfg in default_configs().items()
         if name in ("echo", "tinyllm", "endless", "failing")
     }
-    options = {"parallel": 2, "n_ctx": 1024, "alias": "smollm2"}
-    configs["smollm2"] = ModelConfig("smollm2", SmolLM2Model, options=options)
+    configs["smollm2"] = smollm2_config()
     srv = ServerThread(configs).start()
     yield srv
     srv.stop()

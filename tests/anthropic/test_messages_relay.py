@@ -7,18 +7,12 @@ upstream shows what the relay sends."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 
 import httpx
 import msgspec
 import pytest
 
-REMOTE_SUITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "remote")
-if REMOTE_SUITE not in sys.path:
-    sys.path.insert(0, REMOTE_SUITE)
-
-from gateway_helpers import Fake, answer_ok, gateway  # noqa: E402
+from tests.remote.gateway_helpers import Fake, answer_ok, gateway
 
 
 def test_the_upstream_key_goes_as_x_api_key(monkeypatch: pytest.MonkeyPatch) -> None:

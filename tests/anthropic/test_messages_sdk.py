@@ -11,11 +11,10 @@ from typing import Any
 
 import jsonschema
 import pytest
-from messages_suite import async_client, client
-from openai_servers import ServerThread
-from tests.conftest import ServerProcess
 
 import anthropic
+from tests.anthropic.messages_suite import async_client, client
+from tests.support import ServerProcess, ServerThread
 
 HELLO: Any = [{"role": "user", "content": "Tell me about the sea"}]
 GREEDY: Any = {"temperature": 0}

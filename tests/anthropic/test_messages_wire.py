@@ -11,12 +11,11 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from messages_suite import KEY, SMALL_BODY_BYTES, client
-from openai_servers import ServerThread
-from openai_test_models import CLOSED
-from tests.conftest import ServerProcess
 
 import anthropic
+from tests.anthropic.messages_suite import KEY, SMALL_BODY_BYTES, client
+from tests.support import ServerProcess, ServerThread
+from tests.support.models.streams import CLOSED
 
 # A stream whose client left is released within this long (it is a bug, not a slow box,
 # past it).

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.support.smollm2 import loaded_smollm2, require_llamacpp
 from zeroserve.app.backends.llamacpp.requests import Requests, requests
 from zeroserve.app.backends.llamacpp.tools import AutoTool, ForcedTool
 from zeroserve.app.chat import ChatRequest
@@ -22,7 +23,7 @@ from zeroserve.app.openai.responses import Responses
 from zeroserve.errors import RequestError
 from zeroserve.models.llamacpp import SmolLM2Model
 
-pytest.importorskip("xllamacpp")
+require_llamacpp()
 
 TOOLS = [
     {
@@ -49,9 +50,7 @@ SYSTEM = "You are a helpful assistant."
 
 @pytest.fixture(scope="module")
 def smollm2() -> Iterator[SmolLM2Model]:
-    model = SmolLM2Model(n_ctx=256, parallel=1, threads=1)
-    model.load()
-    yield model
+    yield from loaded_smollm2(n_ctx=256, parallel=1, threads=1)
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from tests.kserve import onnx_models as om
-
+from tests.support.models import onnx_graphs as om
 from zeroserve.errors import OnnxModelError, RequestError
 from zeroserve.models.base import TensorSpec
 from zeroserve.models.loader import parse_spec

@@ -5,7 +5,6 @@ download), directly and behind ``/v1/embeddings``; the packaged all-MiniLM-L6-v2
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +12,9 @@ import pytest
 
 pytest.importorskip("sentence_transformers")
 
-# The real-server fixture of the OpenAI suite.
-OPENAI_TESTS = str(Path(__file__).resolve().parents[1] / "openai")
-if OPENAI_TESTS not in sys.path:
-    sys.path.insert(0, OPENAI_TESTS)
-
-from zeroserve.models.loader import parse_spec  # noqa: E402
-from zeroserve.models.minilm.model import TOKENIZER_FILE  # noqa: E402
-from zeroserve.models.sentence_transformers_backend import (  # noqa: E402
+from zeroserve.models.loader import parse_spec
+from zeroserve.models.minilm.model import TOKENIZER_FILE
+from zeroserve.models.sentence_transformers_backend import (
     SentenceTransformersModel,
 )
 
@@ -80,9 +74,8 @@ def test_embed_shapes_norms_and_determinism(folder: Path) -> None:
 
 
 def test_served_behind_v1_embeddings(folder: Path) -> None:
-    from openai_servers import ServerThread
-
     import openai
+    from tests.support import ServerThread
     from zeroserve.runtime import ModelConfig
 
     configs = {

@@ -16,9 +16,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.conftest import serve_argv
-
 import openai
+from tests.support import serve_argv
 from zeroserve.models.base import GenerateRequest
 from zeroserve.models.tinyllm import MODEL_DIR
 from zeroserve.models.transformers_backend import TransformersModel

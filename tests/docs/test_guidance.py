@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT, ServerProcess, start_server
 
 import openai
+from tests.support import ROOT, ServerProcess, scaled, start_server
 from zeroserve.cli import build_parser
 from zeroserve.models.loader import parse_spec
 
@@ -81,7 +81,7 @@ def test_an_unknown_route_names_the_closest_route_and_the_api_document(
     keyed: ServerProcess,
 ) -> None:
     auth = {"Authorization": f"Bearer {KEY}"}
-    with httpx.Client(base_url=keyed.url, headers=auth, timeout=30) as client:
+    with httpx.Client(base_url=keyed.url, headers=auth, timeout=scaled(30)) as client:
         resp = client.post("/v1/chat/completion", json={})
         assert resp.status_code == 404
         message = _error(resp)
@@ -108,7 +108,7 @@ def test_an_unknown_route_names_the_closest_route_and_the_api_document(
 
 
 def test_a_request_without_a_key_is_told_how_to_send_one(keyed: ServerProcess) -> None:
-    with httpx.Client(base_url=keyed.url, timeout=30) as client:
+    with httpx.Client(base_url=keyed.url, timeout=scaled(30)) as client:
         resp = client.get("/v1/models")
         assert resp.status_code == 401
         assert resp.headers["www-authenticate"].startswith("Bearer")
@@ -150,7 +150,7 @@ def test_the_console_script_finds_a_model_module_in_the_current_directory(
         [str(script), "models", "--model", "mine=my_model:MyModel"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr

@@ -39,14 +39,14 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT, ServerProcess, start_server
+
+from tests.support import ROOT, ServerProcess, scaled, start_server, wait_until
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_COMMANDS = frozenset({"text", "toml", "yaml", "nginx", "json", "http"})
@@ -184,18 +184,14 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Place:
 
 
 def _wait_ready(server: ServerProcess) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    status = None
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         assert server.proc.poll() is None, f"server exited with {server.proc.returncode}"
         try:
-            status = httpx.get(f"{server.url}/ready", timeout=5).status_code
+            return httpx.get(f"{server.url}/ready", timeout=scaled(5)).status_code == 200
         except httpx.TransportError:
-            status = None
-        if status == 200:
-            return
-        time.sleep(POLL_S)  # a poll's interval, bounded by the deadline
-    raise AssertionError(f"{server.url}/ready answered {status} for {READY_TIMEOUT_S} s")
+            return False
+
+    wait_until(ready, READY_TIMEOUT_S, f"{server.url}/ready to answer 200", POLL_S)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT, serve_argv
 
+from tests.support import ROOT, scaled, serve_argv
 from zeroserve.config import ConfigError, load_config
 
 FLAG_KEY = "sk-flag-aaaaaaaaaaaa1"
@@ -148,7 +148,7 @@ def test_a_bad_certificate_fails_at_startup_naming_the_file(tmp_path: Path) -> N
         serve_argv("--model", "echo", "--ssl-certfile", str(cert)),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         cwd=ROOT,
     )
     assert result.returncode == 2
@@ -170,7 +170,7 @@ def test_zeroserve_models_never_shows_a_key(tmp_path: Path) -> None:
         capture_output=True,
         env=env,
         cwd=ROOT,
-        timeout=120,
+        timeout=scaled(120),
         check=False,
     )
     assert out.returncode == 0, out.stderr

@@ -13,11 +13,12 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from tests.edge.servers import Certs, EdgeServer, LogSink, ManualClock
-from tests.server.rawclient import RawClient
 from tritonclient.utils import InferenceServerException
 
 import openai
+from tests.edge.servers import Certs, LogSink, ManualClock
+from tests.server.rawclient import RawClient
+from tests.support import ServerThread, scaled
 from zeroserve.edge import AccessLog, ApiKey, Edge, EdgeOptions, KeyLimits
 from zeroserve.edge.request_id import well_formed
 from zeroserve.models.echo import EchoModel
@@ -46,27 +47,27 @@ def log_stream() -> LogSink:
 
 
 @pytest.fixture(scope="module")
-def keyed(log_stream: LogSink) -> Iterator[EdgeServer]:
+def keyed(log_stream: LogSink) -> Iterator[ServerThread]:
     edge = Edge(
         EdgeOptions(keys=keys(), cors_origins=("https://app.example.com",)),
         access_log=AccessLog(stream=log_stream),
     )
-    server = EdgeServer(CONFIGS, edge).start()
+    server = ServerThread(CONFIGS, edge=edge).start()
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def tls_server(certs: Certs) -> Iterator[EdgeServer]:
+def tls_server(certs: Certs) -> Iterator[ServerThread]:
     options = ServerOptions(
         port=0, head_timeout=1.0, tls=TlsOptions(str(certs.cert), str(certs.key))
     )
-    server = EdgeServer(CONFIGS, Edge(EdgeOptions(keys=keys())), options).start()
+    server = ServerThread(CONFIGS, edge=Edge(EdgeOptions(keys=keys())), options=options).start()
     yield server
     server.stop()
 
 
-def raw(server: EdgeServer, request: bytes) -> tuple[int, dict[str, str], bytes]:
+def raw(server: ServerThread, request: bytes) -> tuple[int, dict[str, str], bytes]:
     client = RawClient("127.0.0.1", server.port)
     try:
         r = client.request(request)
@@ -78,7 +79,7 @@ def raw(server: EdgeServer, request: bytes) -> tuple[int, dict[str, str], bytes]
 # -- keys -------------------------------------------------------------------------------
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 def test_openai_sdk_with_and_without_a_key(
-    tls: bool, keyed: EdgeServer, tls_server: EdgeServer, certs: Certs
+    tls: bool, keyed: ServerThread, tls_server: ServerThread, certs: Certs
 ) -> None:
     server = tls_server if tls else keyed
     http = certs.httpx() if tls else httpx.Client()
@@ -106,7 +107,7 @@ def test_openai_sdk_with_and_without_a_key(
             assert "sk-" not in resp.text
 
 
-def test_401_is_answered_before_the_body(keyed: EdgeServer) -> None:
+def test_401_is_answered_before_the_body(keyed: ServerThread) -> None:
     # A 16 MiB Content-Length with no body sent: the 401 comes at once, from the head.
     status, headers, body = raw(
         keyed,
@@ -117,7 +118,7 @@ def test_401_is_answered_before_the_body(keyed: EdgeServer) -> None:
     assert headers["connection"] == "close"
 
 
-def test_kserve_401_in_its_own_format_and_tritonclient_with_a_header(keyed: EdgeServer) -> None:
+def test_kserve_401_in_its_own_format_and_tritonclient_with_a_header(keyed: ServerThread) -> None:
     status, _, body = raw(keyed, b"GET /v2/models/echo HTTP/1.1\r\nhost: x\r\n\r\n")
     assert status == 401 and list(json.loads(body)) == ["error"]
     client = triton.InferenceServerClient(f"127.0.0.1:{keyed.port}")
@@ -147,7 +148,7 @@ def test_kserve_401_in_its_own_format_and_tritonclient_with_a_header(keyed: Edge
         b"Token " + ALICE.encode(),
     ],
 )
-def test_malformed_authorization_is_401_never_500(keyed: EdgeServer, value: bytes) -> None:
+def test_malformed_authorization_is_401_never_500(keyed: ServerThread, value: bytes) -> None:
     status, _, body = raw(
         keyed, b"GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: " + value + b"\r\n\r\n"
     )
@@ -155,19 +156,19 @@ def test_malformed_authorization_is_401_never_500(keyed: EdgeServer, value: byte
     assert json.loads(body)["error"]["code"] == "invalid_api_key"
 
 
-def test_a_key_in_the_query_is_refused(keyed: EdgeServer) -> None:
+def test_a_key_in_the_query_is_refused(keyed: ServerThread) -> None:
     r = httpx.get(keyed.url + f"/v1/models?api_key={ALICE}", headers={"x-api-key": ALICE})
     assert r.status_code == 401 and ALICE not in r.text
     assert httpx.get(keyed.url + "/v1/models", headers={"api-key": ALICE}).status_code == 200
 
 
-def test_probes_and_metrics_stay_open(keyed: EdgeServer) -> None:
+def test_probes_and_metrics_stay_open(keyed: ServerThread) -> None:
     for path in ("/health", "/ready", "/metrics", "/v2/health/ready"):
         assert httpx.get(keyed.url + path).status_code == 200, path
 
 
 # -- request ids ------------------------------------------------------------------------
-def test_request_ids_are_kept_when_well_formed_and_replaced_otherwise(keyed: EdgeServer) -> None:
+def test_request_ids_are_kept_when_well_formed_and_replaced_otherwise(keyed: ServerThread) -> None:
     r = httpx.get(keyed.url + "/health", headers={"x-request-id": "abc-123"})
     assert r.headers["x-request-id"] == "abc-123"
     fresh = {httpx.get(keyed.url + "/health").headers["x-request-id"] for _ in range(3)}
@@ -185,7 +186,7 @@ TLS_FLOOD_RECORDS = 64
 
 
 # -- CORS -------------------------------------------------------------------------------
-def preflight(server: EdgeServer, origin: str) -> httpx.Response:
+def preflight(server: ServerThread, origin: str) -> httpx.Response:
     return httpx.options(
         server.url + "/v1/chat/completions",
         headers={
@@ -196,7 +197,7 @@ def preflight(server: EdgeServer, origin: str) -> httpx.Response:
     )
 
 
-def test_preflight_from_a_listed_origin_is_answered_at_the_head(keyed: EdgeServer) -> None:
+def test_preflight_from_a_listed_origin_is_answered_at_the_head(keyed: ServerThread) -> None:
     r = preflight(keyed, "https://app.example.com")  # no key: preflights carry none
     assert r.status_code == 204 and r.content == b""
     assert "content-length" not in r.headers  # RFC 9110: a 204 has none
@@ -211,7 +212,7 @@ def test_preflight_from_a_listed_origin_is_answered_at_the_head(keyed: EdgeServe
     assert "x-request-id" in actual.headers["access-control-expose-headers"]
 
 
-def test_a_preflight_keeps_its_connection_for_the_actual_request(keyed: EdgeServer) -> None:
+def test_a_preflight_keeps_its_connection_for_the_actual_request(keyed: ServerThread) -> None:
     """A 204 has no body and no Content-Length, so the connection stays usable."""
     ports: set[int] = set()
 
@@ -229,7 +230,7 @@ def test_a_preflight_keeps_its_connection_for_the_actual_request(keyed: EdgeServ
     assert len(ports) == 1
 
 
-def test_preflight_from_another_origin_gets_no_allow_headers(keyed: EdgeServer) -> None:
+def test_preflight_from_another_origin_gets_no_allow_headers(keyed: ServerThread) -> None:
     r = preflight(keyed, "https://evil.example.com")
     assert r.status_code == 204  # answered, but the browser is not allowed anything
     assert not [h for h in r.headers if h.startswith("access-control-")]
@@ -238,7 +239,7 @@ def test_preflight_from_another_origin_gets_no_allow_headers(keyed: EdgeServer) 
 
 
 def test_cors_is_off_by_default() -> None:
-    server = EdgeServer(CONFIGS, Edge()).start()
+    server = ServerThread(CONFIGS, edge=Edge()).start()
     try:
         r = httpx.get(server.url + "/health", headers={"origin": "https://app.example.com"})
         assert not [h for h in r.headers if h.startswith("access-control-")]
@@ -248,8 +249,8 @@ def test_cors_is_off_by_default() -> None:
 
 
 # -- quotas on an injected clock -------------------------------------------------------------
-def quota_server(clock: ManualClock, **limits: int) -> EdgeServer:
-    return EdgeServer(CONFIGS, Edge(EdgeOptions(keys=keys(**limits)), clock=clock)).start()
+def quota_server(clock: ManualClock, **limits: int) -> ServerThread:
+    return ServerThread(CONFIGS, edge=Edge(EdgeOptions(keys=keys(**limits)), clock=clock)).start()
 
 
 def test_requests_per_minute_429_with_retry_after_and_headers() -> None:
@@ -339,7 +340,7 @@ def test_concurrency_429_until_the_stream_ends() -> None:
 
 # -- access log -------------------------------------------------------------------------------
 def test_access_log_has_one_line_per_request_and_never_a_key(
-    keyed: EdgeServer, log_stream: LogSink
+    keyed: ServerThread, log_stream: LogSink
 ) -> None:
     client = keyed.client(BOB)
     list(
@@ -365,7 +366,7 @@ def test_access_log_has_one_line_per_request_and_never_a_key(
 
 
 def test_access_log_counts_a_raw_streams_pieces_as_tokens(
-    keyed: EdgeServer, log_stream: LogSink
+    keyed: ServerThread, log_stream: LogSink
 ) -> None:
     ids = {"*/*": "raw-chunked-1", "text/event-stream": "raw-sse-1"}
     for accept, request_id in ids.items():
@@ -391,7 +392,7 @@ def test_access_log_counts_a_raw_streams_pieces_as_tokens(
 
 
 def test_a_client_that_leaves_mid_stream_is_logged_as_gone(
-    keyed: EdgeServer, log_stream: LogSink
+    keyed: ServerThread, log_stream: LogSink
 ) -> None:
     body = {"model": "echo", "prompt": "z", "max_tokens": 1_000_000, "stream": True}
     headers = {"authorization": f"Bearer {ALICE}", "x-request-id": "leaver-1"}
@@ -408,11 +409,11 @@ def test_a_client_that_leaves_mid_stream_is_logged_as_gone(
 
 
 # -- TLS --------------------------------------------------------------------------------------
-def test_tls_counts_copies_and_speaks_http11(tls_server: EdgeServer, certs: Certs) -> None:
+def test_tls_counts_copies_and_speaks_http11(tls_server: ServerThread, certs: Certs) -> None:
     ctx = certs.client_context()
     ctx.set_alpn_protocols(["http/1.1"])
     with (
-        socket.create_connection(("127.0.0.1", tls_server.port), timeout=10) as s,
+        socket.create_connection(("127.0.0.1", tls_server.port), timeout=scaled(10)) as s,
         ctx.wrap_socket(s, server_hostname="127.0.0.1") as tls,
     ):
         assert tls.selected_alpn_protocol() == "http/1.1"
@@ -440,7 +441,7 @@ def test_tls_counts_copies_and_speaks_http11(tls_server: EdgeServer, certs: Cert
     ids=["silent", "half-handshake", "plain-http"],
 )
 def test_bad_tls_clients_are_closed_and_the_server_keeps_serving(
-    tls_server: EdgeServer, certs: Certs, send: bytes
+    tls_server: ServerThread, certs: Certs, send: bytes
 ) -> None:
     # head_timeout is 1 s; the socket timeout only bounds a failure of this test.
     with socket.create_connection(("127.0.0.1", tls_server.port), timeout=POLL_TIMEOUT_S) as s:
@@ -457,7 +458,7 @@ def test_bad_tls_clients_are_closed_and_the_server_keeps_serving(
 
 
 def test_a_flood_of_tls_records_is_closed_and_the_server_keeps_serving(
-    tls_server: EdgeServer, certs: Certs
+    tls_server: ServerThread, certs: Certs
 ) -> None:
     """Application-data records before any handshake: the TLS layer refuses them and the
     connection is closed; the flood never reaches the HTTP parser."""
@@ -482,7 +483,7 @@ def test_mtls_requires_a_client_certificate(certs: Certs) -> None:
         head_timeout=1.0,
         tls=TlsOptions(str(certs.cert), str(certs.key), ca_certs=str(certs.cert)),
     )
-    server = EdgeServer(CONFIGS, Edge(), options).start()
+    server = ServerThread(CONFIGS, edge=Edge(), options=options).start()
     try:
         refused = (httpx.ReadError, httpx.ConnectError, httpx.RemoteProtocolError, ssl.SSLError)
         with certs.httpx() as http, pytest.raises(refused):
@@ -498,7 +499,7 @@ def test_mtls_requires_a_client_certificate(certs: Certs) -> None:
 # -- drain ------------------------------------------------------------------------------------
 def test_ready_is_503_while_a_long_stream_finishes() -> None:
     options = ServerOptions(port=0, drain_ready_delay=300.0)
-    server = EdgeServer(CONFIGS, Edge(), options).start()
+    server = ServerThread(CONFIGS, edge=Edge(), options=options).start()
     assert server.server is not None
     try:
         assert httpx.get(server.url + "/ready").status_code == 200

@@ -20,9 +20,10 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.edge.servers import EdgeServer, LogSink, ManualClock
 
 import openai
+from tests.edge.servers import LogSink, ManualClock
+from tests.support import ServerThread
 from zeroserve.edge import AccessLog, Edge, EdgeOptions
 from zeroserve.edge.keys import ApiKey, KeyLimits
 from zeroserve.models.loader import parse_spec
@@ -157,11 +158,11 @@ def strict() -> Iterator[StrictUpstream]:
 
 def gateway(
     up: StrictUpstream, edge: Edge, name: str, query: str = "", *more: StrictUpstream
-) -> EdgeServer:
+) -> ServerThread:
     urls = ",".join(f"{u.url}/v1" for u in (up, *more))
     spec = parse_spec(f"{name}=remote:{urls}{query}")
     configs = {name: ModelConfig(name, spec.load_class(), options=spec.options, **spec.runtime)}
-    return EdgeServer(configs, edge).start()
+    return ServerThread(configs, edge=edge).start()
 
 
 def chat(client: openai.OpenAI, model: str, **kw: Any) -> list[Any]:
@@ -176,7 +177,7 @@ def content(chunks: list[Any]) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
-def scrape(server: EdgeServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(server: ServerThread) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = httpx.get(server.url + "/metrics").text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -185,11 +186,11 @@ def scrape(server: EdgeServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
     }
 
 
-def counter(server: EdgeServer, name: str, model: str) -> float:
+def counter(server: ServerThread, name: str, model: str) -> float:
     return scrape(server).get((name, (("model", model),)), 0.0)
 
 
-def assert_no_leases(server: EdgeServer) -> None:
+def assert_no_leases(server: ServerThread) -> None:
     """The gateway's arena holds no lease once its responses are sent (polled)."""
     deadline = time.monotonic() + WAIT_S
     while (leases := scrape(server)[("zeroserve_arena_leases", ())]) != 0:

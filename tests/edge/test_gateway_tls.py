@@ -6,8 +6,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from tests.edge.servers import Certs, EdgeServer
 
+from tests.edge.servers import Certs
+from tests.support import ServerThread
 from zeroserve.edge import Edge
 from zeroserve.models.echo import EchoModel
 from zeroserve.models.loader import parse_spec
@@ -21,20 +22,22 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 
 
 @pytest.fixture(scope="module")
-def upstream(certs: Certs) -> Iterator[EdgeServer]:
+def upstream(certs: Certs) -> Iterator[ServerThread]:
     options = ServerOptions(port=0, tls=TlsOptions(str(certs.cert), str(certs.key)))
-    server = EdgeServer({"echo": ModelConfig("echo", EchoModel)}, Edge(), options).start()
+    server = ServerThread(
+        {"echo": ModelConfig("echo", EchoModel)}, edge=Edge(), options=options
+    ).start()
     yield server
     server.stop()
 
 
-def gateway(upstream: EdgeServer) -> EdgeServer:
+def gateway(upstream: ServerThread) -> ServerThread:
     spec = parse_spec(f"g=remote:{upstream.url}/v1?upstream_model=echo&retries=0")
     configs = {"g": ModelConfig("g", spec.load_class(), options=spec.options, **spec.runtime)}
-    return EdgeServer(configs, Edge()).start()
+    return ServerThread(configs, edge=Edge()).start()
 
 
-def test_an_untrusted_upstream_certificate_is_refused(upstream: EdgeServer) -> None:
+def test_an_untrusted_upstream_certificate_is_refused(upstream: ServerThread) -> None:
     gw = gateway(upstream)
     try:
         r = httpx.post(gw.url + "/v1/raw/g", content=b"hello")
@@ -45,7 +48,7 @@ def test_an_untrusted_upstream_certificate_is_refused(upstream: EdgeServer) -> N
 
 
 def test_a_trusted_upstream_is_relayed_over_tls(
-    upstream: EdgeServer, certs: Certs, monkeypatch: pytest.MonkeyPatch
+    upstream: ServerThread, certs: Certs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The default context trusts what OpenSSL's default paths name; point them at our CA.
     monkeypatch.setenv("SSL_CERT_FILE", str(certs.cert))

@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 import pytest
 from openai.types.chat import ChatCompletionChunk
-from tests.edge.servers import EdgeServer, LogSink, ManualClock
 
 import openai
+from tests.edge.servers import LogSink, ManualClock
+from tests.support import ServerThread
 from zeroserve import metrics
 from zeroserve.app.relay._usage import UsageScanner
 from zeroserve.edge import AccessLog, Edge, EdgeOptions
@@ -31,20 +32,20 @@ KEY = "sk-gateway-user-0123456789"
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[EdgeServer]:
-    server = EdgeServer({"echo": ModelConfig("echo", EchoModel)}, Edge()).start()
+def upstream() -> Iterator[ServerThread]:
+    server = ServerThread({"echo": ModelConfig("echo", EchoModel)}, edge=Edge()).start()
     yield server
     server.stop()
 
 
-def gateway(upstream: EdgeServer, edge: Edge) -> EdgeServer:
+def gateway(upstream: ServerThread, edge: Edge) -> ServerThread:
     spec = parse_spec(f"g=remote:{upstream.url}/v1?upstream_model=echo")
     configs = {"g": ModelConfig("g", spec.load_class(), options=spec.options, **spec.runtime)}
-    return EdgeServer(configs, edge).start()
+    return ServerThread(configs, edge=edge).start()
 
 
 @pytest.fixture
-def logged(upstream: EdgeServer) -> Iterator[tuple[EdgeServer, LogSink]]:
+def logged(upstream: ServerThread) -> Iterator[tuple[ServerThread, LogSink]]:
     sink = LogSink()
     server = gateway(upstream, Edge(access_log=AccessLog(stream=sink)))
     yield server, sink
@@ -60,7 +61,7 @@ def record(sink: LogSink, request_id: str) -> dict[str, object]:
 
 
 def test_a_relayed_answer_logs_its_model_and_the_upstreams_tokens(
-    logged: tuple[EdgeServer, LogSink],
+    logged: tuple[ServerThread, LogSink],
 ) -> None:
     server, sink = logged
     r = server.client().chat.completions.create(
@@ -76,7 +77,7 @@ def test_a_relayed_answer_logs_its_model_and_the_upstreams_tokens(
 
 
 def test_a_relayed_stream_logs_the_usage_its_last_chunk_reports(
-    logged: tuple[EdgeServer, LogSink],
+    logged: tuple[ServerThread, LogSink],
 ) -> None:
     server, sink = logged
     chunks = list(
@@ -97,7 +98,7 @@ def test_a_relayed_stream_logs_the_usage_its_last_chunk_reports(
 
 
 def test_relayed_tokens_count_against_the_keys_tokens_per_minute(
-    upstream: EdgeServer,
+    upstream: ServerThread,
 ) -> None:
     clock = ManualClock()
     key = ApiKey("user", KEY.encode(), KeyLimits(tokens_per_minute=10))
@@ -143,7 +144,7 @@ def stream(
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_a_stream_that_did_not_ask_is_counted_and_gets_no_usage_chunk(
-    upstream: EdgeServer, logged: tuple[EdgeServer, LogSink], kind: str
+    upstream: ServerThread, logged: tuple[ServerThread, LogSink], kind: str
 ) -> None:
     server, sink = logged
     direct = stream(upstream.client(), kind, "echo")
@@ -160,7 +161,7 @@ def test_a_stream_that_did_not_ask_is_counted_and_gets_no_usage_chunk(
 
 
 def test_a_stream_that_asked_gets_its_usage_chunk_as_before(
-    upstream: EdgeServer, logged: tuple[EdgeServer, LogSink]
+    upstream: ServerThread, logged: tuple[ServerThread, LogSink]
 ) -> None:
     server, sink = logged
     options = {"stream_options": {"include_usage": True}}
@@ -173,7 +174,7 @@ def test_a_stream_that_asked_gets_its_usage_chunk_as_before(
 
 
 def test_a_stream_that_did_not_ask_spends_the_keys_tokens_per_minute(
-    upstream: EdgeServer,
+    upstream: ServerThread,
 ) -> None:
     clock = ManualClock()
     # 15 tokens a minute refill one every 4 s (exactly: no rounding in the wait).
@@ -294,10 +295,10 @@ def paced() -> Iterator[PacedUpstream]:
     up.stop()
 
 
-def paced_gateway(up: PacedUpstream, edge: Edge) -> EdgeServer:
+def paced_gateway(up: PacedUpstream, edge: Edge) -> ServerThread:
     spec = parse_spec(f"f=remote:{up.url}/v1")
     configs = {"f": ModelConfig("f", spec.load_class(), options=spec.options, **spec.runtime)}
-    return EdgeServer(configs, edge).start()
+    return ServerThread(configs, edge=edge).start()
 
 
 def test_a_usage_chunk_cut_across_reads_is_still_counted_and_dropped(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import start_server
 
+from tests.support import start_server
 from zeroserve import metrics
 
 # A server that does not show both its processes in this long has failed, not slowed down.

@@ -23,10 +23,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from tests.conftest import ROOT
-from tests.edge.servers import EdgeServer
-from tests.faults.fault_models import StallModel
 
+from tests.support import ROOT, ServerThread
+from tests.support.models.misbehaving import StallModel
+from tests.support.smollm2 import require_llamacpp, smollm2_config
 from zeroserve.edge import Edge
 from zeroserve.edge.tracing import Tracing
 from zeroserve.models.base import ExecutorKind
@@ -83,9 +83,9 @@ def spans() -> Iterator[tuple[TracerProvider, Recorder]]:
     provider.shutdown()
 
 
-def traced(provider: TracerProvider, configs: dict[str, ModelConfig]) -> EdgeServer:
+def traced(provider: TracerProvider, configs: dict[str, ModelConfig]) -> ServerThread:
     edge = Edge(tracing=Tracing(provider.get_tracer("test")))
-    return EdgeServer(configs, edge).start()
+    return ServerThread(configs, edge=edge).start()
 
 
 def test_a_stream_has_admission_execution_and_stream_spans_under_the_callers_trace(
@@ -395,12 +395,9 @@ def test_engine_requests_wait_for_a_slot_in_a_queue_span(
 ) -> None:
     """The llama.cpp engine schedules its own slots: each engine request's wait for one
     (one per choice) is a ``queue`` span inside execution."""
-    pytest.importorskip("xllamacpp")
-    from zeroserve.models.llamacpp import SmolLM2Model
-
+    require_llamacpp()
     provider, recorder = spans
-    options = {"parallel": 1, "n_ctx": 256, "alias": "smollm2"}
-    server = traced(provider, {"smollm2": ModelConfig("smollm2", SmolLM2Model, options=options)})
+    server = traced(provider, {"smollm2": smollm2_config(parallel=1, n_ctx=256)})
     try:
         body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 2, "n": n, "seed": 1}
         r = httpx.post(server.url + "/v1/completions", json=body, timeout=SPANS_TIMEOUT_S)

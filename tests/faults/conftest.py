@@ -1,24 +1,17 @@
-"""Fixtures of the faults suite: one real server (the OpenAI suite's ``ServerThread``)
+"""Fixtures of the faults suite: one real server (``tests.support.ServerThread``)
 with the default models, models that stall, and small limits where a test needs them."""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-OPENAI_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "openai")
-if OPENAI_TESTS not in sys.path:
-    sys.path.insert(0, OPENAI_TESTS)
-
-from openai_servers import ServerThread  # noqa: E402
-from tests.faults.fault_models import SlowStartModel, StallModel  # noqa: E402
-
-from zeroserve.models.echo import EchoModel  # noqa: E402
-from zeroserve.models.tinyllm import TinyLlamaModel  # noqa: E402
-from zeroserve.runtime import ModelConfig, RuntimeOptions  # noqa: E402
+from tests.support import ServerThread
+from tests.support.models.misbehaving import SlowStartModel, StallModel
+from zeroserve.models.echo import EchoModel
+from zeroserve.models.tinyllm import TinyLlamaModel
+from zeroserve.runtime import ModelConfig, RuntimeOptions
 
 # The server's request limit in the faults suite, seconds: long enough that a test which
 # sees a 504 knows the client's own shorter timeout was honoured.

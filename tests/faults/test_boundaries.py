@@ -4,14 +4,13 @@ parameter, from the real server over loopback; never a 500."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
 import pytest
-from openai_servers import ServerThread
-from tests.conftest import start_server
 
+from tests.support import ServerThread, scaled, start_server, wait_until
+from tests.support.smollm2 import smollm2_arg
 from zeroserve.app import limits as lim
 from zeroserve.config import ConfigError, load_config
 
@@ -25,7 +24,7 @@ HUGE = 10**26
 
 def post(server: ServerThread, path: str, body: Any, **kw: Any) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(server.url + path, content=content, timeout=30, **kw)
+    return httpx.post(server.url + path, content=content, timeout=scaled(30), **kw)
 
 
 def openai_error(r: httpx.Response, status: int = 400) -> dict[str, Any]:
@@ -254,16 +253,15 @@ RELEASE_WAIT_S = 30.0
 
 def opens_stream(url: str, path: str, body: dict[str, Any]) -> None:
     """The request is accepted: a 200 stream whose first piece arrives (then closed)."""
-    with httpx.stream("POST", url + path, json=body, timeout=30) as r:
+    with httpx.stream("POST", url + path, json=body, timeout=scaled(30)) as r:
         assert r.status_code == 200, r.read()
         assert next(piece for piece in r.iter_bytes() if piece)
 
 
 def wait_released(server: ServerThread, model: str) -> None:
-    deadline = time.monotonic() + RELEASE_WAIT_S
-    while server.in_flight(model):
-        assert time.monotonic() < deadline, f"{model} kept a ticket"
-        time.sleep(0.01)
+    wait_until(
+        lambda: server.in_flight(model) == 0, RELEASE_WAIT_S, f"{model} to release its ticket"
+    )
 
 
 def stalled(path: str, **extra: Any) -> dict[str, Any]:
@@ -294,11 +292,11 @@ def test_max_tokens_budget_boundary(server: ServerThread, path: str, key: str) -
 
 def test_raw_max_tokens_budget_boundary(server: ServerThread) -> None:
     url = server.url + "/v1/raw/slowstart?stream=1&max_tokens="
-    with httpx.stream("POST", url + str(BUDGET), content=b"x", timeout=30) as r:
+    with httpx.stream("POST", url + str(BUDGET), content=b"x", timeout=scaled(30)) as r:
         assert r.status_code == 200
         assert next(piece for piece in r.iter_bytes() if piece)
     for value in (BUDGET + 1, lim.MAX_TOKENS + 1):
-        err = openai_error(httpx.post(url + str(value), content=b"x", timeout=30))
+        err = openai_error(httpx.post(url + str(value), content=b"x", timeout=scaled(30)))
         assert (err["param"], err["code"]) == ("max_tokens", "limit_exceeded")
     wait_released(server, "slowstart")
 
@@ -317,8 +315,8 @@ def test_max_tokens_range_boundary_with_the_widest_budget() -> None:
     accepted on every generating route, one more is a 400 naming the parameter. The
     llama.cpp engine's route refuses a request past the budget before taking a slot."""
     srv = start_server(
-        "--model", "slowstart=tests.faults.fault_models:SlowStartModel",
-        "--model", "smollm2?parallel=1&n_ctx=512",
+        "--model", "slowstart=tests.support.models.misbehaving:SlowStartModel",
+        "--model", smollm2_arg(parallel=1, n_ctx=512),
         env={"ZEROSERVE_API_LIMITS__OUTPUT_TOKENS": str(lim.MAX_TOKENS)},
     )  # fmt: skip
     try:
@@ -329,9 +327,9 @@ def test_max_tokens_range_boundary_with_the_widest_budget() -> None:
             )
             assert openai_error(r)["param"] == "max_tokens"
         raw = srv.url + "/v1/raw/slowstart?stream=1&max_tokens="
-        with httpx.stream("POST", raw + str(lim.MAX_TOKENS), content=b"x", timeout=30) as r:
+        with httpx.stream("POST", raw + str(lim.MAX_TOKENS), content=b"x", timeout=scaled(30)) as r:
             assert r.status_code == 200
-        r = httpx.post(raw + str(lim.MAX_TOKENS + 1), content=b"x", timeout=30)
+        r = httpx.post(raw + str(lim.MAX_TOKENS + 1), content=b"x", timeout=scaled(30))
         assert openai_error(r)["param"] == "max_tokens"
         # The engine's route: n choices share the budget, named by the field sent.
         half = lim.MAX_TOKENS // 2 + 1
@@ -341,12 +339,12 @@ def test_max_tokens_range_boundary_with_the_widest_budget() -> None:
             ("max_tokens", COMPLETIONS, {"prompt": "hi"}),
         ):
             body = {"model": "smollm2", "n": 2, key: half, **what}
-            err = openai_error(httpx.post(srv.url + path, json=body, timeout=30))
+            err = openai_error(httpx.post(srv.url + path, json=body, timeout=scaled(30)))
             assert (err["param"], err["code"]) == (key, "limit_exceeded")
         r = httpx.post(
             srv.url + COMPLETIONS,
             json={"model": "smollm2", "prompt": "hi", "max_tokens": 2, "temperature": 0},
-            timeout=60,
+            timeout=scaled(60),
         )
         assert r.status_code == 200, r.text
     finally:

@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from openai_servers import ServerThread
-from tests.conftest import ServerProcess, start_server
-from tests.faults.conftest import MODEL_DEADLINE_S, SERVER_DEADLINE_S
 
 import openai
+from tests.faults.conftest import MODEL_DEADLINE_S, SERVER_DEADLINE_S
+from tests.support import ServerProcess, ServerThread, start_server
+from tests.support.smollm2 import smollm2_arg
 from zeroserve.app import limits as lim
 from zeroserve.config import ConfigError, load_config
 
@@ -232,8 +232,8 @@ def test_v2_timeout_parameter(server: ServerThread) -> None:
 def test_request_timeout_flag_and_model_option() -> None:
     srv = start_server(
         "--request-timeout", "0.5",
-        "--model", "stall=tests.faults.fault_models:StallModel",
-        "--model", "capped=tests.faults.fault_models:StallModel?deadline_s=0.2",
+        "--model", "stall=tests.support.models.misbehaving:StallModel",
+        "--model", "capped=tests.support.models.misbehaving:StallModel?deadline_s=0.2",
         "--model", "echo",
     )  # fmt: skip
     try:
@@ -283,7 +283,7 @@ def _engine(*args: str) -> ServerProcess:
     pytest.importorskip("xllamacpp")
     # One slot: an expired request's slot stops at its next token, so each request
     # below finds it free, and the server then stops gracefully.
-    return start_server(*args, "--model", "smollm2?parallel=1&n_ctx=4096")
+    return start_server(*args, "--model", smollm2_arg(parallel=1, n_ctx=4096))
 
 
 def test_engine_route_honours_the_sdk_timeout() -> None:

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from openai_servers import ServerThread
-from tests.faults import fault_models as fm
 
+from tests.support import ServerThread, wait_until
+from tests.support.models import misbehaving as fm
 from zeroserve.runtime import ModelConfig, ModelStatistics, RuntimeOptions
 from zeroserve.runtime.inproc import STREAM_THREADS
 from zeroserve.runtime.process.worker import WORKER_THREADS
@@ -58,13 +57,6 @@ def stats(srv: ServerThread, model: str) -> ModelStatistics:
         return srv.engine.model(model).statistics()
 
     return srv.call(read())
-
-
-def wait_for(what: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + STATE_WAIT_S
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def idle(srv: ServerThread, model: str) -> bool:
@@ -128,7 +120,7 @@ def test_thread_executor_with_every_slot_stuck_is_not_ready(hung_server: ServerT
     # Hang every slot: each request gets its 504 at its own short deadline.
     answers = concurrently(srv, [(model, b"hang", HANG_TIMEOUT)] * workers)
     assert [r.status_code for r in answers] == [504] * workers
-    wait_for("every slot stuck", lambda: stats(srv, model).workers.stuck == workers)
+    wait_until(lambda: stats(srv, model).workers.stuck == workers, STATE_WAIT_S, "every slot stuck")
     # Not ready, and /ready names the model.
     r = httpx.get(srv.url + "/ready", timeout=CLIENT_WAIT_S)
     assert r.status_code == 503
@@ -148,7 +140,7 @@ def test_thread_executor_with_every_slot_stuck_is_not_ready(hung_server: ServerT
     assert raw(srv, "hang-proc", b"fine").content == b"fine"
     # When the threads return, the slots are free and the model is ready again.
     fm.RELEASE.set()
-    wait_for("slots freed", lambda: idle(srv, model))
+    wait_until(lambda: idle(srv, model), STATE_WAIT_S, "slots freed")
     assert httpx.get(srv.url + "/ready", timeout=CLIENT_WAIT_S).status_code == 200
     assert raw(srv, model, b"again").content == b"again"
     fm.RELEASE.clear()
@@ -171,11 +163,12 @@ def test_process_worker_hung_past_its_deadline_is_restarted(hung_server: ServerT
         assert r.status_code in (200, 503), r.text
         if r.status_code == 503:
             assert "retry-after" in r.headers
-        wait_for(
-            "the hung worker restarted",
+        wait_until(
             lambda i=i: (
                 stats(srv, model).workers.reclaimed == before.reclaimed + i + 1 and idle(srv, model)
             ),
+            STATE_WAIT_S,
+            "the hung worker restarted",
         )
     after = stats(srv, model).workers
     assert after.reclaimed == before.reclaimed + rounds
@@ -205,8 +198,8 @@ def test_other_requests_on_a_hung_worker_get_503(hung_server: ServerThread) -> N
         with pytest.raises(httpx.RemoteProtocolError):
             for _ in pieces:
                 pass
-    wait_for("restart", lambda: stats(srv, model).workers.reclaimed == before + 1)
-    wait_for("idle", lambda: idle(srv, model))
+    wait_until(lambda: stats(srv, model).workers.reclaimed == before + 1, STATE_WAIT_S, "restart")
+    wait_until(lambda: idle(srv, model), STATE_WAIT_S, "idle")
 
 
 def test_worker_crash_mid_batch(hung_server: ServerThread) -> None:
@@ -220,9 +213,10 @@ def test_worker_crash_mid_batch(hung_server: ServerThread) -> None:
     for r in answers:
         if r.status_code == 503:
             assert r.json()["error"]["code"] == "worker_failed"
-    wait_for(
-        "restart after the crash",
+    wait_until(
         lambda: stats(srv, model).workers.restarts == before.restarts + 1 and idle(srv, model),
+        STATE_WAIT_S,
+        "restart after the crash",
     )
     assert stats(srv, model).workers.crashes == before.crashes + 1
     assert raw(srv, model, b"after").content == b"after"
@@ -253,10 +247,12 @@ def test_thread_generate_that_hangs_in_its_call_leaves_the_loop_free(
         hanging.read()
         assert hanging.status_code == 504, hanging.text
         assert json.loads(hanging.text)["error"]["code"] == "deadline_exceeded"
-    wait_for("the hung call counted stuck", lambda: stats(srv, model).workers.stuck == 1)
+    wait_until(
+        lambda: stats(srv, model).workers.stuck == 1, STATE_WAIT_S, "the hung call counted stuck"
+    )
     assert complete_stream(srv, model, "ok") == (200, "first done", None)
     fm.RELEASE.set()
-    wait_for("its thread freed", lambda: idle(srv, model))
+    wait_until(lambda: idle(srv, model), STATE_WAIT_S, "its thread freed")
     fm.RELEASE.clear()
 
 
@@ -274,7 +270,9 @@ def test_thread_stream_steps_hung_until_the_pool_is_exhausted(hung_server: Serve
             "deadline_exceeded",
         )
         # Its step's thread is counted stuck once it ran the grace past the deadline.
-        wait_for(f"{hung} stuck", lambda hung=hung: stats(srv, model).workers.stuck == hung)
+        wait_until(
+            lambda hung=hung: stats(srv, model).workers.stuck == hung, STATE_WAIT_S, f"{hung} stuck"
+        )
         s = stats(srv, model)
         assert (s.workers.streams, s.queue.in_flight, s.workers.busy) == (0, 0, 0)
         # Batches that could still run: every slot, while a thread is left for each.
@@ -304,7 +302,7 @@ def test_thread_stream_steps_hung_until_the_pool_is_exhausted(hung_server: Serve
     assert stats(srv, model).queue.in_flight == 0
     # When the steps return, their threads are free and the model serves again.
     fm.RELEASE.set()
-    wait_for("threads freed", lambda: idle(srv, model))
+    wait_until(lambda: idle(srv, model), STATE_WAIT_S, "threads freed")
     assert httpx.get(srv.url + "/ready", timeout=CLIENT_WAIT_S).status_code == 200
     assert complete_stream(srv, model, "ok") == (200, "first done", None)
     fm.RELEASE.clear()
@@ -329,11 +327,12 @@ def test_process_stream_step_hung_past_its_deadline_is_restarted(
         status, text, code = complete_stream(srv, model, "ok")
         assert status in (200, 503), text
         assert code is None
-        wait_for(
-            "the hung worker restarted",
+        wait_until(
             lambda i=i: (
                 stats(srv, model).workers.reclaimed == before.reclaimed + i + 1 and idle(srv, model)
             ),
+            STATE_WAIT_S,
+            "the hung worker restarted",
         )
     after = stats(srv, model).workers
     assert after.reclaimed == before.reclaimed + rounds
@@ -359,5 +358,5 @@ def test_other_streams_on_a_worker_with_a_hung_step_are_cut(hung_server: ServerT
         events = [line[6:] for line in lines if line.startswith("data: ")]
     err = json.loads(events[-1])["error"]
     assert err["code"] == "worker_failed", err
-    wait_for("restart", lambda: stats(srv, model).workers.reclaimed == before + 1)
-    wait_for("idle", lambda: idle(srv, model))
+    wait_until(lambda: stats(srv, model).workers.reclaimed == before + 1, STATE_WAIT_S, "restart")
+    wait_until(lambda: idle(srv, model), STATE_WAIT_S, "idle")

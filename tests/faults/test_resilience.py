@@ -8,11 +8,10 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import httpx
-from openai_servers import ServerThread
+
+from tests.support import ServerThread, wait_until
 
 # How long a test waits for the server to settle (streams closed, tickets released).
 SETTLE_S = 30.0
@@ -31,13 +30,6 @@ WARMUP = 300
 SOAK_RSS_BOUND_BYTES = 8 << 20
 # Requests sent at once against a queue of QUEUE_DEPTH.
 BURST = 150
-
-
-def wait_for(what: str, check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + SETTLE_S
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def engine_idle(srv: ServerThread) -> bool:
@@ -66,7 +58,7 @@ def rss_bytes() -> int:
 
 
 def test_disconnect_storm_leaves_nothing_behind(server: ServerThread) -> None:
-    wait_for("idle before", lambda: engine_idle(server))
+    wait_until(lambda: engine_idle(server), SETTLE_S, "idle before")
     fds = open_fds()
     # The client runs in its own process: in this one it would be starved of the GIL by
     # the server's busy loop (see storm_client.py).
@@ -84,8 +76,8 @@ def test_disconnect_storm_leaves_nothing_behind(server: ServerThread) -> None:
         timeout=STORM_CLIENT_TIMEOUT_S,
     )
     assert client.returncode == 0, client.stderr
-    wait_for("every stream closed", lambda: engine_idle(server))
-    wait_for("every connection fd closed", lambda: open_fds() <= fds)
+    wait_until(lambda: engine_idle(server), SETTLE_S, "every stream closed")
+    wait_until(lambda: open_fds() <= fds, SETTLE_S, "every connection fd closed")
     r = httpx.post(server.url + "/v1/raw/echo", content=b"still here", timeout=CLIENT_WAIT_S)
     assert r.content == b"still here"
 
@@ -95,7 +87,7 @@ def test_bounded_soak(server: ServerThread) -> None:
     with httpx.Client(base_url=server.url, timeout=CLIENT_WAIT_S) as client:
         for _ in range(WARMUP):
             assert client.post("/v1/raw/echo", content=body).content == body
-        wait_for("idle after warm-up", lambda: engine_idle(server))
+        wait_until(lambda: engine_idle(server), SETTLE_S, "idle after warm-up")
         fds, rss = open_fds(), rss_bytes()
         for i in range(SOAK):
             if i % 3 == 0:
@@ -107,7 +99,7 @@ def test_bounded_soak(server: ServerThread) -> None:
             else:
                 r = client.post("/v1/embeddings", content=b"[" * 5000)  # hostile: a 400
                 assert r.status_code == 400
-    wait_for("idle after the soak", lambda: engine_idle(server))
+    wait_until(lambda: engine_idle(server), SETTLE_S, "idle after the soak")
     assert open_fds() <= fds
     assert rss_bytes() - rss < SOAK_RSS_BOUND_BYTES
 
@@ -129,7 +121,7 @@ def test_overload_then_recovery(server: ServerThread) -> None:
     refused = [r for r in answers if r.status_code == 429]
     assert refused and all(int(r.headers["retry-after"]) >= 1 for r in refused)
     assert statuses.count(504) > 0
-    wait_for("idle after the burst", lambda: engine_idle(server))
+    wait_until(lambda: engine_idle(server), SETTLE_S, "idle after the burst")
     # Recovered: admitted again (a 504 from its own deadline, not a 429).
     r = httpx.post(server.url + "/v1/raw/stall?timeout=0.2", content=b"x", timeout=CLIENT_WAIT_S)
     assert r.status_code == 504

@@ -8,6 +8,7 @@ import time
 from typing import Literal
 
 import httpx
+
 from tests.fuzz.conftest import IDLE_WAIT_S, Target
 
 Format = Literal["openai", "kserve"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,15 +19,11 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 
-OPENAI_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "openai")
-if OPENAI_TESTS not in sys.path:
-    sys.path.insert(0, OPENAI_TESTS)
-
-from openai_servers import ServerThread  # noqa: E402
-
-from zeroserve.models.echo import EchoModel  # noqa: E402
-from zeroserve.runtime import ModelConfig, RuntimeOptions  # noqa: E402
-from zeroserve.server.options import KEEPALIVE_TIMEOUT_S  # noqa: E402
+from tests.support import ServerThread
+from tests.support.smollm2 import smollm2_config
+from zeroserve.models.echo import EchoModel
+from zeroserve.runtime import ModelConfig, RuntimeOptions
+from zeroserve.server.options import KEEPALIVE_TIMEOUT_S
 
 # Examples per fuzz test in CI: the whole suite stays well under a minute on two cores.
 CI_EXAMPLES = 150
@@ -139,10 +134,7 @@ def engine_target() -> Iterator[Target]:
     """The built-in ``smollm2`` on its llama.cpp engine (the engine's own decoders and
     relay). A small context and the model's own ``timeout``: a generation the fuzzer
     left unbounded ends in seconds, with a 504."""
-    from zeroserve.models.llamacpp import SmolLM2Model
-
-    options = {"parallel": 2, "n_ctx": 256, "alias": "smollm2", "timeout": ENGINE_TIMEOUT_S}
-    yield from _serve({"smollm2": ModelConfig("smollm2", SmolLM2Model, options=options)})
+    yield from _serve({"smollm2": smollm2_config(n_ctx=256, timeout=ENGINE_TIMEOUT_S)})
 
 
 def _serve(configs: dict[str, ModelConfig]) -> Iterator[Target]:

@@ -6,13 +6,14 @@ passed), never a 5xx, nothing left held (tickets, engine slots, leases)."""
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
+
 from tests.fuzz import strategies as fs
 from tests.fuzz.checks import assert_answer
 from tests.fuzz.conftest import ENGINE_EXAMPLES, Target
+from tests.support.smollm2 import require_llamacpp
 
-pytest.importorskip("xllamacpp")
+require_llamacpp()
 
 
 def _send(target: Target, path: str, body: bytes, timeouts: dict[str, str]) -> None:

@@ -7,6 +7,7 @@ import gzip
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from tests.fuzz import strategies as fs
 from tests.fuzz.checks import assert_answer
 from tests.fuzz.conftest import Target

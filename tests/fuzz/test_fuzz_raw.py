@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import example, given
 from hypothesis import strategies as st
+
 from tests.fuzz import strategies as fs
 from tests.fuzz.checks import assert_answer
 from tests.fuzz.conftest import Target

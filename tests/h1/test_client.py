@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.h1.tables import INVALID_CHUNKED, VALID_CHUNKED
 from zeroserve.errors import ProtocolError
 from zeroserve.http.client import (
     MAX_HEAD_BYTES,
@@ -16,8 +17,6 @@ from zeroserve.http.client import (
     request_head,
     response_headers,
 )
-
-from .tables import INVALID_CHUNKED, VALID_CHUNKED
 
 CHUNKED = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"

@@ -7,11 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.h1.driver import feed
+from tests.h1.tables import INVALID_CHUNKED, VALID_CHUNKED
 from zeroserve.errors import ProtocolError
 from zeroserve.http import HttpConnection, HttpLimits, State
-
-from .driver import feed
-from .tables import INVALID_CHUNKED, VALID_CHUNKED
 
 H = b"Host: example\r\n"
 

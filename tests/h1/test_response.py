@@ -8,12 +8,11 @@ import itertools
 
 import pytest
 
+from tests.h1.driver import pump
 from zeroserve import metrics
 from zeroserve.http import HttpConnection, RequestHead, State, StreamFramer
 from zeroserve.http.framing import CONTINUE, GATHER_MAX_BYTES, GATHER_MIN_BUFFERS, LAST_CHUNK
 from zeroserve.http.limits import DISCARD_MAX_BYTES
-
-from .driver import pump
 
 STEPS = [None, 1, 7]
 NEXT = b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n"

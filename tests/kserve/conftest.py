@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ServerProcess, start_server
 
-from . import onnx_models as om
+from tests.support import ServerProcess, start_server
+from tests.support.models import onnx_graphs as om
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +25,7 @@ def onnx_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def kserve_server(loop_name: str, onnx_files: dict[str, Path]) -> Iterator[ServerProcess]:
     server = start_server(
         "--model", "echo",
-        "--model", "probe=tests.kserve.kserve_models:Probe",
+        "--model", "probe=tests.support.models.kserve:Probe",
         "--model", f"mm=onnx:{onnx_files['mm']}",
         "--model", f"cls=onnx:{onnx_files['cls']}?max_batch_size=8",
         loop=loop_name,
@@ -38,7 +38,7 @@ def kserve_server(loop_name: str, onnx_files: dict[str, Path]) -> Iterator[Serve
 def process_server(loop_name: str) -> Iterator[ServerProcess]:
     """The probe model on the process executor (its own server: workers are spawned)."""
     server = start_server(
-        "--model", "probe_proc=tests.kserve.kserve_models:Probe?executor=process",
+        "--model", "probe_proc=tests.support.models.kserve:Probe?executor=process",
         loop=loop_name,
     )  # fmt: skip
     yield server

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import httpx
-from tests.conftest import start_server
+
+from tests.support import start_server
 
 WAIT_S = 20.0
 
@@ -16,7 +17,7 @@ WAIT_S = 20.0
 def test_full_queue_gives_429_in_kserve_format(tmp_path: Path) -> None:
     flag = str(tmp_path / "gate")
     server = start_server(
-        "--model", f"gate=tests.kserve.kserve_models:Gate?flag={flag}&queue_depth=1"
+        "--model", f"gate=tests.support.models.kserve:Gate?flag={flag}&queue_depth=1"
     )
     try:
         req = {"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [7]}]}

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from tests.conftest import ServerProcess
+
+from tests.support import ServerProcess, scaled
 
 MARK = "SECRET-7f3a"  # put into request data; must never appear in an error body
 IHCL = "Inference-Header-Content-Length"
@@ -21,10 +22,10 @@ IHCL = "Inference-Header-Content-Length"
 
 @pytest.fixture
 def http(kserve_server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=kserve_server.url, timeout=10) as client:
+    with httpx.Client(base_url=kserve_server.url, timeout=scaled(10)) as client:
         yield client
     # Whatever was sent, the server is still healthy and still serves inference.
-    with httpx.Client(base_url=kserve_server.url, timeout=10) as client:
+    with httpx.Client(base_url=kserve_server.url, timeout=scaled(10)) as client:
         assert client.get("/v2/health/live").status_code == 200
         r = client.post("/v2/models/echo/infer", json=_json_req([1.5], "FP32", [1]))
         assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1.5]
@@ -212,7 +213,9 @@ def test_huge_declared_sizes(http: httpx.Client) -> None:
 
 
 def test_content_length_over_the_limit_is_413(kserve_server: ServerProcess) -> None:
-    with socket.create_connection((kserve_server.host, kserve_server.port), timeout=10) as sock:
+    with socket.create_connection(
+        (kserve_server.host, kserve_server.port), timeout=scaled(10)
+    ) as sock:
         sock.sendall(
             b"POST /v2/models/echo/infer HTTP/1.1\r\nHost: x\r\n"
             b"Content-Length: 1099511627776\r\nInference-Header-Content-Length: 10\r\n\r\n"

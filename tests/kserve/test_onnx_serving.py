@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from tests.conftest import ServerProcess
 
-from . import onnx_models as om
+from tests.support import ServerProcess
+from tests.support.models import onnx_graphs as om
 
 httpclient = pytest.importorskip("tritonclient.http")
 pytest.importorskip("onnxruntime")

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from tests.conftest import ServerProcess
+
+from tests.support import ServerProcess
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402

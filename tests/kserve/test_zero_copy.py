@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.conftest import ServerProcess
 
-from .conftest import copied_by_site
+from tests.kserve.conftest import copied_by_site
+from tests.support import ServerProcess
 
 httpclient = pytest.importorskip("tritonclient.http")
 

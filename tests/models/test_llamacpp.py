@@ -15,7 +15,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,14 +22,15 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-from tests.conftest import ROOT, ServerProcess, start_server
-from tests.runtime.helpers import thread_nices
 
 import openai
+from tests.runtime.helpers import thread_nices
+from tests.support import ROOT, ServerProcess, scaled, start_server, wait_until
+from tests.support.smollm2 import require_llamacpp, smollm2_arg
 from zeroserve.models.llamacpp import SMOLLM2_SHA256, smollm2_path
 from zeroserve.runtime.priority import DEFAULT_MODEL_NICE
 
-pytest.importorskip("xllamacpp")
+require_llamacpp()
 
 GGUF = smollm2_path()
 # Seconds within which a poll of the server's state must see what it waits for.
@@ -66,7 +66,7 @@ WEATHER_TOOL = {
 def llm() -> Iterator[ServerProcess]:
     server = start_server(
         "--model",
-        "smollm2?parallel=2&n_ctx=2048",
+        smollm2_arg(n_ctx=2048),
         "--model",
         f"one=llamacpp:{GGUF}?parallel=1&n_ctx=1024&system_prompt={SYSTEM_OPTION}",
         "--model",
@@ -100,15 +100,15 @@ def _metric(url: str, name: str, model: str) -> float:
 
 def _wait_idle(url: str, model: str) -> None:
     """Poll (bounded) until the model has no slot busy and nobody waiting for one."""
-    deadline = time.monotonic() + POLL_S
-    while time.monotonic() < deadline:
-        if (
+    wait_until(
+        lambda: (
             _metric(url, "zeroserve_engine_active", model) == 0
             and _metric(url, "zeroserve_engine_queued", model) == 0
-        ):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{model} still has busy slots")
+        ),
+        POLL_S,
+        f"{model} to have no busy slot and no one waiting",
+        interval=0.05,
+    )
 
 
 # -- answers --------------------------------------------------------------------------------
@@ -717,14 +717,14 @@ def test_bad_input_is_a_400_and_leaks_nothing(
     llm: ServerProcess, extra: dict[str, object], param: str, code: str
 ) -> None:
     body = {"model": "one", "messages": [FRANCE], "max_tokens": 2, **extra}
-    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=60)
+    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=scaled(60))
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["code"] == code
     _wait_idle(llm.url, "one")
     ok = httpx.post(
         llm.url + "/v1/chat/completions",
-        timeout=60,
+        timeout=scaled(60),
         json={"model": "one", "messages": [FRANCE], "max_tokens": 1},
     )
     assert ok.status_code == 200
@@ -757,7 +757,7 @@ def test_disconnect_frees_the_slot(llm: ServerProcess) -> None:
         **ENDLESS,
     }
     with (
-        httpx.Client(timeout=60) as c,
+        httpx.Client(timeout=scaled(60)) as c,
         c.stream("POST", llm.url + "/v1/chat/completions", json=body) as r,
     ):
         lines = r.iter_lines()
@@ -770,7 +770,7 @@ def test_disconnect_frees_the_slot(llm: ServerProcess) -> None:
     _wait_idle(llm.url, "one")
     r2 = httpx.post(
         llm.url + "/v1/chat/completions",
-        timeout=60,
+        timeout=scaled(60),
         json={"model": "one", "messages": [FRANCE], "max_tokens": 2},
     )
     assert r2.status_code == 200
@@ -788,7 +788,7 @@ def test_deadline_stops_the_generation(llm: ServerProcess) -> None:
         "temperature": 1.0,
         **ENDLESS,
     }
-    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=60)
+    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=scaled(60))
     if r.status_code == 200:  # the deadline passed mid-stream: a final SSE error event
         events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
         assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
@@ -797,7 +797,7 @@ def test_deadline_stops_the_generation(llm: ServerProcess) -> None:
     _wait_idle(llm.url, "brief")
     ok = httpx.post(
         llm.url + "/v1/chat/completions",
-        timeout=60,
+        timeout=scaled(60),
         json={"model": "brief", "messages": [FRANCE], "max_tokens": 1},
     )
     assert ok.status_code == 200
@@ -846,13 +846,13 @@ def test_no_side_door_accepts_inference(llm: ServerProcess) -> None:
             "/slots",
         ):
             for headers in ({}, {"authorization": "Bearer guess"}):
-                r = httpx.post(base + path, json=body, headers=headers, timeout=30)
+                r = httpx.post(base + path, json=body, headers=headers, timeout=scaled(30))
                 assert r.status_code == 401, (port, path, r.status_code)
 
 
 # -- processes: signals, bad files ------------------------------------------------------------
 def test_sigterm_drains_a_stream_while_smollm2_is_loaded() -> None:
-    server = start_server("--model", "smollm2?parallel=1&n_ctx=512")
+    server = start_server("--model", smollm2_arg(parallel=1, n_ctx=512))
     try:
         body = {
             "model": "smollm2",
@@ -862,7 +862,7 @@ def test_sigterm_drains_a_stream_while_smollm2_is_loaded() -> None:
             "temperature": 0,
         }
         with (
-            httpx.Client(timeout=60) as c,
+            httpx.Client(timeout=scaled(60)) as c,
             c.stream("POST", server.url + "/v1/chat/completions", json=body) as r,
         ):
             lines = r.iter_lines()
@@ -886,7 +886,7 @@ def _serve_fails(spec: str) -> str:
         [sys.executable, "-m", "zeroserve", "serve", "--port", "0", "--model", spec],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         env=env,
         cwd=ROOT,
     )
@@ -922,7 +922,7 @@ def test_models_command_describes_smollm2() -> None:
         [sys.executable, "-m", "zeroserve", "models", "--model", "smollm2"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         env=env,
         cwd=ROOT,
         check=True,

@@ -13,14 +13,15 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
-from tests.conftest import ServerProcess, start_server
-from tests.models.test_llamacpp import _metric, _wait_idle
 
 import openai
+from tests.models.test_llamacpp import _metric, _wait_idle
+from tests.support import ServerProcess, scaled, start_server
+from tests.support.smollm2 import require_llamacpp
 from zeroserve.app import limits as lim
 from zeroserve.app.backends.llamacpp.embeddings import EMBED_CHUNK_INPUTS
 
-pytest.importorskip("xllamacpp")
+require_llamacpp()
 
 CATS = ["The cat sat on the mat.", "A cat was sitting on a rug.", "Stock markets fell sharply."]
 
@@ -59,7 +60,7 @@ def test_sdk_embeddings(client: openai.OpenAI) -> None:
 
 def test_float_and_base64_agree(llm: ServerProcess) -> None:
     url = llm.url + "/v1/embeddings"
-    floats = httpx.post(url, json={"model": "vec", "input": CATS[0]}, timeout=60).json()
+    floats = httpx.post(url, json={"model": "vec", "input": CATS[0]}, timeout=scaled(60)).json()
     packed = httpx.post(
         url, json={"model": "vec", "input": CATS[0], "encoding_format": "base64"}, timeout=60
     ).json()
@@ -67,7 +68,9 @@ def test_float_and_base64_agree(llm: ServerProcess) -> None:
     raw = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_allclose(raw, vec, atol=1e-6)
     native = len(vec)
-    same = httpx.post(url, json={"model": "vec", "input": "x", "dimensions": native}, timeout=60)
+    same = httpx.post(
+        url, json={"model": "vec", "input": "x", "dimensions": native}, timeout=scaled(60)
+    )
     assert same.status_code == 200
 
 
@@ -84,7 +87,7 @@ def test_float_and_base64_agree(llm: ServerProcess) -> None:
 def test_bad_input_is_a_400(
     llm: ServerProcess, body: dict[str, object], param: str, code: str | None
 ) -> None:
-    resp = httpx.post(llm.url + "/v1/embeddings", json=body, timeout=60)
+    resp = httpx.post(llm.url + "/v1/embeddings", json=body, timeout=scaled(60))
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param
@@ -128,7 +131,9 @@ def _embedded(llm: ServerProcess) -> float:
 
 
 def _still_serves(llm: ServerProcess) -> None:
-    ok = httpx.post(llm.url + "/v1/embeddings", json={"model": "vec", "input": "x"}, timeout=60)
+    ok = httpx.post(
+        llm.url + "/v1/embeddings", json={"model": "vec", "input": "x"}, timeout=scaled(60)
+    )
     assert ok.status_code == 200 and len(ok.json()["data"]) == 1
 
 
@@ -139,7 +144,7 @@ def test_a_deadline_stops_a_many_input_request_within_a_chunk(llm: ServerProcess
         llm.url + "/v1/embeddings",
         json={"model": "vec", "input": MANY},
         headers={"X-Stainless-Timeout": "1"},
-        timeout=60,
+        timeout=scaled(60),
     )
     assert resp.status_code == 504, resp.text
     _wait_idle(llm.url, "vec")  # the chunk that ran at the deadline has returned

@@ -30,13 +30,14 @@ from openai.types.responses import (
     ResponseStreamEvent,
 )
 from pydantic import TypeAdapter
-from tests.conftest import ServerProcess, start_server
-from tests.models.test_llamacpp import _wait_idle
 
 import openai
+from tests.models.test_llamacpp import _wait_idle
+from tests.support import ServerProcess, scaled, start_server
+from tests.support.smollm2 import require_llamacpp, smollm2_arg
 from zeroserve.app import limits as lim
 
-pytest.importorskip("xllamacpp")
+require_llamacpp()
 
 CITY_SCHEMA = {
     "type": "object",
@@ -74,7 +75,7 @@ def llm() -> Iterator[ServerProcess]:
     # a 40-token answer take tens of seconds (measured: 3x the time of threads=1 under
     # three CPU burners, the first event after 14 s); this file's answers are the
     # grammar-constrained ones, and one of them once ran past pytest's timeout.
-    server = start_server("--model", "smollm2?parallel=2&n_ctx=2048&threads=1")
+    server = start_server("--model", smollm2_arg(n_ctx=2048, threads=1))
     yield server
     assert server.stop() == 0
 
@@ -492,7 +493,7 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(
     llm: ServerProcess, extra: dict[str, Any], param: str, named: str | None
 ) -> None:
     body = {"model": "smollm2", "input": "Hi", "max_output_tokens": 2, **extra}
-    resp = httpx.post(llm.url + "/v1/responses", json=body, timeout=60)
+    resp = httpx.post(llm.url + "/v1/responses", json=body, timeout=scaled(60))
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param

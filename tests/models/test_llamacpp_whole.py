@@ -15,23 +15,23 @@ import re
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from tests.conftest import ServerProcess, start_server
-from tests.edge.servers import EdgeServer, LogSink, ManualClock
 
 import openai
+from tests.edge.servers import LogSink, ManualClock
+from tests.support import ServerProcess, ServerThread, start_server, wait_until
+from tests.support.smollm2 import require_llamacpp
 from zeroserve.edge import AccessLog, Edge, EdgeOptions
 from zeroserve.edge.keys import ApiKey, KeyLimits
 from zeroserve.models.llamacpp import SmolLM2Model, smollm2_path
 from zeroserve.models.loader import parse_spec
 from zeroserve.runtime import ModelConfig
 
-pytest.importorskip("xllamacpp")
+require_llamacpp()
 
 GGUF = smollm2_path()
 # Seconds within which a poll of the server's state must see what it waits for.
@@ -82,12 +82,7 @@ def _metric(url: str, name: str, model: str = "one") -> float:
 
 def _poll(url: str, name: str, want: float) -> None:
     """Poll (bounded by POLL_S) until the engine gauge ``name`` reads ``want``."""
-    deadline = time.monotonic() + POLL_S
-    while time.monotonic() < deadline:
-        if _metric(url, name) == want:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{name} never read {want}")
+    wait_until(lambda: _metric(url, name) == want, POLL_S, f"{name} to read {want}", 0.05)
 
 
 def _served_at_once(url: str) -> None:
@@ -253,10 +248,10 @@ def test_sigterm_drains_while_a_whole_answer_runs() -> None:
 
 
 # -- n > 1: the edge sees the model and its tokens ---------------------------------------
-def _edge_server(edge: Edge) -> EdgeServer:
+def _edge_server(edge: Edge) -> ServerThread:
     spec = parse_spec(_spec("g"))
     configs = {"g": ModelConfig("g", spec.load_class(), options=spec.options, **spec.runtime)}
-    return EdgeServer(configs, edge).start()
+    return ServerThread(configs, edge=edge).start()
 
 
 def test_n_choices_are_logged_with_their_tokens() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import scaled
 from zeroserve.errors import RequestError
 from zeroserve.models.cache import HashMismatch, cached_models
 from zeroserve.models.llamacpp import SMOLLM2_FILE, SMOLLM2_PACKAGE, SMOLLM2_SHA256
@@ -138,7 +139,7 @@ def test_offline_uses_the_cache_without_the_hub(hub: _Hub, tmp_path: Path) -> No
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         check=False,
     )
     assert done.returncode == 0, done.stderr

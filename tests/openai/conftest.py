@@ -1,30 +1,29 @@
-"""Fixtures of the OpenAI suite: real servers (see ``openai_servers.py``) and SDK clients."""
+"""Fixtures of the OpenAI suite: real in-thread servers (``tests.support.ServerThread``)
+and SDK clients.
+
+* ``server``: the default models and the steered streams (``tests.support.models``), one
+  per session (loading takes about a second);
+* ``process_server``: ``tinyllm`` on the ``process`` executor;
+* ``strict_server``: a 0.5 s request deadline and a 64 KiB body limit, on plain asyncio,
+  for the 504 and 413 paths.
+"""
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 import openai
+from tests.support import ServerThread
+from tests.support.models import default_configs, process_configs, strict_configs
+from zeroserve.http.limits import HttpLimits
+from zeroserve.runtime import RuntimeOptions
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from openai_servers import (  # noqa: E402
-    STRICT_DEADLINE_S,
-    STRICT_MAX_BODY_BYTES,
-    ServerThread,
-    default_configs,
-    process_configs,
-    strict_configs,
-)
-
-from zeroserve.http.limits import HttpLimits  # noqa: E402
-from zeroserve.runtime import RuntimeOptions  # noqa: E402
+# The strict server: requests die after half a second (a deadline the 504 tests need
+# small, so not scaled), bodies over 64 KiB get 413.
+STRICT_DEADLINE_S = 0.5
+STRICT_MAX_BODY_BYTES = 64 * 1024
 
 
 @pytest.fixture(scope="session")

@@ -37,12 +37,13 @@ from typing import Any
 import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-from tests.conftest import ServerProcess, start_server
 
+from tests.support import ServerProcess, scaled, start_server
+from tests.support.smollm2 import require_llamacpp, smollm2_arg
 from zeroserve.app.chat.request import OPTIONAL_PARAMETERS
 
 schemathesis = pytest.importorskip("schemathesis")
-pytest.importorskip("xllamacpp")
+require_llamacpp()
 
 from schemathesis import checks  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
@@ -77,7 +78,7 @@ MAX_STRING, MAX_ITEMS, MAX_PROPERTIES, MAX_OUTPUT = 12, 3, 3, 4
 def upstream() -> Iterator[ServerProcess]:
     server = start_server(
         "--model", "echo", "--model", "tinyllm", "--model", "minilm",
-        "--model", "smollm2?parallel=2&n_ctx=1024",
+        "--model", smollm2_arg(),
     )  # fmt: skip
     yield server
     assert server.stop() == 0
@@ -249,7 +250,7 @@ def test_valid_requests_are_answered_as_documented(
     document = _document_for(doc, route, model, card, narrow=True)
     operation = next(iter(document.get_all_operations())).ok()
 
-    with httpx.Client(base_url=url, timeout=60) as client:
+    with httpx.Client(base_url=url, timeout=scaled(60)) as client:
 
         @DRAW
         @given(operation.as_strategy(generation_mode=GenerationMode.POSITIVE))

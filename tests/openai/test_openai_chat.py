@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from openai_servers import ServerThread, run
 
 import openai
+from tests.support import ServerThread
+from tests.support import run_async as run
 
 MESSAGES = [{"role": "user", "content": "str.split"}]
 

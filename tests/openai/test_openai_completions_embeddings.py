@@ -6,9 +6,10 @@ import base64
 
 import numpy as np
 import pytest
-from openai_servers import ServerThread, run
 
 import openai
+from tests.support import ServerThread
+from tests.support import run_async as run
 from zeroserve.models.minilm import MiniLMEmbedder
 
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import httpx
 import pytest
-from openai_servers import ServerThread
-from openai_test_models import CLOSED
 
 import openai
+from tests.support import ServerThread
+from tests.support.models.streams import CLOSED
 from zeroserve.app.openai.schemas import MAX_ECHOED_MESSAGE_CHARS, MAX_ECHOED_PARAM_CHARS
 
 CHAT = "/v1/chat/completions"

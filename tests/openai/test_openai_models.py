@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from openai_servers import ServerThread, run
 
 import openai
+from tests.support import ServerThread
+from tests.support import run_async as run
 
 
 def test_list_models(client: openai.OpenAI) -> None:

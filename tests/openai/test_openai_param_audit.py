@@ -19,9 +19,11 @@ import httpx
 import pytest
 from openai.types import completion_create_params as completion_params
 from openai.types.chat import completion_create_params as chat_params
-from tests.conftest import ServerProcess, start_server
 
-pytest.importorskip("xllamacpp")
+from tests.support import ServerProcess, scaled, start_server
+from tests.support.smollm2 import require_llamacpp, smollm2_arg
+
+require_llamacpp()
 
 BACKENDS = ("echo", "tinyllm", "smollm2")
 ALL = set(BACKENDS)
@@ -90,9 +92,7 @@ REQUIRED_COMPLETION = {"prompt", "model"}
 
 @pytest.fixture(scope="module")
 def audit_server() -> Iterator[ServerProcess]:
-    server = start_server(
-        "--model", "echo", "--model", "tinyllm", "--model", "smollm2?parallel=2&n_ctx=1024"
-    )
+    server = start_server("--model", "echo", "--model", "tinyllm", "--model", smollm2_arg())
     yield server
     assert server.stop() == 0
 
@@ -104,7 +104,7 @@ def test_every_sdk_parameter_is_classified() -> None:
 
 
 def _check(url: str, body: dict[str, Any], name: str, honoured: bool) -> None:
-    r = httpx.post(url, json=body, timeout=60)
+    r = httpx.post(url, json=body, timeout=scaled(60))
     if honoured:
         assert r.status_code == 200, (name, r.text)
         return

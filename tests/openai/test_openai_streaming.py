@@ -9,10 +9,11 @@ from typing import Any
 
 import httpx
 from httpx_sse import connect_sse
-from openai_servers import ServerThread, run
-from openai_test_models import CLOSED, GATES
 
 import openai
+from tests.support import ServerThread
+from tests.support import run_async as run
+from tests.support.models.streams import CLOSED, GATES
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "str.split"}]

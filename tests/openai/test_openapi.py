@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import httpx
 from openapi_spec_validator import validate
-from tests.conftest import ServerProcess
+
+from tests.support import ServerProcess
 
 
 def test_openapi_document_is_valid_and_complete(echo_server: ServerProcess) -> None:

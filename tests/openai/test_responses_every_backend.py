@@ -8,16 +8,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from tests.conftest import ServerProcess, start_server
 
 import openai
+from tests.support import ServerProcess, start_server
+from tests.support.smollm2 import require_llamacpp, smollm2_arg
 
-pytest.importorskip("xllamacpp")
+require_llamacpp()
 
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[ServerProcess]:
-    server = start_server("--model", "tinyllm", "--model", "smollm2?parallel=2&n_ctx=1024")
+    server = start_server("--model", "tinyllm", "--model", smollm2_arg())
     yield server
     assert server.stop() == 0
 

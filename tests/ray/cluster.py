@@ -11,18 +11,21 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.support import scaled, wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 RAY_BIN = Path(sys.executable).with_name("ray")
 # Bringing up a Ray node (GCS, raylet, agents) takes seconds on an idle machine and
 # tens of seconds on two busy shared cores.
 NODE_START_TIMEOUT_S = 120.0
+# One probe of the cluster's nodes (a Python that joins the cluster and asks it).
+PROBE_TIMEOUT_S = 60.0
 # How long a node's processes get to exit on SIGTERM before the group is killed.
 NODE_STOP_TIMEOUT_S = 10.0
 # A one-off driver (connect, one query or kill, disconnect) on a busy machine.
@@ -100,18 +103,21 @@ def _stop_node(proc: subprocess.Popen[bytes]) -> None:
 
 def _wait_nodes(address: str, n: int) -> None:
     """Poll (with a deadline) until ``n`` nodes are alive in the cluster."""
-    deadline = time.monotonic() + NODE_START_TIMEOUT_S
     code = (
         "import ray,sys; ray.init(address=sys.argv[1], logging_level='ERROR', "
         "log_to_driver=False, _node_ip_address='127.0.0.1'); print(sum(1 for x in ray.nodes() if x['Alive']))"
     )
-    while time.monotonic() < deadline:
+
+    def reached() -> bool:
         res = subprocess.run(
-            [sys.executable, "-c", code, address], capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", code, address],
+            capture_output=True,
+            text=True,
+            timeout=scaled(PROBE_TIMEOUT_S),
         )
-        if res.returncode == 0 and res.stdout.strip().splitlines()[-1:] == [str(n)]:
-            return
-    raise RuntimeError(f"the Ray cluster did not reach {n} nodes in {NODE_START_TIMEOUT_S} s")
+        return res.returncode == 0 and res.stdout.strip().splitlines()[-1:] == [str(n)]
+
+    wait_until(reached, NODE_START_TIMEOUT_S, f"the Ray cluster to reach {n} nodes")
 
 
 def _only_loopback() -> bool:

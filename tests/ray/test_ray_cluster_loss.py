@@ -12,9 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ServerProcess, start_server
+
 from tests.ray.cluster import RayCluster, ray_cluster_fixture, stop
 from tests.ray.test_ray_executor import _poll, _raw
+from tests.support import ServerProcess, start_server
 
 pytest.importorskip("ray")
 
@@ -40,7 +41,7 @@ def server(lone_cluster: RayCluster, tmp_path: Path) -> Iterator[ServerProcess]:
         "--model",
         f"echo?{NEAR}",
         "--model",
-        f"stuck=tests.ray.ray_models:Stuck?{NEAR}&{stuck}",
+        f"stuck=tests.support.models.ray_actors:Stuck?{NEAR}&{stuck}",
         "--request-timeout",
         str(DEADLINE_S),
         env=lone_cluster.env(),

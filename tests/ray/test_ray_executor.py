@@ -10,7 +10,6 @@ import json
 import re
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,9 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from tests.conftest import ServerProcess, start_server
+
 from tests.ray.cluster import RayCluster
+from tests.support import ServerProcess, start_server, wait_until
 
 pytest.importorskip("ray")
 
@@ -57,7 +57,7 @@ def inline_server() -> Iterator[ServerProcess]:
         "--model",
         "echo",
         "--model",
-        "dbl=tests.ray.ray_models:Doubler",
+        "dbl=tests.support.models.ray_actors:Doubler",
         timeout=SERVER_START_TIMEOUT_S,
     )
     yield server
@@ -79,7 +79,7 @@ def ray_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
         for model in HUNG_STREAM_MODELS
         for arg in (
             "--model",
-            f"{model}=tests.ray.ray_models:Stuck?{aside}"
+            f"{model}=tests.support.models.ray_actors:Stuck?{aside}"
             f"&started={files / (model + '-started')}&release={files / (model + '-release')}",
         )
     ]
@@ -87,19 +87,19 @@ def ray_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
         "--model",
         f"echo?{near}",
         "--model",
-        f"dbl=tests.ray.ray_models:Doubler?{near}",
+        f"dbl=tests.support.models.ray_actors:Doubler?{near}",
         "--model",
         f"far=zeroserve.models.echo:EchoModel?executor=ray&{FAR}",
         "--model",
-        f"fardbl=tests.ray.ray_models:Doubler?executor=ray&{FAR}",
+        f"fardbl=tests.support.models.ray_actors:Doubler?executor=ray&{FAR}",
         "--model",
-        f"stuck=tests.ray.ray_models:Stuck?{near}&max_restarts=4&{stuck}",
+        f"stuck=tests.support.models.ray_actors:Stuck?{near}&max_restarts=4&{stuck}",
         "--model",
-        f"tick=tests.ray.ray_models:Ticker?{near}&closed={files / 'closed'}",
+        f"tick=tests.support.models.ray_actors:Ticker?{near}&closed={files / 'closed'}",
         "--model",
-        f"hang=tests.ray.ray_models:Stuck?{near}&max_restarts=4&{hang}",
+        f"hang=tests.support.models.ray_actors:Stuck?{near}&max_restarts=4&{hang}",
         "--model",
-        f"overlap=tests.ray.ray_models:Overlap?{near}",
+        f"overlap=tests.support.models.ray_actors:Overlap?{near}",
         *hung_streams,
         env=ray_cluster.env(),
         timeout=SERVER_START_TIMEOUT_S,
@@ -234,15 +234,6 @@ def test_the_far_models_run_on_node_b(ray_cluster: RayCluster, ray_server: Serve
         assert ("node_b" in where[f"{pid}-{model}-0"]) is on_b, where
 
 
-def _poll(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_killed_actor_fails_in_flight_restarts_and_leaks_nothing(
     ray_cluster: RayCluster, ray_server: ServerProcess, files: Path
 ) -> None:
@@ -258,12 +249,14 @@ def test_killed_actor_fails_in_flight_restarts_and_leaks_nothing(
                 events.append(line)
                 break
         assert events == ["data: first"], events
-        _poll(started.exists, "the stream to reach the actor's wait")
+        wait_until(started.exists, WAIT_S, "the stream to reach the actor's wait")
         ray_cluster.driver("ray.kill(ray.get_actor(sys.argv[1]), no_restart=False)", name)
         events += [line for line in lines if line.startswith("data:")]
     assert len(events) == 2, events
     assert "error" in json.loads(events[1][len("data:") :]), events
-    _poll(lambda: httpx.get(f"{ray_server.url}/ready").status_code == 200, "the restart")
+    wait_until(
+        lambda: httpx.get(f"{ray_server.url}/ready").status_code == 200, WAIT_S, "the restart"
+    )
     started.unlink()
     # An infer in flight gets 503.
     result: list[httpx.Response] = []
@@ -271,13 +264,15 @@ def test_killed_actor_fails_in_flight_restarts_and_leaks_nothing(
         target=lambda: result.append(_raw(ray_server.url, "stuck", b"payload" * 1000))
     )
     client.start()
-    _poll(started.exists, "the request to reach the actor")
+    wait_until(started.exists, WAIT_S, "the request to reach the actor")
     ray_cluster.driver("ray.kill(ray.get_actor(sys.argv[1]), no_restart=False)", name)
     client.join(WAIT_S)
     assert result and result[0].status_code == 503, result
     assert "error" in result[0].json()
     release.touch()
-    _poll(lambda: httpx.get(f"{ray_server.url}/ready").status_code == 200, "the restart")
+    wait_until(
+        lambda: httpx.get(f"{ray_server.url}/ready").status_code == 200, WAIT_S, "the restart"
+    )
     # The restarted actor is linked again (its new start's link socket).
     assert _metric(ray_server, "zeroserve_workers_linked", name="stuck") == 1
     r = _raw(ray_server.url, "stuck", b"after the restart")
@@ -296,16 +291,18 @@ def test_actor_hung_past_its_deadline_is_killed_restarted_and_counted(
     r = _raw(ray_server.url, "hang", b"never returns", timeout="0.5")
     assert r.status_code == 504, r.text
     hung_pid = (files / "hang-started").read_text()  # it reached the actor's thread
-    _poll(
+    wait_until(
         lambda: (
             _metric(ray_server, "zeroserve_workers_reclaimed_total", name="hang") == reclaimed + 1
         ),
+        WAIT_S,
         "the hung actor to be reclaimed",
     )
-    _poll(
+    wait_until(
         lambda: (
             _metric(ray_server, "zeroserve_workers_restarts_total", name="hang") == restarts + 1
         ),
+        WAIT_S,
         "its restart",
     )
     assert httpx.get(f"{ray_server.url}/ready", timeout=CLIENT_TIMEOUT_S).status_code == 200
@@ -335,22 +332,26 @@ def test_stream_hung_past_its_deadline_is_reclaimed_restarted_and_counted(
                 events.append(line)
                 if model == "drops":
                     break  # the client goes away with the step hung
-        _poll(started.exists, "the stream to reach the step that never returns")
+        wait_until(started.exists, WAIT_S, "the stream to reach the step that never returns")
     if model == "hangs":  # the deadline cut the stream with an error event
         assert events[0] == "data: first" and len(events) == 2, events
         assert "error" in json.loads(events[1][len("data:") :]), events
     hung_pid = started.read_text()
-    _poll(
+    wait_until(
         lambda: (
             _metric(ray_server, "zeroserve_workers_reclaimed_total", name=model) == reclaimed + 1
         ),
+        WAIT_S,
         "the hung stream's actor to be reclaimed",
     )
-    _poll(
+    wait_until(
         lambda: _metric(ray_server, "zeroserve_workers_restarts_total", name=model) == restarts + 1,
+        WAIT_S,
         "its restart",
     )
-    _poll(lambda: httpx.get(f"{ray_server.url}/ready").status_code == 200, "/ready again")
+    wait_until(
+        lambda: httpx.get(f"{ray_server.url}/ready").status_code == 200, WAIT_S, "/ready again"
+    )
     release.touch()  # the restarted actor's calls return
     r = _raw(ray_server.url, model, b"after the restart")
     assert r.status_code == 200 and r.content == b"after the restart"
@@ -399,7 +400,7 @@ def test_disconnect_mid_stream_stops_the_actors_generator(
             got += chunk
             if len(got) > 64:
                 break
-    _poll(closed.exists, "the actor's generator to close")
+    wait_until(closed.exists, WAIT_S, "the actor's generator to close")
     produced = int(closed.read_text())
     assert produced >= len(got.split())  # it stopped: a finite count was written
 

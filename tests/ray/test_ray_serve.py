@@ -17,9 +17,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from tests.conftest import ServerProcess, start_server
+
 from tests.ray.cluster import RayCluster
 from tests.ray.test_ray_executor import _copies, _metric, _poll, _raw, _sse, _v2_binary
+from tests.support import ServerProcess, start_server
 
 pytest.importorskip("ray.serve")
 
@@ -51,7 +52,7 @@ def inline_server() -> Iterator[ServerProcess]:
         "--model",
         "echo",
         "--model",
-        "dbl=tests.ray.ray_models:Doubler",
+        "dbl=tests.support.models.ray_actors:Doubler",
         timeout=SERVER_START_TIMEOUT_S,
     )
     yield server
@@ -69,17 +70,17 @@ def serve_server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess
         "--model",
         f"echo?{NEAR}",
         "--model",
-        f"dbl=tests.ray.ray_models:Doubler?{NEAR}",
+        f"dbl=tests.support.models.ray_actors:Doubler?{NEAR}",
         "--model",
         f"far=zeroserve.models.echo:EchoModel?{FAR}",
         "--model",
-        f"fardbl=tests.ray.ray_models:Doubler?{FAR}",
+        f"fardbl=tests.support.models.ray_actors:Doubler?{FAR}",
         "--model",
-        f"slow=tests.ray.ray_models:Slow?{NEAR}&delay_ms=200&{ELASTIC}",
+        f"slow=tests.support.models.ray_actors:Slow?{NEAR}&delay_ms=200&{ELASTIC}",
         "--model",
-        f"tick=tests.ray.ray_models:Ticker?{NEAR}&closed={files / 'closed'}",
+        f"tick=tests.support.models.ray_actors:Ticker?{NEAR}&closed={files / 'closed'}",
         "--model",
-        f"frail=tests.ray.ray_models:Stuck?{NEAR}"
+        f"frail=tests.support.models.ray_actors:Stuck?{NEAR}"
         f"&started={files / 'frail-started'}&release={files / 'frail-release'}"
         f"&hold={files / 'frail-hold'}",
         env=ray_cluster.env(),

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
 import uvloop
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from gateway_helpers import (
+
+from tests.remote.gateway_helpers import (
     Fake,
     answer_ok,
     answer_status,
@@ -25,6 +26,7 @@ from gateway_helpers import (
     reset_mid_stream,
     stall_after_first_chunk,
 )
+from tests.support import scaled
 
 SSE = {"accept": "text/event-stream"}
 
@@ -44,7 +46,7 @@ def test_raw_bodies_and_streams_equal_the_upstreams_own(run: Any) -> None:
         ):
             direct = f"{up.url}/v1/raw/echo"
             relayed = f"{gw.url}/v1/raw/g"
-            async with httpx.AsyncClient(timeout=20) as c:
+            async with httpx.AsyncClient(timeout=scaled(20)) as c:
                 for size in (0, 1, 100_000, 3 << 20):
                     body = pattern(size, seed=size)
                     a = await post(c, direct, body)
@@ -450,7 +452,7 @@ def test_least_outstanding_requests_spreads_concurrent_load(run: Any) -> None:
             echo_upstream() as up,
             gateway(f"g=remote:{slow.url},{up.url}/v1?upstream_model=echo") as gw,
         ):
-            async with httpx.AsyncClient(timeout=10) as c:
+            async with httpx.AsyncClient(timeout=scaled(10)) as c:
                 # One request sticks on the slow upstream; every later one goes to the
                 # upstream with fewer requests outstanding, the echo.
                 seen = asyncio.ensure_future(slow.request_seen.wait())

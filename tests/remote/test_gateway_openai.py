@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_helpers import echo_upstream, gateway
 
 import openai
+from tests.remote.gateway_helpers import echo_upstream, gateway
 
 MESSAGES: Any = [{"role": "user", "content": "alpha beta gamma delta"}]
 
@@ -98,7 +98,7 @@ def _normalise(sse: bytes) -> bytes:
 
 
 def test_cli_gateway_process_relays_raw_and_lists_the_model() -> None:
-    from tests.conftest import start_server
+    from tests.support import start_server
 
     upstream = start_server("--model", "echo")
     try:

@@ -4,19 +4,11 @@ shared engine tests run on every executor (one suite, every implementation)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
 import uvloop
-
-# Spawned workers must import the test models by name: put this folder on sys.path (the
-# spawn start method hands sys.path to the child).
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]

@@ -1,14 +1,15 @@
-"""Helpers of the runtime suite (no sleeping: wait for a condition, with a deadline)."""
+"""Helpers of the runtime suite: engines of test models, cross-process flags and counters,
+and the priority probes of /proc."""
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.support import await_until
 from zeroserve.runtime import Engine, ModelConfig, RuntimeOptions
 from zeroserve.runtime.arena import Arena
 from zeroserve.runtime.clock import Clock
@@ -19,12 +20,13 @@ WAIT_S = 20.0
 
 
 async def until(cond: Callable[[], bool], what: str = "condition", timeout: float = WAIT_S) -> None:
-    """Yield to the loop until ``cond()`` holds; fail after ``timeout`` seconds."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.001)
+    """``tests.support.await_until`` for a plain condition, polled every millisecond (the
+    runtime's tests wait on the loop they drive)."""
+
+    async def holds() -> bool:
+        return cond()
+
+    await await_until(holds, timeout, what, interval=0.001)
 
 
 def engine(

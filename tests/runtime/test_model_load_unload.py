@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import counter, engine, flag, until
-from models_for_tests import BrokenLoad, Echo, Gate
 
+from tests.runtime.helpers import counter, engine, flag, until
+from tests.support.models.engine import BrokenLoad, Echo, Gate
 from zeroserve.errors import ModelNotFound, Overloaded
 from zeroserve.runtime import InferResult, ModelLoadError
 from zeroserve.runtime.options import ModelConfig

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import engine
-from models_for_tests import Echo
 
+from tests.runtime.helpers import engine
+from tests.support.models.engine import Echo
 from zeroserve.errors import ModelNotFound, Overloaded
 from zeroserve.models.catalog import CatalogEntry
 from zeroserve.models.loader import ModelRef
@@ -22,7 +22,9 @@ from zeroserve.runtime.model_state import ModelState
 
 
 def _entry(name: str, cls: str, executor: str) -> CatalogEntry:
-    ref = ModelRef(name=name, target=f"models_for_tests:{cls}", runtime={"executor": executor})
+    ref = ModelRef(
+        name=name, target=f"tests.support.models.engine:{cls}", runtime={"executor": executor}
+    )
     return CatalogEntry(ref=ref, origin="test")
 
 

@@ -9,14 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import ROOT, ServerProcess, serve_argv, start_server
+
 from tests.runtime.helpers import nice_of, policy_of, thread_nices
+from tests.support import ROOT, ServerProcess, scaled, serve_argv, start_server, wait_until
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's"
@@ -32,16 +31,6 @@ def children(pid: int) -> list[int]:
         text = (task / "children").read_text().split()
         found += [int(c) for c in text]
     return found
-
-
-def poll(fn: Callable[[], object], what: str) -> object:
-    deadline = time.monotonic() + APPEAR_TIMEOUT_S
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def workers(pid: int) -> list[int]:
@@ -66,8 +55,9 @@ def test_process_workers_run_below_the_loop_and_a_model_may_say_how_far() -> Non
         "near=zeroserve.models.echo:EchoModel?executor=process&nice=3",
     )
     try:
-        nices = poll(
+        nices = wait_until(
             lambda: sorted(_worker_nices(server)) if len(_worker_nices(server)) == 3 else None,
+            APPEAR_TIMEOUT_S,
             "3 workers",
         )
         assert nices == [3, 10, 10]
@@ -84,9 +74,13 @@ def test_every_thread_of_a_worker_runs_below_the_loop_those_older_than_the_call_
     and that pool kept the loop's priority."""
     server = start_server("--model", "echo?executor=process")
     try:
-        poll(lambda: workers(server.proc.pid), "a worker")
+        wait_until(lambda: workers(server.proc.pid), APPEAR_TIMEOUT_S, "a worker")
         (worker,) = workers(server.proc.pid)
-        poll(lambda: thread_nices(worker)["main"] == [10], "the worker lowering itself")
+        wait_until(
+            lambda: thread_nices(worker)["main"] == [10],
+            APPEAR_TIMEOUT_S,
+            "the worker lowering itself",
+        )
         r = httpx.post(server.url + "/v1/raw/echo", content=b"served by the worker")
         assert r.status_code == 200 and r.content == b"served by the worker"
         nices = [n for ns in thread_nices(worker).values() for n in ns]
@@ -102,7 +96,7 @@ def test_every_thread_of_a_worker_runs_below_the_loop_those_older_than_the_call_
 def test_model_nice_zero_keeps_workers_at_the_loops_priority() -> None:
     server = start_server("--model-nice", "0", "--model", "echo?executor=process")
     try:
-        assert poll(lambda: _worker_nices(server), "a worker") == [0]
+        assert wait_until(lambda: _worker_nices(server), APPEAR_TIMEOUT_S, "a worker") == [0]
     finally:
         assert server.stop() == 0
 
@@ -185,7 +179,9 @@ def test_loop_rt_priority_without_the_privilege_stops_the_start_with_the_reason(
         *serve_argv("--loop-rt-priority", "1", "--model", "echo"),
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=scaled(60), cwd=ROOT
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "loop_rt_priority 1 is not permitted" in done.stderr
     assert "ulimit -r" in done.stderr

@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import counter, engine, flag, until
-from models_for_tests import (
+
+from tests.runtime.helpers import counter, engine, flag, until
+from tests.support.models.engine import (
     AsyncCounter,
     BatchProbe,
     BrokenLoad,
@@ -21,7 +22,6 @@ from models_for_tests import (
     Flood,
     Gate,
 )
-
 from zeroserve import errors, metrics
 from zeroserve.models.base import GenerateRequest
 from zeroserve.runtime import InferResult, ManualClock, ModelLoadError, StreamAborted

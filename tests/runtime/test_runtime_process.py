@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import counter, engine, flag, until
-from models_for_tests import Counter, Echo, Faulty
 
+from tests.runtime.helpers import counter, engine, flag, until
+from tests.support.models.engine import Counter, Echo, Faulty
 from zeroserve import errors, metrics
 from zeroserve.models.base import GenerateRequest
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers import WAIT_S, until
 
+from tests.runtime.helpers import WAIT_S, until
 from zeroserve.errors import DeadlineExceeded, StreamAborted
 from zeroserve.runtime import ManualClock, SlotPool
 from zeroserve.runtime.admission import Admission

@@ -13,12 +13,11 @@ from collections.abc import Awaitable, Callable
 import pytest
 import uvloop
 
+from tests.server.inproc import serving
+from tests.support.models.raw import Endless
 from zeroserve.models.echo import EchoModel
 from zeroserve.server.connection import HttpProtocol
 from zeroserve.server.options import ServerOptions
-
-from .inproc import serving
-from .models import Endless
 
 IO_TIMEOUT_S = 10.0
 HEALTH = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"

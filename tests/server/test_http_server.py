@@ -6,14 +6,17 @@ import os
 import re
 import signal
 import socket
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from tests.conftest import ServerProcess, start_server
 
-from .rawclient import RawClient, read_status
+from tests.server.rawclient import RawClient, read_status
+from tests.support import ServerProcess, scaled, start_server, wait_until
+
+# A state the server reaches at once on a quiet machine (leases back, slots taken) is
+# waited for this long (scaled).
+WAIT_S = 10.0
 
 
 def metric(server: ServerProcess, name: str) -> float:
@@ -23,16 +26,6 @@ def metric(server: ServerProcess, name: str) -> float:
         if line.startswith(name) and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll ``predicate`` with a deadline (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError("condition not met before the deadline")
 
 
 def test_health_and_metrics(echo_server: ServerProcess) -> None:
@@ -46,7 +39,7 @@ def test_health_and_metrics(echo_server: ServerProcess) -> None:
 
 def test_echo_8mib_is_byte_identical(echo_server: ServerProcess) -> None:
     body = os.urandom(8 << 20)
-    r = httpx.post(echo_server.url + "/v1/raw/echo", content=body, timeout=30)
+    r = httpx.post(echo_server.url + "/v1/raw/echo", content=body, timeout=scaled(30))
     assert r.status_code == 200
     assert r.headers["content-type"] == "application/octet-stream"
     assert r.content == body
@@ -311,7 +304,7 @@ def test_disconnect_mid_body_then_server_still_serves(echo_server: ServerProcess
         b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n\r\n" + b"a" * 5000
     )
     c.close()
-    wait_for(lambda: arena_leases(echo_server) == 0)
+    wait_until(lambda: arena_leases(echo_server) == 0, WAIT_S, "the arena's leases to be released")
     assert httpx.post(echo_server.url + "/v1/raw/echo", content=b"ok").content == b"ok"
 
 
@@ -324,7 +317,7 @@ def test_disconnect_mid_response_then_server_still_serves(echo_server: ServerPro
     assert c.sock.recv(4096)
     c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     c.close()
-    wait_for(lambda: arena_leases(echo_server) == 0)
+    wait_until(lambda: arena_leases(echo_server) == 0, WAIT_S, "the arena's leases to be released")
     assert httpx.get(echo_server.url + "/health").status_code == 200
     body = os.urandom(100000)
     assert httpx.post(echo_server.url + "/v1/raw/echo", content=body).content == body
@@ -347,7 +340,7 @@ def test_slow_head_is_timed_out(strict_server: ServerProcess) -> None:
     c = RawClient(strict_server.host, strict_server.port)
     try:
         c.send(b"GET /health HTTP/1.1\r\nHo")
-        raw = c.wait_closed(timeout=5)
+        raw = c.wait_closed(timeout=scaled(5))
     finally:
         c.close()
     assert raw == b"" or read_status(raw) == 408
@@ -356,7 +349,7 @@ def test_slow_head_is_timed_out(strict_server: ServerProcess) -> None:
 def test_silent_connection_is_closed(strict_server: ServerProcess) -> None:
     c = RawClient(strict_server.host, strict_server.port)
     try:
-        assert c.wait_closed(timeout=5) == b""
+        assert c.wait_closed(timeout=scaled(5)) == b""
     finally:
         c.close()
 
@@ -365,10 +358,12 @@ def test_stalled_body_is_timed_out(strict_server: ServerProcess) -> None:
     c = RawClient(strict_server.host, strict_server.port)
     try:
         c.send(b"POST /v1/raw/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nabc")
-        assert c.wait_closed(timeout=5) == b""
+        assert c.wait_closed(timeout=scaled(5)) == b""
     finally:
         c.close()
-    wait_for(lambda: arena_leases(strict_server) == 0)
+    wait_until(
+        lambda: arena_leases(strict_server) == 0, WAIT_S, "the arena's leases to be released"
+    )
 
 
 def test_idle_keep_alive_is_closed(strict_server: ServerProcess) -> None:
@@ -376,7 +371,7 @@ def test_idle_keep_alive_is_closed(strict_server: ServerProcess) -> None:
     try:
         r = c.request(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
         assert r.status == 200
-        assert c.wait_closed(timeout=5) == b""
+        assert c.wait_closed(timeout=scaled(5)) == b""
     finally:
         c.close()
 
@@ -391,7 +386,7 @@ def test_max_connections(strict_server: ServerProcess) -> None:
             clients.append(c)
         extra = RawClient(strict_server.host, strict_server.port)
         clients.append(extra)
-        raw = extra.wait_closed(timeout=5)
+        raw = extra.wait_closed(timeout=scaled(5))
         assert read_status(raw) == 503 and b"retry-after" in raw.lower()
     finally:
         for c in clients:
@@ -436,10 +431,10 @@ def test_full_server_closes_its_longest_idle_connection_for_a_new_one(loop_name:
             r = newer.request(METRICS)
             return _metric_of(r.body, "zeroserve_connections_open") == CAPPED_CONNECTIONS
 
-        wait_for(full)
+        wait_until(full, WAIT_S, "every connection slot to be taken")
         late = connect()
         assert late.request(HEALTH).status == 200
-        assert oldest.wait_closed(timeout=5) == b""
+        assert oldest.wait_closed(timeout=scaled(5)) == b""
         r = newer.request(METRICS)
         assert r.status == 200
         assert _metric_of(r.body, "zeroserve_connections_evicted_total") == 1
@@ -466,10 +461,10 @@ def test_graceful_shutdown_finishes_in_flight(loop_name: str) -> None:
         assert head.startswith(b"HTTP/1.1 200")
         busy.conn.receive_data(head)
         server.proc.send_signal(signal.SIGTERM)
-        assert idle.wait_closed(timeout=10) == b""  # idle keep-alive closed at once
+        assert idle.wait_closed(timeout=scaled(10)) == b""  # idle keep-alive closed at once
         r = busy.read_response()  # the in-flight response completes
         assert r.status == 200 and r.body == body
-        assert server.proc.wait(timeout=30) == 0
+        assert server.proc.wait(timeout=scaled(30)) == 0
     finally:
         idle.close()
         busy.close()
@@ -484,7 +479,7 @@ def test_ready_line_names_models(echo_server: ServerProcess) -> None:
 def test_refused_requests_give_back_their_admission_ticket(loop_name: str) -> None:
     # queue_depth=2: if a refused request kept its ticket, the third would get 429.
     server = start_server(
-        "--model", "emb=tests.server.models:EmbedOnly?queue_depth=2", loop=loop_name
+        "--model", "emb=tests.support.models.raw:EmbedOnly?queue_depth=2", loop=loop_name
     )
     try:
         with httpx.Client() as client:
@@ -500,7 +495,9 @@ def test_requests_abandoned_at_once_leak_nothing(loop_name: str) -> None:
     # The client sends a whole request and resets the connection at once: the handler's
     # task may be cancelled before its first step. Its lease and ticket must come back.
     server = start_server(
-        "--model", "rev=tests.server.models:Reverse?executor=thread&queue_depth=4", loop=loop_name
+        "--model",
+        "rev=tests.support.models.raw:Reverse?executor=thread&queue_depth=4",
+        loop=loop_name,
     )
     try:
         body = os.urandom(200_000)
@@ -514,7 +511,7 @@ def test_requests_abandoned_at_once_leak_nothing(loop_name: str) -> None:
                 + body
             )
             c.close()
-        wait_for(lambda: arena_leases(server) == 0)
+        wait_until(lambda: arena_leases(server) == 0, WAIT_S, "the arena's leases to be released")
         # queue_depth=4: leaked tickets would turn these into 429s.
         with httpx.Client() as client:
             for _ in range(8):
@@ -524,7 +521,7 @@ def test_requests_abandoned_at_once_leak_nothing(loop_name: str) -> None:
 
 
 def test_sse_pieces_with_line_breaks_become_several_data_lines(loop_name: str) -> None:
-    server = start_server("--model", "lines=tests.server.models:Lines", loop=loop_name)
+    server = start_server("--model", "lines=tests.support.models.raw:Lines", loop=loop_name)
     try:
         r = httpx.post(
             server.url + "/v1/raw/lines", content=b"", headers={"Accept": "text/event-stream"}

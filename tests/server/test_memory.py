@@ -9,7 +9,8 @@ import json
 import platform
 
 import pytest
-from tests.conftest import start_server
+
+from tests.support import start_server
 
 # A long chat prompt for echo: 160 KB, whose decoded text and the token scratch it makes
 # are blocks around and above glibc's starting mmap threshold (128 KiB). Left to itself,

@@ -9,11 +9,11 @@ import threading
 
 import uvloop
 
+from tests.server.inproc import serving
+from tests.support import scaled
+from tests.support.models.raw import Endless
 from zeroserve.server.options import ServerOptions
 from zeroserve.server.turns import Turns
-
-from .inproc import serving
-from .models import Endless
 
 
 def _run(coro):  # type: ignore[no-untyped-def]
@@ -97,7 +97,7 @@ BATCH = 128  # STREAM_BATCH_PIECES: one batch of one stream
 def _new_client(port: int, sent_at: list[int], first_event: threading.Event) -> None:
     """A new client on its own thread (blocking socket): connect, note how many pieces
     the running streams have made, send, read until the first event."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=scaled(30)) as sock:
         sent_at.append(Endless.made)
         sock.sendall(
             b"POST /v1/raw/endless HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n"

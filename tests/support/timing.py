@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 SLOWDOWN_VARIABLE = "ZEROSERVE_TEST_SLOWDOWN"
+T = TypeVar("T")
 
 
 def slowdown() -> float:
@@ -31,9 +33,7 @@ def scaled(seconds: float) -> float:
     return seconds * slowdown()
 
 
-def wait_until(
-    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.01
-) -> object:
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.01) -> T:
     """Poll ``predicate`` until it returns a truthy value; fail naming ``what`` after ``timeout``.
 
     ``timeout`` is scaled here, so callers pass the quiet-machine figure.
@@ -49,8 +49,8 @@ def wait_until(
 
 
 async def await_until(
-    predicate: Callable[[], Awaitable[object]], timeout: float, what: str, interval: float = 0.01
-) -> object:
+    predicate: Callable[[], Awaitable[T]], timeout: float, what: str, interval: float = 0.01
+) -> T:
     """The coroutine form of ``wait_until``, for tests running on an event loop."""
     deadline = time.monotonic() + scaled(timeout)
     while True:
@@ -60,3 +60,13 @@ async def await_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {scaled(timeout):.1f}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+# A test body on an event loop that has not finished in this long (quiet machine, scaled)
+# has hung.
+ASYNC_BODY_TIMEOUT_S = 60.0
+
+
+def run_async(coro: Coroutine[Any, Any, T], timeout: float = ASYNC_BODY_TIMEOUT_S) -> T:
+    """Run an async test body on a fresh loop in the test's thread, bounded (scaled)."""
+    return asyncio.run(asyncio.wait_for(coro, scaled(timeout)))

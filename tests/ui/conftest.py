@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import ServerProcess, start_server
+
+from tests.support import ServerProcess, start_server
 
 # The window the page is laid out in (both panes side by side).
 WINDOW = (1400, 1000)

@@ -6,19 +6,17 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 import pytest
-from tests.conftest import ServerProcess, start_server
 
+from tests.support import ServerProcess, start_server, wait_until
+from tests.ui.conftest import save_screenshot
+from tests.ui.stats import counter
 from zeroserve.app.limits import MAX_OUTPUT_TOKENS
 from zeroserve.models.echo import EchoModel
-
-from .conftest import save_screenshot
-from .stats import counter
 
 T = TypeVar("T")
 
@@ -34,17 +32,6 @@ STREAMS = 40
 MAX_COPY_RATIO = 0.02
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-
-
 def gauge(url: str, name: str, label: str) -> float:
     text = httpx.get(f"{url}/metrics").text
     m = re.search(rf'^{name}\{{name="{label}"\}} (\S+)$', text, re.M)
@@ -56,10 +43,13 @@ def open_page(driver: Any, url: str) -> None:
     from selenium.webdriver.common.by import By
 
     driver.get(url + "/")
-    wait_for("the model list", lambda: driver.find_elements(By.CSS_SELECTOR, "#model option"))
-    wait_for(
-        "a dashboard update",
+    wait_until(
+        lambda: driver.find_elements(By.CSS_SELECTOR, "#model option"), WAIT_S, "the model list"
+    )
+    wait_until(
         lambda: driver.find_element(By.ID, "dash-pane").get_attribute("data-updates"),
+        WAIT_S,
+        "a dashboard update",
     )
 
 
@@ -79,11 +69,12 @@ def chat(driver: Any, model: str, prompt: str, max_tokens: int, *, json_mode: bo
     # set the text by script: send_keys would type "<" and quotes through keyboard layouts
     driver.execute_script("arguments[0].value = arguments[1];", area, prompt)
     driver.find_element(By.ID, "send").click()
-    answers = wait_for(
-        "the answer box",
+    answers = wait_until(
         lambda: (
             (a := driver.find_elements(By.CSS_SELECTOR, ".msg.assistant")) and len(a) > before and a
         ),
+        WAIT_S,
+        "the answer box",
     )
     return answers[-1]
 
@@ -95,8 +86,8 @@ def echoed(prompt: str, max_tokens: int) -> list[str]:
 
 
 def finished(answer: Any, state: str = "done", timeout: float = WAIT_S) -> Any:
-    return wait_for(
-        f"the answer to be {state}", lambda: answer.get_attribute("data-state") == state, timeout
+    return wait_until(
+        lambda: answer.get_attribute("data-state") == state, timeout, f"the answer to be {state}"
     )
 
 
@@ -117,7 +108,7 @@ def test_chat_streams_an_answer(browser: Any, ui_server: ServerProcess, tmp_path
     }
     assert set(options) == {"echo", "minilm"}
     # an embedding model cannot chat: the picker says so once /v1/stats was read
-    wait_for("minilm to be marked", lambda: options["minilm"].get_attribute("disabled"))
+    wait_until(lambda: options["minilm"].get_attribute("disabled"), WAIT_S, "minilm to be marked")
     answer = chat(browser, "echo", "What is the capital of France?", 12)
     finished(answer)
     content = answer.find_element(By.CSS_SELECTOR, ".content").text
@@ -151,25 +142,29 @@ def test_stop_cancels_on_the_server(browser: Any, ui_server: ServerProcess) -> N
     answer = chat(browser, "echo", "tick tock", MAX_OUTPUT_TOKENS)
     content = answer.find_element(By.CSS_SELECTOR, ".content")
     # tokens show while the answer is still streaming
-    wait_for(
-        "tokens to stream in",
+    wait_until(
         lambda: answer.get_attribute("data-state") == "streaming" and len(content.text) > 200,
+        WAIT_S,
+        "tokens to stream in",
     )
     assert gauge(ui_server.url, "zeroserve_queue_in_flight", "echo") == 1
     browser.find_element(By.ID, "stop").click()
     finished(answer, "stopped")
-    wait_for(
-        "the server to cancel",
+    wait_until(
         lambda: gauge(ui_server.url, "zeroserve_queue_in_flight", "echo") == 0,
+        WAIT_S,
+        "the server to cancel",
     )
-    wait_for(
-        "the stream's channel to close",
+    wait_until(
         lambda: gauge(ui_server.url, "zeroserve_workers_streams", "echo") == 0,
+        WAIT_S,
+        "the stream's channel to close",
     )
     # and the dashboard shows it
-    wait_for(
-        "the dashboard's in-flight to be 0",
+    wait_until(
         lambda: browser.find_element(By.ID, "s-inflight").get_attribute("data-value") == "0",
+        WAIT_S,
+        "the dashboard's in-flight to be 0",
     )
     assert browser.find_element(By.ID, "send").is_enabled()
 
@@ -218,14 +213,15 @@ def test_dashboard_moves_under_load(browser: Any, tmp_path: Path) -> None:
         loader = threading.Thread(target=raw_load, daemon=True)
         loader.start()
         # raw echo: requests/s climbs, and copies stay a sliver of the payload bytes
-        wait_for("requests/s to move", lambda: (value("s-rps") or 0) > 1)
-        ratios = wait_for(
-            "a copy ratio over a window with load",
+        wait_until(lambda: (value("s-rps") or 0) > 1, WAIT_S, "requests/s to move")
+        ratios = wait_until(
             lambda: (
                 (w := value("s-copy", "data-window")) is not None
                 and (value("s-rps") or 0) > 1
                 and (w, value("s-copy", "data-total"))
             ),
+            WAIT_S,
+            "a copy ratio over a window with load",
         )
         assert ratios[0] <= MAX_COPY_RATIO and ratios[1] is not None and ratios[1] <= MAX_COPY_RATIO
         stop.set()
@@ -260,8 +256,10 @@ def test_dashboard_moves_under_load(browser: Any, tmp_path: Path) -> None:
         stop.clear()
         streamer = threading.Thread(target=streams, daemon=True)
         streamer.start()
-        wait_for("tokens/s to move", lambda: (value("s-tps") or 0) > 1)
-        wait_for("TTFT to show", lambda: "/" in browser.find_element(By.ID, "s-ttft").text)
+        wait_until(lambda: (value("s-tps") or 0) > 1, WAIT_S, "tokens/s to move")
+        wait_until(
+            lambda: "/" in browser.find_element(By.ID, "s-ttft").text, WAIT_S, "TTFT to show"
+        )
         streamer.join(LOAD_S)
         stop.set()
         rows = browser.find_elements(By.CSS_SELECTOR, "#model-table tbody tr")
@@ -277,7 +275,7 @@ def test_dashboard_moves_under_load(browser: Any, tmp_path: Path) -> None:
 def test_the_page_asks_for_an_api_key_and_sends_it(browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
-    from .test_page import API_KEY
+    from tests.ui.test_page import API_KEY
 
     server = start_server("--model", "echo", env={"ZEROSERVE_API_KEY": API_KEY})
     try:
@@ -285,16 +283,21 @@ def test_the_page_asks_for_an_api_key_and_sends_it(browser: Any) -> None:
         browser.execute_script("sessionStorage.clear()")  # no key from an earlier test
         browser.get(server.url + "/")
         form = browser.find_element(By.ID, "key-form")
-        wait_for("the key form", form.is_displayed)
+        wait_until(form.is_displayed, WAIT_S, "the key form")
         assert not browser.find_elements(By.CSS_SELECTOR, "#model option")
         assert browser.find_element(By.ID, "server-state").text == "API key needed"
         set_value(browser, "api-key", API_KEY)
         browser.find_element(By.ID, "key-save").click()
-        wait_for("the model list", lambda: browser.find_elements(By.CSS_SELECTOR, "#model option"))
-        wait_for("the key form to go", lambda: not form.is_displayed())
-        wait_for(
-            "a dashboard update",
+        wait_until(
+            lambda: browser.find_elements(By.CSS_SELECTOR, "#model option"),
+            WAIT_S,
+            "the model list",
+        )
+        wait_until(lambda: not form.is_displayed(), WAIT_S, "the key form to go")
+        wait_until(
             lambda: browser.find_element(By.ID, "dash-pane").get_attribute("data-updates"),
+            WAIT_S,
+            "a dashboard update",
         )
         answer = chat(browser, "echo", "keyed hello", 3)
         finished(answer)

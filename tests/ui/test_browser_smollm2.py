@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.conftest import ServerProcess, start_server
 
-from .test_browser import chat, finished, open_page, set_value
+from tests.support import ServerProcess, start_server, wait_until
+from tests.ui.test_browser import chat, finished, open_page, set_value
 
 # SmolLM2-135M on two busy cores makes a few tokens a second: a short answer is enough.
 MAX_TOKENS = 32
@@ -56,19 +56,22 @@ def test_smollm2_json_schema_mode(browser: Any, llm_server: ServerProcess) -> No
 def test_stop_frees_the_engine_slot(browser: Any, llm_server: ServerProcess) -> None:
     from selenium.webdriver.common.by import By
 
-    from .test_browser import gauge, wait_for
+    from tests.ui.test_browser import WAIT_S, gauge
 
     open_page(browser, llm_server.url)
     answer = chat(browser, "smollm2", "Write a long story about a dragon.", 500)
     content = answer.find_element(By.CSS_SELECTOR, ".content")
-    wait_for("tokens to stream in", lambda: len(content.text) > 20, ANSWER_S)
+    wait_until(lambda: len(content.text) > 20, ANSWER_S, "tokens to stream in")
     assert gauge(llm_server.url, "zeroserve_engine_active", "smollm2") == 1
     browser.find_element(By.ID, "stop").click()
     finished(answer, "stopped")
-    wait_for(
-        "the slot to be freed",
+    wait_until(
         lambda: gauge(llm_server.url, "zeroserve_engine_active", "smollm2") == 0,
+        WAIT_S,
+        "the slot to be freed",
     )
-    wait_for(
-        "in-flight 0", lambda: gauge(llm_server.url, "zeroserve_queue_in_flight", "smollm2") == 0
+    wait_until(
+        lambda: gauge(llm_server.url, "zeroserve_queue_in_flight", "smollm2") == 0,
+        WAIT_S,
+        "in-flight 0",
     )

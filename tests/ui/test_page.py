@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import httpx
-from tests.conftest import ServerProcess, start_server
-from tests.ui.stats import counter, histogram
 
+from tests.support import ServerProcess, start_server
+from tests.ui.stats import counter, histogram
 from zeroserve.app.endpoints.ui import FILES, MAX_PAGE_BYTES
 
 # A key for the keyed server (passed through the environment, never on a command line).

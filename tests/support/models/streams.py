@@ -1,20 +1,21 @@
-"""Models the OpenAI suite drives: a gate it controls, an endless stream whose close it
-can observe, a model that stalls (deadlines), one that fails mid-stream."""
+"""Streams a test steers: a gate it controls, an endless stream whose close it can observe,
+one that fails mid-stream. (The model that stalls is ``misbehaving.StallModel``.)"""
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import ClassVar
 
+from tests.support.timing import scaled
 from zeroserve.models.base import GenerateRequest, Model
 
 # A test waits on this (with a timeout) to know that an endless generation was closed.
 CLOSED = threading.Semaphore(0)
 # Gates by prompt: GatedModel yields its first piece, then waits for the gate to open.
 GATES: dict[str, threading.Event] = {}
-# Seconds a gated generation waits before giving up (a failing test must not hang).
+# Seconds (quiet machine, scaled) a gated generation waits before giving up: a failing test
+# must not hang.
 GATE_TIMEOUT_S = 30.0
 
 
@@ -28,7 +29,7 @@ class GatedModel(Model):
     def generate(self, req: GenerateRequest) -> Iterator[str]:
         total = req.max_tokens or 1
         yield "t0"
-        GATES[req.prompt].wait(GATE_TIMEOUT_S)
+        GATES[req.prompt].wait(scaled(GATE_TIMEOUT_S))
         for i in range(1, total):
             yield f" t{i}"
 
@@ -48,16 +49,6 @@ class EndlessModel(Model):
         except GeneratorExit:
             CLOSED.release()
             raise
-
-
-class StallModel(Model):
-    """Never produces a piece (until its deadline cancels it); embeds never finish."""
-
-    executor = "inline"
-
-    async def generate(self, req: GenerateRequest) -> AsyncIterator[str]:
-        await asyncio.Event().wait()
-        yield "never"
 
 
 class FailingModel(Model):

@@ -1,4 +1,4 @@
-"""Models for the KServe suite, importable by name (``tests.kserve.kserve_models:Probe``)
+"""Models for the KServe suite, importable by name (``tests.support.models.kserve:Probe``)
 so that spawned process workers can load them."""
 
 from __future__ import annotations
