@@ -80,6 +80,11 @@ typecheck: install-test
 # two processes on two cores take 3.7 minutes where one took 6.5. The Ray suite runs in one
 # process: its tests share one two-node cluster.
 TEST_WORKERS ?= 2
+# Every wait in the tests is a quiet-machine bound times ZEROSERVE_TEST_SLOWDOWN (tests/support;
+# docs/decisions/0027-test-slowdown-factor.md): 1 by default, so a hang on a quiet machine
+# fails fast; on a busy machine or a shared CI runner, `make test ZEROSERVE_TEST_SLOWDOWN=3`.
+ZEROSERVE_TEST_SLOWDOWN ?= 1
+export ZEROSERVE_TEST_SLOWDOWN
 PYTEST_PAR = $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --ignore=tests/ray
 BUILT = $$(test -f src/zeroserve/_compiled.json && echo compiled || echo pure)
 pytest: install-test compiled

@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import scaled
 from zeroserve import buildinfo
 
 SRC = Path(buildinfo.__file__).resolve().parents[1]
 EXPECTED = os.environ.get("ZEROSERVE_TEST_BUILD")  # "compiled" | "pure" | None (anything)
-TIMEOUT_S = 60  # one interpreter start importing the server
+TIMEOUT_S = scaled(60)  # one interpreter start importing the server
 
 # Prints, as JSON, the file each compiled module was really loaded from.
 _ORIGINS = (

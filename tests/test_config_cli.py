@@ -263,7 +263,7 @@ def test_workers_share_the_port() -> None:
         pending = b""
         sel = selectors.DefaultSelector()
         sel.register(fd, selectors.EVENT_READ)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while len(pids) < 2 and time.monotonic() < deadline:
             if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
                 break

@@ -25,8 +25,8 @@ import pytest
 from tests.support import ROOT, ServerProcess, scaled, start_server
 
 # One bench run (a few dozen requests on loopback) must end well within this.
-RUN_TIMEOUT_S = 60.0
-PEER_START_TIMEOUT_S = 30.0
+RUN_TIMEOUT_S = scaled(60.0)
+PEER_START_TIMEOUT_S = scaled(30.0)
 
 
 @pytest.fixture(scope="module")

@@ -14,16 +14,16 @@ import pytest
 
 import anthropic
 from tests.anthropic.messages_suite import KEY, SMALL_BODY_BYTES, client
-from tests.support import ServerProcess, ServerThread
+from tests.support import ServerProcess, ServerThread, scaled
 from tests.support.models.streams import CLOSED
 
 # A stream whose client left is released within this long (it is a bug, not a slow box,
 # past it).
-RELEASE_TIMEOUT_S = 30.0
+RELEASE_TIMEOUT_S = scaled(30.0)
 HEADERS = {"anthropic-version": "2023-06-01"}
 # httpx's 5 s default is too short for the engine on a busy 2-core box (a bound, not a
 # timing assertion).
-READ_TIMEOUT_S = 60.0
+READ_TIMEOUT_S = scaled(60.0)
 USER: Any = [{"role": "user", "content": "a b c"}]
 WEATHER: Any = {
     "name": "get_weather",

@@ -17,14 +17,14 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import openai
-from tests.support import serve_argv
+from tests.support import scaled, serve_argv
 from zeroserve.models.base import GenerateRequest
 from zeroserve.models.tinyllm import MODEL_DIR
 from zeroserve.models.transformers_backend import TransformersModel
 
 pytestmark = pytest.mark.backend
 
-START_TIMEOUT_S = 120.0
+START_TIMEOUT_S = scaled(120.0)
 TEMPLATE = (
     "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}[assistant] {% endif %}"

@@ -55,7 +55,7 @@ RUNNABLE = SHELLS | {"python"}
 NOT_TESTED = re.compile(r"^<!-- not tested: (?P<reason>\S.*?)\s*-->$")
 SAVED_FILE = re.compile(r"^# (?P<name>[A-Za-z_][\w-]*\.[A-Za-z]+)(?=$|[\s:])")
 DOC_ADDRESS = "127.0.0.1:8000"
-COMMAND_TIMEOUT_S = 180.0
+COMMAND_TIMEOUT_S = scaled(180.0)
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.05
 

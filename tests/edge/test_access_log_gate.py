@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import scaled
 from zeroserve.edge import AccessLog, AccessRecord, ApiKey, Edge, EdgeEnd, EdgeOptions, KeyLimits
 from zeroserve.errors import RateLimited, Unauthorized
 
@@ -37,7 +38,7 @@ class BlockedDisk(io.RawIOBase):
 
     def write(self, b: Any) -> int:
         self.entered.set()
-        assert self.unblock.wait(30)
+        assert self.unblock.wait(scaled(30))
         self.data += b
         return len(b)
 
@@ -60,7 +61,7 @@ def test_a_stalled_disk_never_blocks_logging_and_drops_are_counted() -> None:
     disk = BlockedDisk()
     log = AccessLog(stream=disk, queue_records=8)  # type: ignore[arg-type]
     log.log(record(0))
-    assert disk.entered.wait(30)  # the writer is stuck inside write()
+    assert disk.entered.wait(scaled(30))  # the writer is stuck inside write()
     for i in range(1, 20):  # returns at once although nothing can be written
         log.log(record(i))
     assert log.dropped == 20 - 1 - 8

@@ -76,8 +76,8 @@ def test_keys_never_appear_in_the_server_output(tmp_path: Path) -> None:
         assert 'zeroserve_api_key_rejected_requests_total{key="carol"} 1.0' in metrics
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-    reader.join(30)
+        assert proc.wait(scaled(30)) == 0
+    reader.join(scaled(30))
     assert proc.stdout is not None
     proc.stdout.close()
     text = b"".join(captured)

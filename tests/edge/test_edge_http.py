@@ -29,7 +29,7 @@ ALICE = "sk-alice-edge-test-0001"
 BOB = "sk-bob-edge-test-0002"
 CONFIGS = {"echo": ModelConfig("echo", EchoModel)}
 # Polls for a state the server reaches on its own (a lease released after a disconnect).
-POLL_TIMEOUT_S = 30.0
+POLL_TIMEOUT_S = scaled(30.0)
 
 
 def keys(**alice_limits: int) -> tuple[ApiKey, ...]:

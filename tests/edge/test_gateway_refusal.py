@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import openai
 from tests.edge.servers import LogSink, ManualClock
-from tests.support import ServerThread
+from tests.support import ServerThread, scaled
 from zeroserve.edge import AccessLog, Edge, EdgeOptions
 from zeroserve.edge.keys import ApiKey, KeyLimits
 from zeroserve.models.loader import parse_spec
@@ -34,7 +34,7 @@ KEY = "sk-strict-user-0123456789"
 # '"content": "x"', escaped in its JSON string: still one delta).
 DELTAS = ["Hel", ' said "content": "x"', ",", " wor", "ld", "!"]
 USAGE = {"prompt_tokens": 4, "completion_tokens": 7, "total_tokens": 11}
-WAIT_S = 30.0  # the longest a test polls for the gateway to settle
+WAIT_S = scaled(30.0)  # the longest a test polls for the gateway to settle
 
 
 class StrictUpstream:

@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletionChunk
 
 import openai
 from tests.edge.servers import LogSink, ManualClock
-from tests.support import ServerThread
+from tests.support import ServerThread, scaled
 from zeroserve import metrics
 from zeroserve.app.relay._usage import UsageScanner
 from zeroserve.edge import AccessLog, Edge, EdgeOptions
@@ -206,7 +206,7 @@ def test_a_stream_that_did_not_ask_spends_the_keys_tokens_per_minute(
 # An OpenAI-style upstream that writes a stream in pieces: the usage chunk only when the
 # request asked for it, cut inside ``"choices": []``, its second half written only once
 # the test has read the chunks before it through the gateway (a read of its own).
-GATE_TIMEOUT_S = 30.0
+GATE_TIMEOUT_S = scaled(30.0)
 
 
 class PacedUpstream:

@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import start_server
+from tests.support import scaled, start_server
 from zeroserve import metrics
 
 # A server that does not show both its processes in this long has failed, not slowed down.
-WORKERS_UP_TIMEOUT_S = 60.0
+WORKERS_UP_TIMEOUT_S = scaled(60.0)
 RAW_ROUTE = 'zeroserve_http_requests_total{route="/v1/raw/{model}",status="200"}'
 
 

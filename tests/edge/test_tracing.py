@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 
-from tests.support import ROOT, ServerThread
+from tests.support import ROOT, ServerThread, scaled
 from tests.support.models.misbehaving import StallModel
 from tests.support.smollm2 import require_llamacpp, smollm2_config
 from zeroserve.edge import Edge
@@ -37,7 +37,7 @@ from zeroserve.runtime import ModelConfig
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
-SPANS_TIMEOUT_S = 30.0
+SPANS_TIMEOUT_S = scaled(30.0)
 
 
 class Recorder(SimpleSpanProcessor):

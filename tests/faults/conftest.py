@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import ServerThread
+from tests.support import ServerThread, scaled
 from tests.support.models.misbehaving import SlowStartModel, StallModel
 from zeroserve.models.echo import EchoModel
 from zeroserve.models.tinyllm import TinyLlamaModel
@@ -15,7 +15,7 @@ from zeroserve.runtime import ModelConfig, RuntimeOptions
 
 # The server's request limit in the faults suite, seconds: long enough that a test which
 # sees a 504 knows the client's own shorter timeout was honoured.
-SERVER_DEADLINE_S = 30.0
+SERVER_DEADLINE_S = scaled(30.0)
 # The per-model limit of "stall-capped": requests to it die after this, whatever the
 # client asks for.
 MODEL_DEADLINE_S = 0.3

@@ -18,13 +18,13 @@ import pytest
 
 import openai
 from tests.faults.conftest import MODEL_DEADLINE_S, SERVER_DEADLINE_S
-from tests.support import ServerProcess, ServerThread, start_server
+from tests.support import ServerProcess, ServerThread, scaled, start_server
 from tests.support.smollm2 import smollm2_arg
 from zeroserve.app import limits as lim
 from zeroserve.config import ConfigError, load_config
 
 # A client waits at most this long for any answer: well under the server's limit.
-CLIENT_WAIT_S = 10.0
+CLIENT_WAIT_S = scaled(10.0)
 MESSAGES = [{"role": "user", "content": "hi"}]
 assert CLIENT_WAIT_S < SERVER_DEADLINE_S
 

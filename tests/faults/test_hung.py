@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import ServerThread, wait_until
+from tests.support import ServerThread, scaled, wait_until
 from tests.support.models import misbehaving as fm
 from zeroserve.runtime import ModelConfig, ModelStatistics, RuntimeOptions
 from zeroserve.runtime.inproc import STREAM_THREADS
 from zeroserve.runtime.process.worker import WORKER_THREADS
 
-CLIENT_WAIT_S = 10.0
+CLIENT_WAIT_S = scaled(10.0)
 # How long a test waits for the server to reach a state (a restart, a stuck count).
 STATE_WAIT_S = 30.0
 HANG_GRACE_S = 0.3

@@ -11,17 +11,17 @@ import sys
 
 import httpx
 
-from tests.support import ServerThread, wait_until
+from tests.support import ServerThread, scaled, wait_until
 
 # How long a test waits for the server to settle (streams closed, tickets released).
 SETTLE_S = 30.0
-CLIENT_WAIT_S = 10.0
+CLIENT_WAIT_S = scaled(10.0)
 # Streams opened and reset in the storm, ROUND at a time (under the queue depth of 64).
 STORM = 200
 ROUND = 50
 STORM_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "storm_client.py")
 # The whole storm, every round's connects and first reads (each bounded by CLIENT_WAIT_S).
-STORM_CLIENT_TIMEOUT_S = 120.0
+STORM_CLIENT_TIMEOUT_S = scaled(120.0)
 # Requests in the soak, after a warm-up that fills caches and pools.
 SOAK = 3000
 WARMUP = 300

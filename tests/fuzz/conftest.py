@@ -19,7 +19,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.support import ServerThread
+from tests.support import ServerThread, scaled
 from tests.support.smollm2 import smollm2_config
 from zeroserve.models.echo import EchoModel
 from zeroserve.runtime import ModelConfig, RuntimeOptions
@@ -32,8 +32,8 @@ EXAMPLES = int(os.environ.get("ZEROSERVE_FUZZ_EXAMPLES", CI_EXAMPLES))
 # these bounds are for a starved machine (a long campaign runs at nice 19 next to other
 # work), where a 5 s deadline once turned scheduling delay into false 504s. A hang still
 # shows as a 504 from the server's deadline, not as a stuck test.
-SERVER_DEADLINE_S = 60.0
-REQUEST_TIMEOUT_S = 120.0
+SERVER_DEADLINE_S = scaled(60.0)
+REQUEST_TIMEOUT_S = scaled(120.0)
 # The client reuses an idle connection only well inside the server's keep-alive timeout.
 # At the same 5 s (httpx's default), a request sent just as the server closes the idle
 # connection gets no answer: the race every HTTP/1.1 client has with its server, which a
@@ -41,7 +41,7 @@ REQUEST_TIMEOUT_S = 120.0
 # seconds between two requests; the example passed when replayed).
 CLIENT_KEEPALIVE_S = KEEPALIVE_TIMEOUT_S / 5
 # After a response, the server's leases and tickets are back within this long.
-IDLE_WAIT_S = 30.0
+IDLE_WAIT_S = scaled(30.0)
 # The engine fuzz runs the real model on each valid example (a second or more on a busy
 # two-core machine), so it has its own count: ``ZEROSERVE_FUZZ_ENGINE_EXAMPLES``, CI
 # ``CI_ENGINE_EXAMPLES``. Each request lives at most ENGINE_TIMEOUT_S (the model's own

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.support import start_server
+from tests.support import scaled, start_server
 
-WAIT_S = 20.0
+WAIT_S = scaled(20.0)
 
 
 def test_full_queue_gives_429_in_kserve_format(tmp_path: Path) -> None:

@@ -60,6 +60,9 @@ WEATHER_TOOL = {
         "parameters": CITY_SCHEMA,
     },
 }
+# ``brief``'s request deadline: one second on a quiet machine, scaled, so that on a busy one
+# its answer still begins (the stream's head) before the deadline ends it.
+BRIEF_S = scaled(1.0)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,7 @@ def llm() -> Iterator[ServerProcess]:
         "--model",
         f"one=llamacpp:{GGUF}?parallel=1&n_ctx=1024&system_prompt={SYSTEM_OPTION}",
         "--model",
-        f"brief=llamacpp:{GGUF}?parallel=1&n_ctx=1024&timeout=1",
+        f"brief=llamacpp:{GGUF}?parallel=1&n_ctx=1024&timeout={BRIEF_S:g}",
     )
     yield server
     assert server.stop() == 0

@@ -23,7 +23,7 @@ import pytest
 
 import openai
 from tests.edge.servers import LogSink, ManualClock
-from tests.support import ServerProcess, ServerThread, start_server, wait_until
+from tests.support import ServerProcess, ServerThread, scaled, start_server, wait_until
 from tests.support.smollm2 import require_llamacpp
 from zeroserve.edge import AccessLog, Edge, EdgeOptions
 from zeroserve.edge.keys import ApiKey, KeyLimits
@@ -91,7 +91,7 @@ def _served_at_once(url: str) -> None:
     assert _metric(url, "zeroserve_engine_queued") == 0
     r = httpx.post(
         url + "/v1/chat/completions",
-        timeout=POLL_S,
+        timeout=scaled(POLL_S),
         json={"model": "one", "messages": [HELPFUL, FRANCE], "max_tokens": 2},
     )
     assert r.status_code == 200, r.text
@@ -157,7 +157,7 @@ def test_whole_answers_match_the_engines_own(llm: ServerProcess, engine: Any) ->
         assert ours["id"]
     # Raw: no engine-only fields, OpenAI's keys.
     raw = httpx.post(
-        llm.url + "/v1/chat/completions", json={"model": "one", **chat}, timeout=POLL_S
+        llm.url + "/v1/chat/completions", json={"model": "one", **chat}, timeout=scaled(POLL_S)
     )
     assert GGUF not in raw.text and "timings" not in raw.json()
     assert set(raw.json()["choices"][0]) == {"index", "message", "logprobs", "finish_reason"}
@@ -195,7 +195,7 @@ def test_an_expired_whole_answer_frees_its_slot(
 
 def _request(port: int, body: dict[str, Any]) -> socket.socket:
     data = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=POLL_S)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=scaled(POLL_S))
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
@@ -231,7 +231,9 @@ def test_sigterm_drains_while_a_whole_answer_runs() -> None:
         def ask() -> None:
             try:
                 outcome.append(
-                    httpx.post(server.url + "/v1/chat/completions", json=body, timeout=POLL_S)
+                    httpx.post(
+                        server.url + "/v1/chat/completions", json=body, timeout=scaled(POLL_S)
+                    )
                 )
             except httpx.HTTPError as exc:
                 outcome.append(exc)
@@ -240,8 +242,8 @@ def test_sigterm_drains_while_a_whole_answer_runs() -> None:
         client.start()
         _poll(server.url, "zeroserve_engine_active", 1)
         server.proc.send_signal(signal.SIGTERM)
-        assert server.proc.wait(POLL_S) == 0
-        client.join(POLL_S)
+        assert server.proc.wait(scaled(POLL_S)) == 0
+        client.join(scaled(POLL_S))
         assert outcome and isinstance(outcome[0], httpx.HTTPError)  # cut, never a 200
     finally:
         server.stop()

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 import openai
+from tests.support import scaled
 
 # The CLI prints its address once the models are loaded; past this it has failed.
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = scaled(60.0)
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,14 @@ import httpx
 import pytest
 
 import openai
-from tests.support import ServerThread
+from tests.support import ServerThread, scaled
 from tests.support.models.streams import CLOSED
 from zeroserve.app.openai.schemas import MAX_ECHOED_MESSAGE_CHARS, MAX_ECHOED_PARAM_CHARS
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
 # Any test that waits for the server to do something gives up after this long.
-WAIT_S = 10.0
+WAIT_S = scaled(10.0)
 
 
 def post(server: ServerThread, path: str, body: Any) -> httpx.Response:

@@ -11,13 +11,13 @@ import httpx
 from httpx_sse import connect_sse
 
 import openai
-from tests.support import ServerThread
+from tests.support import ServerThread, scaled
 from tests.support import run_async as run
 from tests.support.models.streams import CLOSED, GATES
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "str.split"}]
-WAIT_S = 10.0
+WAIT_S = scaled(10.0)
 
 
 def test_exact_sse_framing(server: ServerThread) -> None:

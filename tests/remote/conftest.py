@@ -9,11 +9,13 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
+from tests.support import scaled
+
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]
 
 # A hung test fails after this long instead of hanging the suite.
-TEST_TIMEOUT_S = 30.0
+TEST_TIMEOUT_S = scaled(30.0)
 
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 

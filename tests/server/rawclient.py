@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 
 import h11
 
-IO_TIMEOUT_S = 10.0
+from tests.support import scaled
+
+IO_TIMEOUT_S = scaled(10.0)
 
 
 @dataclass

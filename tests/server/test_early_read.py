@@ -14,12 +14,13 @@ import pytest
 import uvloop
 
 from tests.server.inproc import serving
+from tests.support import scaled
 from tests.support.models.raw import Endless
 from zeroserve.models.echo import EchoModel
 from zeroserve.server.connection import HttpProtocol
 from zeroserve.server.options import ServerOptions
 
-IO_TIMEOUT_S = 10.0
+IO_TIMEOUT_S = scaled(10.0)
 HEALTH = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
 
 

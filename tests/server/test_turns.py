@@ -154,7 +154,7 @@ def test_new_head_is_served_before_the_running_streams_write_their_next_batch() 
                 thread.start()
                 # Waited on a thread, so the loop keeps serving the streams meanwhile.
                 assert await asyncio.to_thread(first_event.wait, 30), "no first event"
-                thread.join(10)
+                thread.join(scaled(10))
                 assert sent_at and Endless.new_started_at is not None
                 return sent_at[0], Endless.new_started_at
             finally:

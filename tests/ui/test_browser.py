@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from tests.support import ServerProcess, start_server, wait_until
+from tests.support import ServerProcess, scaled, start_server, wait_until
 from tests.ui.conftest import save_screenshot
 from tests.ui.stats import counter
 from zeroserve.app.limits import MAX_OUTPUT_TOKENS
@@ -25,7 +25,7 @@ WAIT_S = 30.0
 # The bounded load of the dashboard test: at most this many requests, for at most this
 # long, 64 KiB raw bodies (W1's smallest size).
 LOAD_REQUESTS = 2000
-LOAD_S = 30.0
+LOAD_S = scaled(30.0)
 LOAD_BODY = b"z" * (64 * 1024)
 STREAMS = 40
 # The seed's claim, as the dashboard shows it: copies are at most 2 % of payload bytes.
