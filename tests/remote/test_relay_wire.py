@@ -1,5 +1,5 @@
 """The relay's sans-I/O parts, driven by bytes: the ``"model"`` rewriter, and the remote
-model's options. (The response reader is the client role of ``http/``: tests/h1.)"""
+model's options. (The response reader is the client role of ``http/``: tests/http.)"""
 
 from __future__ import annotations
 

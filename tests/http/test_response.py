@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from tests.h1.driver import pump
+from tests.http.driver import pump
 from zeroserve import metrics
 from zeroserve.http import HttpConnection, RequestHead, State, StreamFramer
 from zeroserve.http.framing import CONTINUE, GATHER_MAX_BYTES, GATHER_MIN_BUFFERS, LAST_CHUNK

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.h1.driver import feed
-from tests.h1.tables import INVALID_CHUNKED, VALID_CHUNKED
+from tests.http.driver import feed
+from tests.http.tables import INVALID_CHUNKED, VALID_CHUNKED
 from zeroserve.errors import ProtocolError
 from zeroserve.http import HttpConnection, HttpLimits, State
 

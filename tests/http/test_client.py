@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.h1.tables import INVALID_CHUNKED, VALID_CHUNKED
+from tests.http.tables import INVALID_CHUNKED, VALID_CHUNKED
 from zeroserve.errors import ProtocolError
 from zeroserve.http.client import (
     MAX_HEAD_BYTES,
