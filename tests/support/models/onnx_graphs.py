@@ -1,5 +1,5 @@
 """Small ONNX graphs built with the ``onnx`` helper API (no downloads), and their numpy
-references. Shared by the KServe suite and tests/backends."""
+references. Shared by the KServe suite and tests/models (the ONNX backend)."""
 
 from __future__ import annotations
 
