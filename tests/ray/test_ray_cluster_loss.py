@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.ray.cluster import RayCluster, ray_cluster_fixture, stop
-from tests.ray.test_ray_executor import _poll, _raw
-from tests.support import ServerProcess, start_server
+from tests.ray.test_ray_executor import WAIT_S, _raw
+from tests.support import ServerProcess, start_server, wait_until
 
 pytest.importorskip("ray")
 
@@ -73,14 +73,14 @@ def test_lost_cluster_gives_503_with_retry_after_and_never_hangs(
         lines = stream.iter_lines()
         events += [next(line for line in lines if line.startswith("data:"))]
         started = tmp_path / "started"
-        _poll(started.exists, "the stream to reach the actor's wait")
+        wait_until(started.exists, WAIT_S, "the stream to reach the actor's wait")
         started.unlink()
         result: list[httpx.Response] = []
         client = threading.Thread(
             target=lambda: result.append(_raw(server.url, "stuck", b"payload"))
         )
         client.start()
-        _poll(started.exists, "the infer to reach the actor's wait")
+        wait_until(started.exists, WAIT_S, "the infer to reach the actor's wait")
         stop(lone_cluster)
         events += [line for line in lines if line.startswith("data:")]
     http.close()
@@ -89,7 +89,9 @@ def test_lost_cluster_gives_503_with_retry_after_and_never_hangs(
     client.join(CLIENT_TIMEOUT_S)
     assert result and result[0].status_code == 503, result
     # /ready names the reason; new work is refused at once, with Retry-After.
-    _poll(lambda: httpx.get(f"{server.url}/ready").status_code == 503, "/ready to drop")
+    wait_until(
+        lambda: httpx.get(f"{server.url}/ready").status_code == 503, WAIT_S, "/ready to drop"
+    )
     ready = httpx.get(f"{server.url}/ready").json()
     assert "unreachable" in ready["detail"]["models"]["echo"]["reason"], ready
     _unavailable(_raw(server.url, "echo", b"after"))

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from tests.ray.cluster import RayCluster
-from tests.ray.test_ray_executor import _copies, _metric, _poll, _raw, _sse, _v2_binary
-from tests.support import ServerProcess, start_server
+from tests.ray.test_ray_executor import WAIT_S, _copies, _metric, _raw, _sse, _v2_binary
+from tests.support import ServerProcess, scaled, start_server, wait_until
 
 pytest.importorskip("ray.serve")
 
@@ -170,7 +170,7 @@ def test_burst_scales_up_to_max_then_down_with_no_request_lost(
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + SCALE_WAIT_S
+        deadline = time.monotonic() + scaled(SCALE_WAIT_S)
         peak = 1
         while time.monotonic() < deadline and peak < 2 and any(t.is_alive() for t in threads):
             peak = max(peak, _running(ray_cluster, serve_server, "slow"))
@@ -181,7 +181,7 @@ def test_burst_scales_up_to_max_then_down_with_no_request_lost(
     assert peak == 2, "the deployment did not scale up to max_replicas under the burst"
     assert not bad, bad[:5]  # every request of the burst answered, with its own bytes
     assert sum(sent) > 0
-    deadline = time.monotonic() + SCALE_WAIT_S
+    deadline = time.monotonic() + scaled(SCALE_WAIT_S)
     now = 2
     while time.monotonic() < deadline and now > 1:
         now = _running(ray_cluster, serve_server, "slow")
@@ -204,7 +204,7 @@ def test_disconnect_mid_stream_stops_the_replicas_generator(
             got += chunk
             if len(got) > 64:
                 break
-    _poll(closed.exists, "the replica's generator to close")
+    wait_until(closed.exists, WAIT_S, "the replica's generator to close")
     assert int(closed.read_text()) >= len(got.split())  # it stopped: a finite count
 
 
@@ -226,7 +226,7 @@ def test_a_dead_replica_fails_its_work_and_unreadies_until_serve_replaces_it(
     ray_cluster: RayCluster, serve_server: ServerProcess, files: Path
 ) -> None:
     started, release, hold = (files / f"frail-{f}" for f in ("started", "release", "hold"))
-    _poll(lambda: _ready(serve_server) == 200, "the server to be ready")
+    wait_until(lambda: _ready(serve_server) == 200, WAIT_S, "the server to be ready")
     assert _metric(serve_server, "zeroserve_workers_ready", name="frail") == 1
     result: list[httpx.Response] = []
     client = threading.Thread(
@@ -238,11 +238,11 @@ def test_a_dead_replica_fails_its_work_and_unreadies_until_serve_replaces_it(
         lines = r.iter_lines()
         events = [next(line for line in lines if line.startswith("data:"))]
         assert events == ["data: first"], events
-        _poll(started.exists, "the stream to reach the replica's wait")
+        wait_until(started.exists, WAIT_S, "the stream to reach the replica's wait")
         dead_pid = started.read_text()
         started.unlink()
         client.start()
-        _poll(started.exists, "the infer to reach the replica")
+        wait_until(started.exists, WAIT_S, "the infer to reach the replica")
         # The replacement's load waits while ``hold`` exists, so the window in which
         # the deployment has no running replica lasts until the test ends it (Serve
         # replaced a replica in about 2 s here, near the status read interval).
@@ -256,15 +256,16 @@ def test_a_dead_replica_fails_its_work_and_unreadies_until_serve_replaces_it(
     assert result and result[0].status_code == 503, result
     assert "error" in result[0].json()
     # Serve notices the death at its next health check and starts a replacement.
-    _poll(lambda: _ready(serve_server) == 503, "/ready to show the dead replica")
+    wait_until(lambda: _ready(serve_server) == 503, WAIT_S, "/ready to show the dead replica")
     assert httpx.get(f"{serve_server.url}/health", timeout=CLIENT_TIMEOUT_S).status_code == 200
-    _poll(
+    wait_until(
         lambda: _metric(serve_server, "zeroserve_workers_ready", name="frail") == 0,
+        WAIT_S,
         "no running replica in the statistics",
     )
     assert _ready(serve_server) == 503  # still: the replacement is loading
     hold.unlink()
-    _poll(lambda: _ready(serve_server) == 200, "Serve to replace the replica")
+    wait_until(lambda: _ready(serve_server) == 200, WAIT_S, "Serve to replace the replica")
     assert _metric(serve_server, "zeroserve_workers_ready", name="frail") == 1
     release.touch()  # the new replica's calls return
     r = _raw(serve_server.url, "frail", b"after the replacement")
