@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.kserve.conftest import copied_by_site
+from tests.app.kserve.conftest import copied_by_site
 from tests.support import ServerProcess
 
 httpclient = pytest.importorskip("tritonclient.http")
