@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
-import openai
-from tests.remote.gateway_helpers import echo_upstream, gateway
+from tests.app.relay.gateway_helpers import echo_upstream, gateway
 
 MESSAGES: Any = [{"role": "user", "content": "alpha beta gamma delta"}]
 

@@ -11,7 +11,7 @@ import httpx
 import msgspec
 import pytest
 
-from tests.remote.gateway_helpers import (
+from tests.app.relay.gateway_helpers import (
     Fake,
     answer_ok,
     answer_status,
