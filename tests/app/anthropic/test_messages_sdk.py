@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import anthropic
 import jsonschema
 import pytest
 
-import anthropic
-from tests.anthropic.messages_suite import async_client, client
+from tests.app.anthropic.messages_suite import async_client, client
 from tests.support import ServerProcess, ServerThread
 
 HELLO: Any = [{"role": "user", "content": "Tell me about the sea"}]

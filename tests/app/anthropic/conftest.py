@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.anthropic.messages_suite import KEY, SMALL_BODY_BYTES
+from tests.app.anthropic.messages_suite import KEY, SMALL_BODY_BYTES
 from tests.support import ServerProcess, ServerThread, start_server
 from tests.support.models import default_configs
 from tests.support.smollm2 import require_llamacpp, smollm2_config

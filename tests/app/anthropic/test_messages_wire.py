@@ -8,12 +8,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import msgspec
 import pytest
 
-import anthropic
-from tests.anthropic.messages_suite import KEY, SMALL_BODY_BYTES, client
+from tests.app.anthropic.messages_suite import KEY, SMALL_BODY_BYTES, client
 from tests.support import ServerProcess, ServerThread, scaled
 from tests.support.models.streams import CLOSED
 

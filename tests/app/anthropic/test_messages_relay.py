@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pytest
 
-from tests.remote.gateway_helpers import Fake, answer_ok, gateway
+from tests.app.relay.gateway_helpers import Fake, answer_ok, gateway
 
 
 def test_the_upstream_key_goes_as_x_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
