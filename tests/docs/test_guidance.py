@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
-import openai
 from tests.support import ROOT, ServerProcess, scaled, start_server
 from zeroserve.cli import build_parser
 from zeroserve.models.loader import parse_spec

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import httpx
 import numpy as np
+import openai
 import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-import openai
 from tests.edge.servers import Certs, LogSink, ManualClock
 from tests.server.rawclient import RawClient
 from tests.support import ServerThread, scaled

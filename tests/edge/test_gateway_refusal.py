@@ -18,10 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import openai
 from tests.edge.servers import LogSink, ManualClock
 from tests.support import ServerThread, scaled
 from zeroserve.edge import AccessLog, Edge, EdgeOptions

@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-import openai
 from tests.edge.servers import LogSink, ManualClock
 from tests.support import ServerThread, scaled
 from zeroserve import metrics

@@ -14,9 +14,9 @@ import sys
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
-import openai
 from tests.faults.conftest import MODEL_DEADLINE_S, SERVER_DEADLINE_S
 from tests.support import ServerProcess, ServerThread, scaled, start_server
 from tests.support.smollm2 import smollm2_arg

@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 import jsonschema
+import openai
 import pytest
 
-import openai
 from tests.runtime.helpers import thread_nices
 from tests.support import ROOT, ServerProcess, scaled, start_server, wait_until
 from tests.support.smollm2 import require_llamacpp, smollm2_arg

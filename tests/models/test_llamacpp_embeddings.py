@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import httpx
 import numpy as np
+import openai
 import pytest
 
-import openai
 from tests.models.test_llamacpp import _metric, _wait_idle
 from tests.support import ServerProcess, scaled, start_server
 from tests.support.smollm2 import require_llamacpp

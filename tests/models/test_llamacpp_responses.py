@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 import jsonschema
+import openai
 import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-import openai
 from tests.models.test_llamacpp import _metric, _wait_idle
 from tests.support import ServerProcess, scaled, start_server
 from tests.support.smollm2 import require_llamacpp, smollm2_arg

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import jsonschema
+import openai
 import pytest
 from openai.lib.streaming.responses import (
     ResponseFunctionCallArgumentsDeltaEvent as ArgumentsSnapshot,
@@ -31,7 +32,6 @@ from openai.types.responses import (
 )
 from pydantic import TypeAdapter
 
-import openai
 from tests.models.test_llamacpp import _wait_idle
 from tests.support import ServerProcess, scaled, start_server
 from tests.support.smollm2 import require_llamacpp, smollm2_arg

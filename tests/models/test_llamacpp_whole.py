@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
-import openai
 from tests.edge.servers import LogSink, ManualClock
 from tests.support import ServerProcess, ServerThread, scaled, start_server, wait_until
 from tests.support.smollm2 import require_llamacpp

@@ -75,6 +75,7 @@ def test_embed_shapes_norms_and_determinism(folder: Path) -> None:
 
 def test_served_behind_v1_embeddings(folder: Path) -> None:
     import openai
+
     from tests.support import ServerThread
     from zeroserve.runtime import ModelConfig
 

@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import openai
+
 from tests.support import scaled, serve_argv
 from zeroserve.models.base import GenerateRequest
 from zeroserve.models.tinyllm import MODEL_DIR

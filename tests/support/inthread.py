@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
+import openai
 import uvloop
 
-import openai
 from tests.support.timing import scaled
 from zeroserve.app import App
 from zeroserve.edge import Edge

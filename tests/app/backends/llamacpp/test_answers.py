@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import openai
 from openai.types.responses import (
     ResponseFunctionToolCall,
     ResponseOutputMessage,
@@ -20,7 +21,6 @@ from openai.types.responses import (
 )
 from pydantic import TypeAdapter
 
-import openai
 from zeroserve.app.backends.llamacpp.output import EngineOutput
 from zeroserve.app.chat import Choices, Output, QueuedChoice
 from zeroserve.app.limits import ApiLimits

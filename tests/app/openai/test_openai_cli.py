@@ -9,9 +9,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import openai
 import pytest
 
-import openai
 from tests.support import scaled
 
 # The CLI prints its address once the models are loaded; past this it has failed.

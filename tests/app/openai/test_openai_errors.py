@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
-import openai
 from tests.support import ServerThread, scaled
 from tests.support.models.streams import CLOSED
 from zeroserve.app.openai.schemas import MAX_ECHOED_MESSAGE_CHARS, MAX_ECHOED_PARAM_CHARS

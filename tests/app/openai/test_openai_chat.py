@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import openai
 import pytest
 
-import openai
 from tests.support import ServerThread
 from tests.support import run_async as run
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import openai
 import pytest
 
-import openai
 from tests.support import ServerProcess, start_server
 from tests.support.smollm2 import require_llamacpp, smollm2_arg
 

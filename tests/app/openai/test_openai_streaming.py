@@ -8,9 +8,9 @@ import threading
 from typing import Any
 
 import httpx
+import openai
 from httpx_sse import connect_sse
 
-import openai
 from tests.support import ServerThread, scaled
 from tests.support import run_async as run
 from tests.support.models.streams import CLOSED, GATES

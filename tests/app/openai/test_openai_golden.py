@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 
+import openai
 import pytest
 
-import openai
 from zeroserve.models.base import GenerateRequest
 from zeroserve.models.tinyllm import MODEL_DIR, TinyLlamaModel
 

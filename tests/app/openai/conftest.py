@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import openai
 import pytest
 
-import openai
 from tests.support import ServerThread
 from tests.support.models import default_configs, process_configs, strict_configs
 from zeroserve.http.limits import HttpLimits

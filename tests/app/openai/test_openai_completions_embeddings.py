@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 
 import numpy as np
+import openai
 import pytest
 
-import openai
 from tests.support import ServerThread
 from tests.support import run_async as run
 from zeroserve.models.minilm import MiniLMEmbedder

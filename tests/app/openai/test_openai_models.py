@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
-import openai
 from tests.support import ServerThread
 from tests.support import run_async as run
 
