@@ -1,6 +1,6 @@
 """The model cache: where pulled models live, what a pull source names, and hash pins.
 
-Pulling is opt-in and the default is offline (docs/architecture.md, section 6c). This module
+Pulling is opt-in and the default is offline (docs/models.md, "Pulling models"). This module
 owns the parts with no network: the cache directory (``ZEROSERVE_CACHE``, else
 ``$XDG_CACHE_HOME/zeroserve``, else ``~/.cache/zeroserve``), the source syntax, the
 ``sha256=`` pin check, and the catalog seam :func:`cached_models`.
