@@ -8,6 +8,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from . import __version__, buildinfo
@@ -40,6 +41,7 @@ examples:
   zeroserve serve --model emb=onnx:/path/model.onnx
   zeroserve serve --model mine=my_model:MyModel    a zeroserve.Model in ./my_model.py
   zeroserve serve --host 0.0.0.0 --api-keys-file keys.toml --access-log -
+  zeroserve serve --models-dir ./models --keep-alive 10m --models-max 2
 
 Then: curl http://127.0.0.1:8000/v1/models, or the openai SDK with
 base_url="http://127.0.0.1:8000/v1". The page at / is a playground and live dashboard.
@@ -134,6 +136,40 @@ def build_parser() -> argparse.ArgumentParser:
         "option overrides it",
     )
     serve.add_argument("--log-level", help="debug, info, warning, error")
+    run_time = serve.add_argument_group(
+        "models at run time",
+        "a catalog of models loaded and unloaded while the server runs: on a request "
+        "(autoload), by POST /models/load and /models/unload, or the KServe V2 repository "
+        "routes (admin only); SIGHUP or POST /v2/repository/index rescans the directory",
+    )
+    run_time.add_argument(
+        "--models-dir",
+        metavar="DIR",
+        help="serve the models in DIR: each NAME.gguf (llama.cpp) and NAME/model.toml "
+        "(spec, pin, [options]); none is loaded at start, and no default model is served "
+        "unless given with --model (a --model is loaded at start and stays)",
+    )
+    run_time.add_argument(
+        "--keep-alive",
+        type=_duration,
+        metavar="DURATION",
+        help="unload a --models-dir model after it has been idle this long (nothing in "
+        "flight, no stream open): seconds, or with a unit: 90s, 5m, 1h (default 5m)",
+    )
+    run_time.add_argument(
+        "--models-max",
+        type=int,
+        metavar="N",
+        help="at most N models loaded at once: a load over it first unloads the least "
+        "recently used idle, unpinned model, else answers 503 (default: no cap)",
+    )
+    run_time.add_argument(
+        "--autoload",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a request for a catalog model that is not loaded loads it (default: on with "
+        "--models-dir)",
+    )
     edge = serve.add_argument_group("edge", "API keys, CORS, access log (off by default)")
     edge.add_argument(
         "--api-key",
@@ -231,6 +267,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``300``, ``300s``, ``5m`` or ``1h`` (``--keep-alive``)."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: seconds, or a number with s, m or h"
+        ) from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be 0 or more")
+    return seconds
+
+
 def _cache_command(args: argparse.Namespace) -> int:
     from .models.cache import cached_models
     from .models.pull import pull
@@ -270,7 +323,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def model_specs(cfg: Config) -> list[ModelRef]:
     texts = list(cfg.models)
-    if not texts and cfg.default_models:
+    if not texts and cfg.default_models and cfg.models_dir is None:
         texts = list(DEFAULT_MODELS)
     specs = [parse_spec(t) for t in texts]
     names = [s.name for s in specs]
@@ -302,6 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             arena_bytes=args.arena_bytes,
             log_level=args.log_level,
             ui=args.ui,
+            models_dir=args.models_dir,
+            keep_alive_s=args.keep_alive,
+            models_max=args.models_max,
+            autoload=args.autoload,
         )
         if args.max_body_bytes is not None:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
@@ -344,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         specs = model_specs(cfg)
         if args.command == "models":
             return _list_models(specs)
-        from .server.run import serve
+        from .server.run import CatalogOptions, serve
 
         return serve(
             cfg.server_options(),
@@ -357,6 +414,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             edge=cfg.edge.options(),
             ui=cfg.ui,
             api_limits=cfg.app_limits(),
+            catalog=CatalogOptions(
+                models_dir=Path(cfg.models_dir) if cfg.models_dir is not None else None,
+                keep_alive_s=cfg.keep_alive_s,
+                models_max=cfg.models_max,
+                autoload=cfg.autoloads,
+            ),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)
