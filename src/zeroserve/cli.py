@@ -16,6 +16,7 @@ from .config import Config, load_config
 from .errors import ConfigError, ConfigWarning, ZeroserveError
 from .loadgen import add_arguments as add_loadgen_arguments
 from .loadgen import main as loadgen_main
+from .models.catalog import CatalogEntry, server_catalog
 from .models.loader import BACKENDS, BUILTINS, ModelRef, parse_spec
 
 log = logging.getLogger("zeroserve")
@@ -50,6 +51,8 @@ MODELS_EXAMPLES = """\
 examples:
   zeroserve models                                the default models
   zeroserve models --model mine=my_model:MyModel --model echo
+  zeroserve models --models-dir ./models          the catalog a --models-dir server has
+  zeroserve models --url http://127.0.0.1:8000    a running server's catalog and states
 """
 
 
@@ -183,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-keys-file",
         metavar="FILE",
         help="TOML file of [keys.NAME] tables: key, and optional max_concurrent, "
-        "requests_per_minute, tokens_per_minute",
+        "requests_per_minute, tokens_per_minute, admin (true: may load and unload models)",
     )
     edge.add_argument(
         "--auth-metrics",
@@ -241,11 +244,17 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser(
         "models",
         help="list the models a configuration serves, with capabilities",
-        description="List the models a configuration serves, with their capabilities.",
+        description="List the models a configuration serves, with their capabilities and "
+        "state (a --model is loaded at start; a --models-dir model on demand), or with --url "
+        "the catalog of a running server with each model's state now.",
         epilog=MODELS_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(models)
+    models.add_argument("--models-dir", metavar="DIR", help="the models directory to list")
+    models.add_argument(
+        "--url", metavar="URL", help="list a running server's catalog (its GET /models)"
+    )
 
     bench = sub.add_parser(
         "bench", help="load a running server: req/s, TTFT, inter-token latency, percentiles"
@@ -345,6 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"zeroserve {args.command}: {exc}", file=sys.stderr)
             return 1
     overrides: dict[str, Any] = {"models": args.models}
+    if args.command == "models":
+        if args.url is not None:
+            return _list_served(args.url)
+        overrides["models_dir"] = args.models_dir
     if args.command == "serve":
         overrides.update(
             host=args.host,
@@ -400,7 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _import_from_cwd()
         specs = model_specs(cfg)
         if args.command == "models":
-            return _list_models(specs)
+            models_dir = Path(cfg.models_dir) if cfg.models_dir is not None else None
+            return _list_models(server_catalog(specs, models_dir))
         from .server.run import CatalogOptions, serve
 
         return serve(
@@ -440,12 +454,35 @@ def _given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _list_models(specs: list[ModelRef]) -> int:
-    for spec in specs:
+def _list_models(catalog: dict[str, CatalogEntry]) -> int:
+    for entry in catalog.values():
+        spec = entry.ref
         cls = spec.load_class()
         caps = ", ".join(sorted(cls.capabilities())) or "-"
         executor = spec.runtime.get("executor", cls.executor)
-        print(f"{spec.name:<16} {caps:<24} executor={executor:<8} {cls.description}")
+        when = "at start" if entry.origin == "--model" else "on demand"
+        print(f"{spec.name:<16} {caps:<24} executor={executor:<8} {when:<9} {cls.description}")
+    return 0
+
+
+def _list_served(url: str) -> int:
+    """A running server's catalog with states (``GET /models``, llama.cpp router's)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=30) as answer:
+            listing = json.load(answer)
+    except (OSError, ValueError) as exc:
+        print(f"zeroserve models: cannot read {url}/models: {exc}", file=sys.stderr)
+        return 1
+    for model in listing["data"]:
+        status = model["status"]
+        state = "failed" if status.get("failed") else status["value"]
+        pinned = "pinned" if model.get("pinned") else ""
+        reason = status.get("reason", "")
+        print(f"{model['id']:<16} {state:<10} {pinned:<6} {reason}".rstrip())
     return 0
 
 

@@ -280,3 +280,20 @@ def test_load_unload_cycles_leave_fds_threads_and_processes_as_they_were(
     # Pool threads may end while idle; none is left behind by an unload.
     assert (fds, children) == (before[0], before[2]) and threads <= before[1]
     assert _metric(server, 'zeroserve_model_loads_total{name="small"}') == CYCLES + 1
+
+
+def test_the_models_command_lists_a_catalog_and_a_servers_states(
+    server: ServerProcess, models_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from zeroserve.cli import main
+
+    assert main(["models", "--models-dir", str(models_dir), "--model", "echo"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert sorted(rows) == ["bad", "echo", "small", "twin"]
+    assert "at start" in rows["echo"] and "on demand" in rows["small"]
+    httpx.post(server.url + "/models/load", json={"model": "bad"}, timeout=scaled(LOAD_WAIT_S))
+    assert main(["models", "--url", server.url]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
+    assert rows["echo"] == ["echo", "loaded", "pinned"]
+    assert rows["small"] == ["small", "unloaded"]
+    assert rows["bad"][1] == "failed" and "GGUF" in " ".join(rows["bad"])
