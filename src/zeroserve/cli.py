@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fetch a model into the cache (hf:ORG/REPO[:FILE_OR_QUANT] or https://URL)",
         description="Fetch a model into the cache (ZEROSERVE_CACHE, else ~/.cache/zeroserve). "
         "SOURCE is hf:ORG/REPO[:FILE_OR_QUANT] or https://URL, optionally pinned with "
-        "@sha256=HEX (checked before use; a mismatch deletes the file). An interrupted "
+        "?sha256=HEX (checked before use; a mismatch deletes the file). An interrupted "
         "download resumes on the next pull.",
     )
     pull.add_argument("source", metavar="SOURCE")
