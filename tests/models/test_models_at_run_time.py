@@ -252,9 +252,11 @@ def _ppid(proc: Path) -> int:
         return -1
 
 
-CYCLES = 8
+CYCLES = 6
 
 
+# SmolLM2's loads are a second each on a quiet machine, many on a shared one.
+@pytest.mark.timeout(600)
 def test_load_unload_cycles_leave_fds_threads_and_processes_as_they_were(
     server: ServerProcess,
 ) -> None:
