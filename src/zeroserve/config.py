@@ -10,6 +10,11 @@ TOML layout (every key optional)::
     arena_bytes = 1073741824    # payload bytes in flight (503 beyond)
     models = ["echo", "mine=my_model:MyModel?executor=process"]
     default_models = true       # serve the embedded models when no model is given
+    models_dir = "/srv/models"  # a catalog of models loaded at run time (NAME.gguf,
+                                # NAME/model.toml); no default models with it
+    keep_alive_s = 300          # unload a --models-dir model idle this long
+    models_max = 4              # at most this many --models-dir models loaded at once
+    autoload = true             # a request loads the --models-dir model it names
     log_level = "info"
     ui = true                   # the playground and dashboard page at /
 
@@ -53,6 +58,7 @@ from .errors import ConfigError, ConfigWarning
 from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
 from .runtime import RuntimeOptions
 from .runtime.arena import DEFAULT_BUDGET_BYTES
+from .runtime.model_manager import DEFAULT_KEEP_ALIVE_S
 from .runtime.priority import MAX_NICE, MAX_RT_PRIORITY
 from .server import options as so
 
@@ -186,6 +192,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_connections: int = so.MAX_CONNECTIONS
     models: list[str] = []
     default_models: bool = True
+    # Models at run time (docs/architecture.md, "Models at run time").
+    models_dir: str | None = None
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    models_max: int | None = None
+    autoload: bool | None = None  # None: on with models_dir
     log_level: str = "info"
     ui: bool = True
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -194,6 +205,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     api_limits: ApiLimitsConfig = msgspec.field(default_factory=ApiLimitsConfig)
     edge: EdgeConfig = msgspec.field(default_factory=EdgeConfig)
     tls: Tls = msgspec.field(default_factory=Tls)
+
+    @property
+    def autoloads(self) -> bool:
+        """Whether a request loads the model it names: on by default with models_dir."""
+        return self.autoload if self.autoload is not None else self.models_dir is not None
 
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
@@ -257,6 +273,15 @@ def load_config(
     if not 0 <= cfg.loop_rt_priority <= MAX_RT_PRIORITY:
         raise ConfigError(
             f"invalid configuration: key 'loop_rt_priority': must be 0 to {MAX_RT_PRIORITY}"
+        )
+    if not 0 <= cfg.keep_alive_s < float("inf"):
+        raise ConfigError("invalid configuration: key 'keep_alive_s': must be >= 0 seconds")
+    if cfg.models_max is not None and cfg.models_max < 1:
+        raise ConfigError("invalid configuration: key 'models_max': must be at least 1")
+    if cfg.models_dir is not None and cfg.workers > 1:
+        raise ConfigError(
+            "invalid configuration: key 'models_dir': needs workers = 1 (each HTTP process "
+            "would load its own copy of every model, and a load would reach only one)"
         )
     if not 0 <= cfg.runtime.model_nice <= MAX_NICE:
         raise ConfigError(

@@ -322,6 +322,17 @@ LOOP_LAG_SECONDS = Histogram(
 )
 
 
+# How long a model took to load at run time (docs/architecture.md, "Models at run time"):
+# from an echo model's milliseconds to a large GGUF's minutes.
+MODEL_LOAD_SECONDS = Histogram(
+    "zeroserve_model_load_seconds",
+    "How long each successful load of a model at run time took.",
+    ["model"],
+    registry=REGISTRY,
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+
+
 def _labels(sample_labels: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sample_labels.items() if k != "le"}
 

@@ -8,6 +8,8 @@ from ..edge import Edge
 from ..errors import ZeroserveError
 from ..http.connection import RequestHead
 from ..runtime import Engine
+from ..runtime.model_manager import ModelManager
+from . import control
 from .anthropic import routes as anthropic
 from .backends import Backends
 from .endpoints import openapi, ops, raw, stats
@@ -24,7 +26,9 @@ from .router import Router
 class App:
     """Routes a request at its head (so 404/405/429 are answered before the body is
     read) and hands the complete request to its handler. ``ui`` serves the playground
-    and dashboard page at ``/`` (``/v1/stats`` is served either way)."""
+    and dashboard page at ``/`` (``/v1/stats`` is served either way). ``models``: the
+    model manager, when models come and go at run time (the control routes, the whole
+    catalog in ``/v1/models``; ``autoload``: a request loads the model it names)."""
 
     def __init__(
         self,
@@ -34,6 +38,8 @@ class App:
         metrics_view: Callable[[], Awaitable[bytes]] | None = None,
         ui: bool = True,
         limits: ApiLimits | None = None,
+        models: ModelManager | None = None,
+        autoload: bool = False,
     ) -> None:
         self.engine = engine
         self.edge = edge if edge is not None else Edge()
@@ -42,12 +48,19 @@ class App:
         self.router = Router()
         # Every model's backend, chosen once (docs/architecture.md, "Adding a backend").
         self.backends = Backends(engine)
+        self.models = models
+        if models is not None:  # docs/architecture.md, "Models at run time"
+            models.listener = self.backends
+            if autoload:
+                self.backends.autoload = control.ManagerAutoload(models, engine)
         ops.register(self.router, engine, self.readiness, metrics_view)
         raw.register(self.router, engine, self.backends, self.limits)
-        openai.register(self.router, engine, self.backends, self.limits)
+        openai.register(self.router, engine, self.backends, self.limits, models)
         anthropic.register(self.router, self.backends, self.limits)
         kserve.register(self.router, engine, self.limits)
         stats.register(self.router, engine)
+        if models is not None:
+            control.register(self.router, models, keyed=self.edge.keys is not None)
         if ui:
             page.register(self.router)
         openapi.register(self.router, self.limits)  # last: it describes every route above

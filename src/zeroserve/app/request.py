@@ -64,6 +64,7 @@ class Request:
         "edge",
         "head",
         "lease",
+        "loopback",
         "params",
         "route",
     )
@@ -80,6 +81,9 @@ class Request:
         self.edge: EdgeContext | None = None
         self._disconnected: asyncio.Event | None = None
         self._query: dict[str, str] | None = None
+        # Whether the peer is this host (a loopback address or a Unix socket), set by the
+        # server: with no API keys, only such a peer may call the admin routes.
+        self.loopback = False
 
     # -- what the request owns -----------------------------------------------------------
     def admit(self, handle: ModelHandle) -> None:

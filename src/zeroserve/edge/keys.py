@@ -78,9 +78,12 @@ class ApiKey:
     name: str
     secret: bytes = field(repr=False)
     limits: KeyLimits = field(default_factory=KeyLimits)
+    # May call the model control routes (load, unload, rescan): ``admin = true`` in the
+    # keys file (docs/architecture.md, "Models at run time").
+    admin: bool = False
 
     def __repr__(self) -> str:
-        return f"ApiKey(name={self.name!r}, limits={self.limits!r})"
+        return f"ApiKey(name={self.name!r}, limits={self.limits!r}, admin={self.admin!r})"
 
 
 class KeyRing:
@@ -226,7 +229,7 @@ def _key_from_table(name: str, table: Any, source: str) -> ApiKey:
     where = f"{source}: [keys.{name}]"
     if not isinstance(table, Mapping):
         raise ValueError(f"{where} must be a table")
-    unknown = sorted(set(table) - {"key", *_LIMIT_FIELDS})
+    unknown = sorted(set(table) - {"key", "admin", *_LIMIT_FIELDS})
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
     secret = table.get("key")
@@ -240,8 +243,11 @@ def _key_from_table(name: str, table: Any, source: str) -> ApiKey:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{where}: '{fld}' must be a positive integer")
         limits[fld] = value
+    admin = table.get("admin", False)
+    if not isinstance(admin, bool):
+        raise ValueError(f"{where}: 'admin' must be true or false")
     try:
         encoded = secret.encode("ascii")
     except UnicodeEncodeError:
         raise ValueError(f"{where}: 'key' must be ASCII (it travels in an HTTP header)") from None
-    return ApiKey(name, encoded, KeyLimits(**limits))
+    return ApiKey(name, encoded, KeyLimits(**limits), admin)

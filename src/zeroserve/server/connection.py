@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
 import logging
 import os
 import socket
@@ -81,6 +82,20 @@ def busy_answer(app: HostedApp) -> bytes:
     return framing.refusal(503, [(b"content-type", b"application/json"), *exc.headers], body)
 
 
+def is_loopback(peername: object) -> bool:
+    """Whether a transport's ``peername`` is this host: a loopback IP address (127.0.0.0/8,
+    ::1, an IPv4-mapped loopback), or a Unix socket's peer (not a tuple)."""
+    if not isinstance(peername, tuple):
+        return peername is not None
+    try:
+        addr = ipaddress.ip_address(str(peername[0]).partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped.is_loopback
+    return addr.is_loopback
+
+
 class HttpProtocol(asyncio.BufferedProtocol):
     def __init__(self, server: ServerView) -> None:
         self.server = server
@@ -104,6 +119,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self.edge: Edge = server.app.edge
         self._ctx: EdgeContext | None = None  # the edge's view of the current request
         self._head: RequestHead | None = None  # the head it belongs to
+        self.loopback = False  # the peer is this host (admin routes without API keys)
 
     # -- asyncio.BufferedProtocol --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -118,6 +134,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             transport.close()
             return
         server.connections.add(self)
+        self.loopback = is_loopback(transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
         tcp = sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6)
         if tcp:
@@ -244,6 +261,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             log.exception("error in head handler for %s %s", head.method, head.path)
             return self._early_error(head, ZeroserveError("internal server error"))
         req.edge = ctx
+        req.loopback = self.loopback
         ctx.model = req.params.get("model")  # raw and V2 routes; OpenAI names it later
         if ctx.trace is not None:
             self.edge.phase(ctx, None, route=req.route.name)

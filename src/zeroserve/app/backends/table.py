@@ -10,11 +10,19 @@ chat-like and embedding APIs. A model whose backend relays requests undecoded
 (``forwards``) is found from the body's ``"model"`` alone (a scan of the bytes, no
 decode), and only when such a model is served; every other request is decoded once, by
 its front end.
+
+A request for a model that is not loaded but may be loaded on demand (``Autoload``: a
+``--models-dir`` entry with autoload on, docs/architecture.md, "Models at run time") is
+answered by a task that waits for the load, within the request's deadline, and then
+dispatches as if the model had been there: the load adds the backend through
+:meth:`Backends.model_loaded`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import msgspec
 
@@ -26,7 +34,7 @@ from ..chat import ChatRequest
 from ..openai import schemas as s
 from ..relay._rewrite import model_spans
 from ..request import Request
-from ..response import HandlerResult, Response
+from ..response import HandlerResult, Response, StreamResponse
 from .base import Backend, BackendStatistics, FrontEnd
 from .llamacpp import LlamaCppBackend
 from .local import LocalBackend
@@ -53,11 +61,24 @@ UPSTREAM_COUNTERS = (
 )
 
 
+class Autoload(Protocol):
+    """Loads a model a request names, on demand."""
+
+    def can_load(self, name: str) -> bool:
+        """Whether ``name`` is a model that is not served now but may be loaded for a
+        request (cheap: called when a request names a model not in the table)."""
+
+    async def wait_loaded(self, name: str, req: Request) -> None:
+        """Load ``name`` (or join its load) within ``req``'s deadline; raise the error
+        the request is answered with when it cannot be loaded in time."""
+
+
 class Backends:
     """The backends of an engine's models, by name."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.autoload: Autoload | None = None
         self._table: dict[str, Backend] = {}
         self._forwarding = 0  # backends that relay requests undecoded
         for name in engine.names():
@@ -79,6 +100,14 @@ class Backends:
         backend = self._table.pop(name)
         self._forwarding -= backend.forwards
         await backend.aclose()
+
+    # The model manager's listener (runtime/model_manager.py, ModelListener).
+    def model_loaded(self, name: str) -> None:
+        self.add(name)
+
+    async def model_unloaded(self, name: str) -> None:
+        if name in self._table:
+            await self.remove(name)
 
     def get(self, name: str) -> Backend:
         backend = self._table.get(name)
@@ -120,6 +149,10 @@ class Backends:
         if backend is not None:
             return backend.forward(req, api.upstream_path)
         chat = api.decode(req)
+        if self._loadable(chat.model):
+            return self._after_load(
+                chat.model, req, api.upstream_path, lambda b: b.chat(api, chat, req)
+            )
         return self.get(chat.model).chat(api, chat, req)
 
     def embeddings(
@@ -130,6 +163,10 @@ class Backends:
         if backend is not None:
             return backend.forward(req, "/embeddings")
         body = decode(req)
+        if self._loadable(body.model):
+            return self._after_load(
+                body.model, req, "/embeddings", lambda b: b.embeddings(body, req)
+            )
         return self.get(body.model).embeddings(body, req)
 
     def count_tokens(
@@ -146,7 +183,32 @@ class Backends:
         if backend is not None:
             return backend.forward(req, path)
         chat = decode(req)
+        if self._loadable(chat.model):
+            return self._after_load(chat.model, req, path, lambda b: _counted(b, chat, answer))
         return _counted(self.get(chat.model), chat, answer)
+
+    # -- autoload --------------------------------------------------------------------------
+    def _loadable(self, name: str) -> bool:
+        return (
+            self.autoload is not None and name not in self._table and self.autoload.can_load(name)
+        )
+
+    async def _after_load(
+        self, name: str, req: Request, path: str, then: Callable[[Backend], HandlerResult]
+    ) -> Response | StreamResponse:
+        """Wait for ``name``'s load, then serve the request on its backend (a relay's
+        undecoded, as ``_forwarder`` would have)."""
+        assert self.autoload is not None
+        await self.autoload.wait_loaded(name, req)
+        backend = self.get(name)
+        if backend.forwards:
+            req.admit(self.engine.model(name))
+            result = backend.forward(req, path)
+        else:
+            result = then(backend)
+        if inspect.isawaitable(result):
+            return await result
+        return result
 
     # -- lifecycle -------------------------------------------------------------------------
     def statistics(self) -> dict[str, BackendStatistics]:

@@ -379,13 +379,27 @@ class ModelCapabilities(Struct):
     token_inputs: bool
 
 
-class ModelCard(Struct):
+class ModelLoadStatus(Struct, omit_defaults=True):
+    """A catalog model's state, in llama.cpp's router shape: ``value`` is ``unloaded``,
+    ``loading``, ``loaded`` or ``unloading``; a model whose last load failed is
+    ``unloaded`` with ``failed`` true and the ``reason``."""
+
+    value: Literal["unloaded", "loading", "loaded", "unloading"]
+    failed: bool = False
+    reason: str | UnsetType = UNSET
+
+
+class ModelCard(Struct, omit_defaults=True):
+    """One model. ``capabilities`` are known once it is loaded; ``status`` is given when
+    models come and go at run time (docs/architecture.md, "Models at run time")."""
+
     id: str
     object: str
     created: int
     owned_by: str
     description: str
-    capabilities: ModelCapabilities
+    capabilities: ModelCapabilities | UnsetType = UNSET
+    status: ModelLoadStatus | UnsetType = UNSET
 
 
 class ModelList(Struct):
