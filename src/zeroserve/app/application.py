@@ -12,6 +12,7 @@ from .anthropic import routes as anthropic
 from .backends import Backends
 from .endpoints import openapi, ops, raw, stats
 from .endpoints import ui as page
+from .extensions import routes as extensions
 from .kserve import routes as kserve
 from .limits import ApiLimits
 from .openai import routes as openai
@@ -46,6 +47,7 @@ class App:
         raw.register(self.router, engine, self.backends, self.limits)
         openai.register(self.router, engine, self.backends, self.limits)
         anthropic.register(self.router, self.backends, self.limits)
+        extensions.register(self.router, self.backends, self.limits)
         kserve.register(self.router, engine, self.limits)
         stats.register(self.router, engine)
         if ui:

@@ -178,7 +178,8 @@ def sampling(
     }
 
 
-def _message(m: s.Message, i: int) -> Turn:
+def turn(m: s.Message, i: int) -> Turn:
+    """Message ``i`` of a chat request as a conversation turn (text parts joined)."""
     if m.function_call is not None:
         raise RequestError(
             "function_call is deprecated and not supported; use tool_calls",
@@ -329,7 +330,7 @@ class ChatCompletions(_Answers):
         )
         chat = ChatRequest(
             model=body.model,
-            messages=[_message(m, i) for i, m in enumerate(body.messages)],
+            messages=[turn(m, i) for i, m in enumerate(body.messages)],
             n=body.n or 1,
             max_tokens=max_tokens,
             temperature=body.temperature,

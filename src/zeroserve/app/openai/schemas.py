@@ -386,7 +386,11 @@ class ModelCapabilities(Struct):
     one request's context (prompt and answer), when known;
     ``embedding_dimensions``: the width of its embeddings when fixed, the only
     ``dimensions`` it serves; ``token_inputs``: whether it embeds token arrays (else
-    only text, and a token array is refused with a 400 naming ``input``)."""
+    only text, and a token array is refused with a 400 naming ``input``);
+    ``tokenizer``: whether ``/tokenize`` and ``/detokenize`` serve it; ``rerank``: how
+    ``/v1/rerank`` scores with it (``cross-encoder``: a reranker reads query and
+    document together; ``bi-encoder``: the cosine of their embeddings, a weaker
+    ranking), null when it does not rerank."""
 
     chat: bool
     embeddings: bool
@@ -412,6 +416,8 @@ class ModelCapabilities(Struct):
     context_length: int | None
     embedding_dimensions: int | None
     token_inputs: bool
+    tokenizer: bool
+    rerank: Literal["cross-encoder", "bi-encoder"] | None
 
 
 class ModelCard(Struct):
