@@ -14,6 +14,7 @@ from .anthropic import routes as anthropic
 from .backends import Backends
 from .endpoints import openapi, ops, raw, stats
 from .endpoints import ui as page
+from .extensions import routes as extensions
 from .kserve import routes as kserve
 from .limits import ApiLimits
 from .openai import routes as openai
@@ -57,6 +58,7 @@ class App:
         raw.register(self.router, engine, self.backends, self.limits)
         openai.register(self.router, engine, self.backends, self.limits, models)
         anthropic.register(self.router, self.backends, self.limits)
+        extensions.register(self.router, self.backends, self.limits)
         kserve.register(self.router, engine, self.limits)
         stats.register(self.router, engine)
         if models is not None:

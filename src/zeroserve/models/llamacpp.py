@@ -98,7 +98,7 @@ _OPTIONS = (
 )
 # ``pooling`` option -> llama.cpp's pooling type (``model``: the GGUF's own, which for a
 # chat model is "none" and cannot make one vector per input).
-POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST"}
+POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST", "rank": "RANK"}
 
 
 def check_gguf(path: str, sha256: str | None) -> None:
@@ -165,7 +165,8 @@ class LlamaCppModel(Model):
     ``system_prompt`` (the system message put first in a chat that has none; empty: the
     chat template's own behaviour), ``embedding`` (also serve ``/v1/embeddings``; off by
     default: the engine then computes embeddings on every decode), ``pooling`` (how
-    embeddings pool tokens: ``model``, ``mean``, ``cls``, ``last``).
+    embeddings pool tokens: ``model``, ``mean``, ``cls``, ``last``; ``rank`` with
+    ``embedding=true`` serves ``/v1/rerank`` from a reranker GGUF).
     """
 
     executor = "inline"
@@ -226,6 +227,7 @@ class LlamaCppModel(Model):
         # Whether the GGUF's chat template renders tools and the engine parses the model's
         # tool calls (llama.cpp's ``chat_template_caps``); read once after the load.
         self.native_tools = False
+        self.n_vocab = 0  # the vocabulary's size, read once after the load
 
     def slot_count(self) -> int:
         return self.parallel
@@ -273,6 +275,7 @@ class LlamaCppModel(Model):
                 ) from None
         self._side = SidePort(self.side_address, self._side_key)
         self.native_tools = self._template_supports_tools()
+        self.n_vocab = self._vocabulary_size()
 
     # -- the engine's calls (blocking: each runs in one of the runtime's slot threads) ---
     def chat_call(self, payload: bytes, on_chunk: Callable[[bytes], bool]) -> None:
@@ -296,6 +299,42 @@ class LlamaCppModel(Model):
         ``prompt``, through its tokenizer (the side port, within ``timeout`` seconds)."""
         assert self._side is not None, "the model is not loaded"
         return await self._side.prompt_tokens(messages, prompt, timeout)
+
+    async def side_tokenize(
+        self,
+        messages: Sequence[Mapping[str, Any]] | None,
+        prompt: str | None,
+        add_special: bool,
+        timeout: float,
+    ) -> list[int]:
+        """Token ids of ``prompt``, or of ``messages`` through the chat template."""
+        assert self._side is not None, "the model is not loaded"
+        return await self._side.tokenize(messages, prompt, add_special, timeout)
+
+    async def side_detokenize(self, tokens: Sequence[int], timeout: float) -> str:
+        """The text of ``tokens`` (each below :attr:`n_vocab`)."""
+        assert self._side is not None, "the model is not loaded"
+        return await self._side.detokenize(tokens, timeout)
+
+    @property
+    def reranks(self) -> bool:
+        """Whether it serves ``/v1/rerank``: a reranker GGUF started with ``embedding=true``
+        and ``pooling=rank`` (llama.cpp's ``--reranking``)."""
+        return self.embedding and self.pooling == "rank"
+
+    def rerank_call(self, payload: bytes) -> bytes:
+        """Scores of a rerank request (``{"query", "documents"}``): the engine's answer,
+        or its ``{"error": ...}``. It cannot be stopped once it runs."""
+        return bytes(self.server.handle_rerank(payload))
+
+    def _vocabulary_size(self) -> int:
+        """The engine's vocabulary size (``meta.n_vocab`` of its ``/v1/models``)."""
+        req = urllib.request.Request(
+            self.side_address + "/v1/models",
+            headers={"Authorization": f"Bearer {self._side_key}"},
+        )
+        with urllib.request.urlopen(req, timeout=PROPS_TIMEOUT_S) as answer:
+            return int(json.load(answer)["data"][0]["meta"]["n_vocab"])
 
     def _template_supports_tools(self) -> bool:
         """The engine's verdict on its chat template (``GET /props`` on the side port)."""

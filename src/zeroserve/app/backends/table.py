@@ -169,6 +169,12 @@ class Backends:
             )
         return self.get(body.model).embeddings(body, req)
 
+    def relayed(self, req: Request, path: str) -> HandlerResult | None:
+        """The answer of the upstream of the body's ``"model"``, ``req`` relayed undecoded
+        to its ``path``, when that model is relayed; None otherwise."""
+        backend = self._forwarder(req)
+        return backend.forward(req, path) if backend is not None else None
+
     def count_tokens(
         self,
         req: Request,

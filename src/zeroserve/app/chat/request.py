@@ -37,6 +37,10 @@ OPTIONAL_PARAMETERS: tuple[str, ...] = (
     "tool_choice",
     "max_tool_calls",
     "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "min_tokens",
 )
 
 # A front end that spells every parameter as the chat request does.
@@ -99,7 +103,14 @@ class ChatRequest:
     ``n`` choices of each prompt (or of the conversation). ``logprobs``: per-token log
     probabilities, with ``top_logprobs`` alternatives each. ``timeout``: the client's own,
     in seconds (its SDK's timeout headers). ``top_k``: sample among the k likeliest
-    tokens (an optional parameter). ``report_stop``: the answer says which stop string
+    tokens (an optional parameter); ``min_p``: drop tokens less likely than this
+    fraction of the likeliest; ``repetition_penalty``: divide the logits of tokens
+    already in the prompt or answer by it (vLLM's and llama.cpp's, 1 neutral);
+    ``ignore_eos``: generate on past the end-of-sequence token, to ``max_tokens``
+    (benchmark clients' fixed output lengths); ``min_tokens``: no end-of-sequence
+    token before this many tokens (vLLM's extensions). ``continuous_usage``: a stream
+    carries the usage so far on every chunk (vLLM's
+    ``stream_options.continuous_usage_stats``). ``report_stop``: the answer says which stop string
     ended it (``Finish.stop_sequence``, Anthropic's ``stop_sequence``), so a backend whose
     model would match stop strings out of sight matches them where it can see them.
     ``continues``: the answer continues the conversation's last turn, an assistant's
@@ -124,6 +135,10 @@ class ChatRequest:
         temperature: float | None = None,
         top_p: float | None = None,
         top_k: int | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        ignore_eos: bool = False,
+        min_tokens: int | None = None,
         seed: int | None = None,
         stop: list[str] | None = None,
         presence_penalty: float | None = None,
@@ -138,6 +153,7 @@ class ChatRequest:
         max_tool_calls: int | None = None,
         stream: bool = False,
         include_usage: bool = False,
+        continuous_usage: bool = False,
         timeout: float | None = None,
         report_stop: bool = False,
         continues: bool = False,
@@ -152,6 +168,10 @@ class ChatRequest:
         self.temperature = temperature
         self.top_p = top_p
         self.top_k = top_k
+        self.min_p = min_p
+        self.repetition_penalty = repetition_penalty
+        self.ignore_eos = ignore_eos
+        self.min_tokens = min_tokens
         self.seed = seed
         self.stop: list[str] = stop if stop is not None else []
         self.presence_penalty = presence_penalty
@@ -166,6 +186,7 @@ class ChatRequest:
         self.max_tool_calls = max_tool_calls
         self.stream = stream
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
         self.timeout = timeout
         self.report_stop = report_stop
         self.continues = continues
@@ -212,6 +233,14 @@ class ChatRequest:
             out.append("max_tool_calls")
         if self.top_k is not None:
             out.append("top_k")
+        if self.min_p:
+            out.append("min_p")
+        if self.repetition_penalty is not None and self.repetition_penalty != 1.0:
+            out.append("repetition_penalty")
+        if self.ignore_eos:
+            out.append("ignore_eos")
+        if self.min_tokens:
+            out.append("min_tokens")
         return out
 
     def refuse_unhonoured(self, honours: frozenset[str]) -> None:

@@ -140,7 +140,46 @@ def _tools(
     return tools, choice
 
 
-def _message(m: s.Message, i: int) -> Turn:
+def sampling(
+    body: s.ChatCompletionRequest | s.CompletionRequest, max_tokens: int | None
+) -> dict[str, Any]:
+    """vLLM's sampling extensions and ``stream_options`` as the chat request's keyword
+    arguments (``top_k`` -1 or 0 is every token: not given).
+
+    ``min_tokens`` is served with ``ignore_eos`` and no ``stop``, which imply it (the
+    answer runs to ``max_tokens``): no engine here can hold back its end for a number of
+    tokens and then let it come (llama.cpp's has no such field), so any other use is a
+    400 naming it, as is ``min_tokens`` above ``max_tokens`` (vLLM's rule)."""
+    if body.min_tokens:
+        if not body.ignore_eos or body.stop is not None:
+            raise RequestError(
+                "min_tokens is served only with ignore_eos: true and no stop, which make "
+                "the answer run to max_tokens",
+                param="min_tokens",
+            )
+        if max_tokens is not None and body.min_tokens > max_tokens:
+            raise RequestError("min_tokens must be at most max_tokens", param="min_tokens")
+    options = body.stream_options
+    include_usage = bool(options and options.include_usage)
+    continuous = bool(options and options.continuous_usage_stats)
+    if continuous and not include_usage:
+        raise RequestError(
+            "stream_options.continuous_usage_stats needs include_usage: true",
+            param="stream_options.continuous_usage_stats",
+        )
+    return {
+        "top_k": body.top_k if body.top_k is not None and body.top_k > 0 else None,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repetition_penalty,
+        "ignore_eos": bool(body.ignore_eos),
+        "min_tokens": body.min_tokens,
+        "include_usage": include_usage,
+        "continuous_usage": continuous,
+    }
+
+
+def turn(m: s.Message, i: int) -> Turn:
+    """Message ``i`` of a chat request as a conversation turn (text parts joined)."""
     if m.function_call is not None:
         raise RequestError(
             "function_call is deprecated and not supported; use tool_calls",
@@ -197,8 +236,15 @@ class _Answers:
                 created=created,
                 model=chat.model,
                 usage=chat.include_usage,
+                continuous=chat.continuous_usage,
             )
-            stream = ChoiceStream(chunks, choices, n=chat.n, include_usage=chat.include_usage)
+            stream = ChoiceStream(
+                chunks,
+                choices,
+                n=chat.n,
+                include_usage=chat.include_usage,
+                continuous=chat.continuous_usage,
+            )
             return StreamResponse(stream, framing="sse")
         return self._whole(choices, chat, ident, created)
 
@@ -277,13 +323,16 @@ class ChatCompletions(_Answers):
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
         tools, choice = _tools(body.tools, body.tool_choice, limits)
+        max_tokens = (
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else body.max_tokens
+        )
         chat = ChatRequest(
             model=body.model,
-            messages=[_message(m, i) for i, m in enumerate(body.messages)],
+            messages=[turn(m, i) for i, m in enumerate(body.messages)],
             n=body.n or 1,
-            max_tokens=body.max_completion_tokens
-            if body.max_completion_tokens is not None
-            else body.max_tokens,
+            max_tokens=max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
@@ -298,8 +347,8 @@ class ChatCompletions(_Answers):
             tool_choice=choice,
             parallel_tool_calls=body.parallel_tool_calls,
             stream=bool(body.stream),
-            include_usage=bool(body.stream_options and body.stream_options.include_usage),
             names=_CHAT_NAMES[body.max_completion_tokens is not None],
+            **sampling(body, max_tokens),
         )
         self._counts(chat)
         return chat
@@ -361,8 +410,8 @@ class Completions(_Answers):
             logprobs=body.logprobs is not None,
             top_logprobs=body.logprobs,
             stream=bool(body.stream),
-            include_usage=bool(body.stream_options and body.stream_options.include_usage),
             names=_COMPLETION_NAMES,
+            **sampling(body, body.max_tokens),
         )
         self._counts(chat)
         return chat

@@ -30,6 +30,35 @@ _SCHEMA: dict[str, Any] = {
     "description": "A JSON Schema object, passed to the model as it came.",
 }
 
+# vLLM's min_tokens is served with ignore_eos and no stop, which imply it (app/openai/
+# chat.py); its bound by max_tokens is stated in its description.
+_MIN_TOKENS_RULE: dict[str, Any] = {
+    "if": {
+        "required": ["min_tokens"],
+        "properties": {"min_tokens": {"type": "integer", "minimum": 1}},
+    },
+    "then": {
+        "required": ["ignore_eos"],
+        "properties": {"ignore_eos": {"const": True}, "stop": _NULL},
+    },
+}
+# stream_options.continuous_usage_stats needs include_usage (vLLM's usage on every chunk).
+_STREAM_OPTIONS = Refinement(
+    s.StreamOptions,
+    rules=(
+        {
+            "if": {
+                "required": ["continuous_usage_stats"],
+                "properties": {"continuous_usage_stats": {"const": True}},
+            },
+            "then": {
+                "required": ["include_usage"],
+                "properties": {"include_usage": {"const": True}},
+            },
+        },
+    ),
+)
+
 _STATELESS = "this server keeps no state"
 _NOT_SERVED = "not served by any model here"
 
@@ -68,8 +97,10 @@ CHAT = (
                 },
                 "then": {"required": ["tools"], "properties": {"tools": {"type": "array"}}},
             },
+            _MIN_TOKENS_RULE,
         ),
     ),
+    _STREAM_OPTIONS,
     Refinement(
         s.Message,
         only={"function_call": _null("deprecated by OpenAI; send tool_calls")},
@@ -133,7 +164,9 @@ COMPLETIONS = (
             "suffix": _null(_NOT_SERVED),
             "best_of": _only({"enum": [1, None]}, "1; " + _NOT_SERVED),
         },
+        rules=(_MIN_TOKENS_RULE,),
     ),
+    _STREAM_OPTIONS,
 )
 
 EMBEDDINGS = (Refinement(s.EmbeddingRequest, limits={"input": ("maxItems", "embedding_inputs")}),)

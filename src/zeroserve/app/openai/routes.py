@@ -143,6 +143,8 @@ class _OpenAI:
                 context_length=caps.context_length,
                 embedding_dimensions=caps.embedding_dimensions,
                 token_inputs=caps.token_inputs,
+                tokenizer=caps.tokenizer,
+                rerank=caps.rerank,
             ),
         )
 

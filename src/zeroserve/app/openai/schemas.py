@@ -61,6 +61,23 @@ MAX_TOP_LOGPROBS = lim.MAX_TOP_LOGPROBS
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+# vLLM's sampling extensions (docs/architecture.md, "One chat path"): ``top_k`` -1 or 0
+# is every token (neutral); ``min_p`` a fraction of the likeliest token's probability;
+# ``repetition_penalty`` divides the logits of tokens already seen (1 neutral; bounded
+# away from 0, whose division would make them infinite); ``min_tokens`` at most
+# ``max_tokens``.
+TopK = Annotated[int, Meta(ge=-1, le=1 << 20)]  # a vocabulary is far smaller
+MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+RepetitionPenalty = Annotated[float, Meta(ge=0.01, le=10.0)]
+MinTokens = Annotated[
+    int,
+    Meta(
+        ge=0,
+        le=lim.MAX_TOKENS,
+        description="At most max_tokens. Served only with ignore_eos: true and no stop, "
+        "which make the answer run to max_tokens.",
+    ),
+]
 
 
 def given(raw: msgspec.Raw | UnsetType | None) -> TypeIs[msgspec.Raw]:
@@ -81,6 +98,8 @@ def json_object(raw: msgspec.Raw | UnsetType | None, param: str) -> msgspec.Raw 
 
 class StreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     include_usage: bool | None = False
+    # vLLM's: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: bool | None = False
     include_obfuscation: bool | None = None  # no effect: nothing is obfuscated here
 
 
@@ -201,6 +220,12 @@ class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Bias] | None = None
+    # vLLM's sampling extensions, honoured where the serving backend can (else a 400).
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    ignore_eos: bool | None = None
+    min_tokens: MinTokens | None = None
     response_format: msgspec.Raw | UnsetType = UNSET
     tools: msgspec.Raw | UnsetType = UNSET
     tool_choice: msgspec.Raw | UnsetType = UNSET
@@ -237,6 +262,12 @@ class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Bias] | None = None
+    # vLLM's sampling extensions, honoured where the serving backend can (else a 400).
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    ignore_eos: bool | None = None
+    min_tokens: MinTokens | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -355,7 +386,11 @@ class ModelCapabilities(Struct):
     one request's context (prompt and answer), when known;
     ``embedding_dimensions``: the width of its embeddings when fixed, the only
     ``dimensions`` it serves; ``token_inputs``: whether it embeds token arrays (else
-    only text, and a token array is refused with a 400 naming ``input``)."""
+    only text, and a token array is refused with a 400 naming ``input``);
+    ``tokenizer``: whether ``/tokenize`` and ``/detokenize`` serve it; ``rerank``: how
+    ``/v1/rerank`` scores with it (``cross-encoder``: a reranker reads query and
+    document together; ``bi-encoder``: the cosine of their embeddings, a weaker
+    ranking), null when it does not rerank."""
 
     chat: bool
     embeddings: bool
@@ -371,12 +406,18 @@ class ModelCapabilities(Struct):
             "tool_choice",
             "max_tool_calls",
             "top_k",
+            "min_p",
+            "repetition_penalty",
+            "ignore_eos",
+            "min_tokens",
         ]
     ]
     relayed: bool
     context_length: int | None
     embedding_dimensions: int | None
     token_inputs: bool
+    tokenizer: bool
+    rerank: Literal["cross-encoder", "bi-encoder"] | None
 
 
 class ModelLoadStatus(Struct, omit_defaults=True):

@@ -20,7 +20,7 @@ needs no tokenizer; otherwise the engine's own template and tokenizer count it e
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .... import metrics
@@ -32,12 +32,14 @@ from ...deadlines import openai_timeout
 from ...openai import schemas as s
 from ...request import Request
 from ...response import JSON, HandlerResult, Response, StreamResponse
-from ..base import BackendStatistics, Capabilities, FrontEnd
+from ..base import BackendStatistics, Capabilities, FrontEnd, Relevance
 from . import wire
 from .embeddings import chunks as embedding_chunks
 from .embeddings import merge as merge_embeddings
 from .output import EngineOutput, engine_error
 from .requests import Requests, requests
+from .rerank import chunks as rerank_chunks
+from .rerank import scores as rerank_scores
 
 # Seconds to get an exact token count from the engine's tokenizer (loopback, no model
 # work: milliseconds; a second means the engine is wedged).
@@ -73,6 +75,23 @@ class LlamaCppEngine(Protocol):
         self, messages: Sequence[Mapping[str, Any]] | None, prompt: str | None, timeout: float
     ) -> int: ...
 
+    n_vocab: int
+
+    @property
+    def reranks(self) -> bool: ...
+
+    async def side_tokenize(
+        self,
+        messages: Sequence[Mapping[str, Any]] | None,
+        prompt: str | None,
+        add_special: bool,
+        timeout: float,
+    ) -> list[int]: ...
+
+    async def side_detokenize(self, tokens: Sequence[int], timeout: float) -> str: ...
+
+    def rerank_call(self, payload: bytes) -> bytes: ...
+
 
 class LlamaCppBackend:
     """Serves one llama.cpp model."""
@@ -99,6 +118,8 @@ class LlamaCppBackend:
             honours=HONOURS,
             context_length=self.engine.context_length,
             token_inputs=self.engine.embedding,  # the engine embeds token arrays too
+            tokenizer=True,
+            rerank="cross-encoder" if self.engine.reranks else None,
         )
 
     def statistics(self) -> BackendStatistics:
@@ -141,6 +162,71 @@ class LlamaCppBackend:
         planned = requests(chat, self.engine)
         timeout = max(min(TOKENIZE_TIMEOUT_S, self.engine.timeout), 0.001)
         return await self.engine.prompt_tokens(planned.messages, None, timeout)
+
+    # -- tokens ----------------------------------------------------------------------------
+    async def tokenize(
+        self, text: str | None, chat: ChatRequest | None, add_special: bool
+    ) -> list[int]:
+        """By the engine's own tokenizer and chat template (its side port); a
+        conversation as the engine would be sent it (its default system prompt too)."""
+        messages = requests(chat, self.engine).messages if chat is not None else None
+        return await self.engine.side_tokenize(messages, text, add_special, self._side_timeout())
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        size = self.engine.n_vocab
+        bad = next((t for t in tokens if not 0 <= t < size), None)
+        if bad is not None:
+            raise RequestError(
+                f"token {bad} is outside the vocabulary (0..{size - 1})", param="tokens"
+            )
+        return await self.engine.side_detokenize(tokens, self._side_timeout())
+
+    def _side_timeout(self) -> float:
+        return max(min(TOKENIZE_TIMEOUT_S, self.engine.timeout), 0.001)
+
+    # -- rerank ----------------------------------------------------------------------------
+    def rerank(self, query: str, documents: list[str], req: Request) -> Awaitable[Relevance]:
+        if not self.engine.reranks:
+            raise CapabilityError(
+                f"model {self.name!r} is not a reranker; serve a reranker GGUF with the "
+                "options embedding=true&pooling=rank",
+                param="model",
+            )
+        parts = rerank_chunks(query, documents)
+        for _, payload in parts:
+            metrics.count_copy("engine_body", len(payload))
+        deadline = self._deadline(openai_timeout(req))
+        ticket = self.handle.admit()  # Overloaded: 429
+        return self._rerank(req, parts, ticket, deadline)
+
+    async def _rerank(
+        self, req: Request, parts: list[tuple[int, bytes]], ticket: Ticket, deadline: float
+    ) -> Relevance:
+        engine = self.engine
+
+        def call(payload: bytes) -> Callable[[], bytes]:
+            def run() -> bytes:
+                try:
+                    answer = engine.rerank_call(payload)
+                except ValueError as exc:  # the engine refused the input before computing
+                    raise RequestError(
+                        f"the engine refused the input: {exc}", param="documents"
+                    ) from None
+                if answer.startswith(_ERROR_PREFIX):
+                    raise engine_error(answer)
+                return answer
+
+            return run
+
+        sizes = [n for n, _ in parts]
+        answers = await self.handle.slots.run(
+            ticket, [call(p) for _, p in parts], deadline=deadline, items=sizes
+        )
+        relevance = rerank_scores(list(answers), sizes)
+        if req.edge is not None:  # an API key's token quota
+            req.edge.model = self.name
+            req.edge.count_tokens(relevance.tokens)
+        return relevance
 
     async def _counted(
         self, api: FrontEnd, chat: ChatRequest, req: Request, planned: Requests, deadline: float

@@ -60,13 +60,22 @@ def response_format(fmt: OutputFormat) -> dict[str, Any]:
 
 
 def sampling(chat: ChatRequest, seed: int | None) -> dict[str, Any]:
-    """The sampling fields of one engine request (``seed``: this choice's)."""
+    """The sampling fields of one engine request (``seed``: this choice's), as the
+    engine spells them (``repeat_penalty``; ``ignore_eos`` biases every end-of-generation
+    token away). ``min_tokens`` has no engine field: it is served only with ``ignore_eos``,
+    which implies it (``app/openai/chat.py``)."""
     out: dict[str, Any] = {"stream": True, "stream_options": _STREAMED}
+    if chat.ignore_eos:
+        out["ignore_eos"] = True
+    if chat.continuous_usage:  # each chunk's timings count the tokens so far
+        out["timings_per_token"] = True
     for key, value in (
         ("max_tokens", chat.max_tokens),
         ("temperature", chat.temperature),
         ("top_p", chat.top_p),
         ("top_k", chat.top_k),
+        ("min_p", chat.min_p),
+        ("repeat_penalty", chat.repetition_penalty),
         ("seed", seed),
         ("presence_penalty", chat.presence_penalty),
         ("frequency_penalty", chat.frequency_penalty),
