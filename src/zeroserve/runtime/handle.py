@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
-from ..errors import CapabilityError, DeadlineExceeded, Overloaded, RequestError
+from ..errors import (
+    CapabilityError,
+    DeadlineExceeded,
+    Overloaded,
+    RequestError,
+    ZeroserveError,
+)
 from ..models.base import GenerateRequest, Model
 from .admission import Admission, AdmissionStatistics, QueueWatch, Ticket
 from .batcher import Batcher, BatcherStatistics, Pending
@@ -42,7 +48,8 @@ class ModelStatus:
     executor: str
     workers: int
     ready_workers: int
-    # Why the model cannot take work, when its executor knows (``Executor.unavailable``).
+    # Why the model cannot take work (``ModelRuntime.refusal``): hung work, workers being
+    # restarted, a lost cluster.
     reason: str | None = None
 
 
@@ -174,6 +181,15 @@ class ModelRuntime:
             retry_after=self.options.hang_grace_s,
         )
 
+    def refusal(self) -> ZeroserveError | None:
+        """The one answer to "no worker or slot can take work now": the error admission
+        refuses a request with at the head, and the reason ``/ready`` gives; None while
+        the model can take work (docs/architecture.md, "Hung work")."""
+        ex = self.executor
+        if ex.has_capacity():
+            return None
+        return ex.unavailable() or self.no_capacity()
+
     def statistics(self) -> ModelStatistics:
         return ModelStatistics(
             queue=self.admission.statistics(),
@@ -190,7 +206,7 @@ class ModelRuntime:
             executor=workers.executor,
             workers=workers.workers,
             ready_workers=workers.ready,
-            reason=why.message if (why := self.executor.unavailable()) is not None else None,
+            reason=why.message if (why := self.refusal()) is not None else None,
         )
 
     async def submit(
@@ -271,11 +287,12 @@ class ModelHandle:
 
     def admit(self) -> Ticket:
         """Admit one request at its head, or raise ``Overloaded``: 429 when the queue is
-        full, 503 when no worker can take work (all hung:
-        docs/decisions/0020-hung-work-is-reclaimed.md)."""
+        full, 503 when no worker can take work (``ModelRuntime.refusal``: hung, restarting,
+        cluster lost; docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md)."""
         rt = self._rt
-        if not rt.executor.has_capacity():
-            raise rt.executor.unavailable() or rt.no_capacity()
+        why = rt.refusal()
+        if why is not None:
+            raise why
         return rt.admission.admit()
 
     def _require(self, capability: str) -> None:
