@@ -10,11 +10,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from helpers import CTX, counter, engine, until
 from models_for_tests import Turnstile
 
+from zeroserve import metrics
 from zeroserve.runtime import ManualClock, SlotPool
 from zeroserve.runtime.admission import Admission
 from zeroserve.runtime.classes import (
@@ -157,6 +159,11 @@ def test_a_batcher_serves_a_high_class_before_earlier_low_class_requests(
             assert list(order[:4]) == [1, 4, 2, 3]
             waits = eng._models["turnstile"].class_statistics()
             assert waits[0].started == 1 and waits[5].started == 3
+            text = metrics.exposition().decode()  # per model and class
+            assert 'zeroserve_class_wait_started_total{class="5",name="turnstile"} 3.0' in text
+            assert 'zeroserve_class_wait_waiting{class="0",name="turnstile"} 0.0' in text
+            assert "zeroserve_class_wait_seconds_total" in text
+            msgspec.json.encode(metrics.snapshot())  # /v1/stats: the same, as JSON
 
     run(main())
 
