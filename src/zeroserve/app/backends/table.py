@@ -120,6 +120,7 @@ class Backends:
         if backend is not None:
             return backend.forward(req, api.upstream_path)
         chat = api.decode(req)
+        req.ask_priority(chat.priority)
         return self.get(chat.model).chat(api, chat, req)
 
     def embeddings(
@@ -130,6 +131,7 @@ class Backends:
         if backend is not None:
             return backend.forward(req, "/embeddings")
         body = decode(req)
+        req.ask_priority(body.priority)
         return self.get(body.model).embeddings(body, req)
 
     def count_tokens(

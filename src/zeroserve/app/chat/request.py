@@ -125,6 +125,7 @@ class ChatRequest:
         top_p: float | None = None,
         top_k: int | None = None,
         seed: int | None = None,
+        priority: int | None = None,
         stop: list[str] | None = None,
         presence_penalty: float | None = None,
         frequency_penalty: float | None = None,
@@ -153,6 +154,7 @@ class ChatRequest:
         self.top_p = top_p
         self.top_k = top_k
         self.seed = seed
+        self.priority = priority  # the class it asks for (app/priorities.py); None: none
         self.stop: list[str] = stop if stop is not None else []
         self.presence_penalty = presence_penalty
         self.frequency_penalty = frequency_penalty
