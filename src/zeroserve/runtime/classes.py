@@ -111,24 +111,27 @@ def merge_classes(
     return out
 
 
-class _Entry(Generic[T]):
-    __slots__ = ("arrived", "item", "key", "priority")
+class _Counts:
+    """One class's counts in one queue (mutated in place: one lookup per operation)."""
 
-    def __init__(self, key: tuple[float, int], item: T, priority: int, arrived: float) -> None:
-        self.key = key
-        self.item = item
-        self.priority = priority
-        self.arrived = arrived
+    __slots__ = ("started", "waited_s", "waiting")
 
-    def __lt__(self, other: _Entry[T]) -> bool:
-        return self.key < other.key
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.started = 0
+        self.waited_s = 0.0
+
+
+# A waiting item: (rank, sequence, its class's counts, arrival, item). Tuples compare in
+# C, and the sequence is unique, so the comparison never reaches the counts or the item.
+_Entry = tuple[float, int, _Counts, float, T]
 
 
 class ClassQueue(Generic[T]):
     """Items waiting for capacity, served lowest rank first (the module's docstring).
     ``T`` items are compared by identity for ``remove`` and ``in``."""
 
-    __slots__ = ("_aging_s", "_clock", "_entries", "_seq", "_started", "_waited", "_waiting")
+    __slots__ = ("_aging_s", "_clock", "_counts", "_entries", "_seq")
 
     def __init__(self, clock: Clock, aging_s: float = DEFAULT_AGING_S) -> None:
         if aging_s < 0:
@@ -137,9 +140,7 @@ class ClassQueue(Generic[T]):
         self._aging_s = aging_s
         self._entries: list[_Entry[T]] = []
         self._seq = itertools.count()
-        self._waiting: dict[Priority, int] = {}
-        self._started: dict[Priority, int] = {}
-        self._waited: dict[Priority, float] = {}
+        self._counts: dict[Priority, _Counts] = {}
 
     @property
     def aging_s(self) -> float:
@@ -153,10 +154,10 @@ class ClassQueue(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         """The items in the order they would be served."""
-        return iter([e.item for e in self._entries])
+        return iter([e[4] for e in self._entries])
 
     def __contains__(self, item: object) -> bool:
-        return any(e.item is item for e in self._entries)
+        return any(e[4] is item for e in self._entries)
 
     def rank(self, priority: Priority, arrived: float) -> float:
         return arrived + priority * self._aging_s
@@ -164,17 +165,20 @@ class ClassQueue(Generic[T]):
     def push(self, item: T, priority: Priority, arrived: float | None = None) -> None:
         """Queue ``item`` of class ``priority``, waiting since ``arrived`` (now if None)."""
         when = self._clock() if arrived is None else arrived
-        entry = _Entry((self.rank(priority, when), next(self._seq)), item, priority, when)
+        counts = self._counts.get(priority)
+        if counts is None:
+            counts = self._counts[priority] = _Counts()
+        counts.waiting += 1
+        entry = (when + priority * self._aging_s, next(self._seq), counts, when, item)
         entries = self._entries
-        if not entries or entries[-1].key < entry.key:
+        if not entries or entries[-1][0] <= entry[0]:
             entries.append(entry)  # the common case: one class, arrivals in order
         else:
             bisect.insort(entries, entry)
-        self._waiting[priority] = self._waiting.get(priority, 0) + 1
 
     def peek(self) -> T:
         """The item that would be served next (``IndexError`` when empty)."""
-        return self._entries[0].item
+        return self._entries[0][4]
 
     def pop(self) -> T:
         """Serve the best item: it starts now (``IndexError`` when empty)."""
@@ -190,19 +194,22 @@ class ClassQueue(Generic[T]):
         taken = entries[:n]
         del entries[:n]
         now = self._clock()
-        for e in taken:
-            self._left(e)
-            self._started[e.priority] = self._started.get(e.priority, 0) + 1
-            self._waited[e.priority] = self._waited.get(e.priority, 0.0) + max(0.0, now - e.arrived)
-        return [e.item for e in taken]
+        out: list[T] = []
+        for _, _, counts, arrived, item in taken:
+            counts.waiting -= 1
+            counts.started += 1
+            if now > arrived:
+                counts.waited_s += now - arrived
+            out.append(item)
+        return out
 
     def remove(self, item: object) -> bool:
         """Take ``item`` out without serving it (cancelled, expired); False if absent."""
         entries = self._entries
         for i, e in enumerate(entries):
-            if e.item is item:
+            if e[4] is item:
                 del entries[i]
-                self._left(e)
+                e[2].waiting -= 1
                 return True
         return False
 
@@ -211,8 +218,8 @@ class ClassQueue(Generic[T]):
         kept: list[_Entry[T]] = []
         dropped = 0
         for e in self._entries:
-            if drop(e.item):
-                self._left(e)
+            if drop(e[4]):
+                e[2].waiting -= 1
                 dropped += 1
             else:
                 kept.append(e)
@@ -222,39 +229,33 @@ class ClassQueue(Generic[T]):
 
     def oldest_arrival(self) -> float:
         """When the longest-waiting item arrived (``ValueError`` when empty)."""
-        return min(e.arrived for e in self._entries)
+        return min(e[3] for e in self._entries)
 
     def clear(self) -> list[T]:
         """Remove everything, unserved; the items, in serving order."""
-        items = [e.item for e in self._entries]
+        items = [e[4] for e in self._entries]
         for e in self._entries:
-            self._left(e)
+            e[2].waiting -= 1
         self._entries = []
         return items
 
-    def _left(self, e: _Entry[T]) -> None:
-        n = self._waiting[e.priority] - 1
-        if n:
-            self._waiting[e.priority] = n
-        else:
-            del self._waiting[e.priority]
-
     def statistics(self) -> dict[Priority, ClassStatistics]:
-        """Per class (every class waiting now or ever started here): waiting now, the longest
-        current wait, and the cumulative waits of those started."""
+        """Per class (every class waiting now or ever started here): waiting now, the
+        longest current wait, and the cumulative waits of those started."""
         now = self._clock()
-        longest: dict[Priority, float] = {}
+        longest: dict[int, float] = {}
         for e in self._entries:
-            w = now - e.arrived
-            if w > longest.get(e.priority, -1.0):
-                longest[e.priority] = w
-        classes = set(self._started) | set(self._waiting)
+            key = id(e[2])
+            w = now - e[3]
+            if w > longest.get(key, -1.0):
+                longest[key] = w
         return {
-            c: ClassStatistics(
-                waiting=self._waiting.get(c, 0),
-                longest_wait_s=max(0.0, longest.get(c, 0.0)),
-                started=self._started.get(c, 0),
-                waited_s=self._waited.get(c, 0.0),
+            cls: ClassStatistics(
+                waiting=c.waiting,
+                longest_wait_s=max(0.0, longest.get(id(c), 0.0)),
+                started=c.started,
+                waited_s=c.waited_s,
             )
-            for c in sorted(classes)
+            for cls, c in sorted(self._counts.items())
+            if c.waiting or c.started
         }
