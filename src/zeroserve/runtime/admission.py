@@ -7,6 +7,9 @@ Strategy
   raises ``Overloaded(429)``.
 * Global, by bytes in flight: the arena's budget. ``Arena.allocate`` raises
   ``Overloaded(503)`` itself; :func:`check_bytes` lets the head decide before allocating.
+* Admission queues nothing: an admitted request waits in its batcher's queue or for an
+  engine slot, both ordered by the ticket's priority class (runtime/classes.py); the
+  depth counts every class alike.
 * ``Retry-After`` is computed from the measured drain rate: completions per second over
   a sliding window of the injected clock. "You are N behind a queue draining at R/s"
   means "come back in N/R seconds". With no measurement yet, a default is used.
