@@ -25,7 +25,8 @@ TOML layout (every key optional)::
                # load_timeout_s, shutdown_timeout_s, restart_backoff_s,
                # max_restart_backoff_s, inline_yield_every,
                # ray_address (the Ray cluster of executor=ray models),
-               # model_nice (--model-nice: models' work below the event loop)
+               # model_nice (--model-nice: models' work below the event loop),
+               # priority_aging_s (seconds of waiting worth one priority class; 0: FIFO)
     [api_limits] # embedding_inputs, messages, prompts, stop, tools, n, generations,
                  # output_tokens, v2_inputs, v2_outputs, v2_output_bytes (app/limits.py)
     [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
@@ -58,6 +59,7 @@ from .errors import ConfigError, ConfigWarning
 from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
 from .runtime import RuntimeOptions
 from .runtime.arena import DEFAULT_BUDGET_BYTES
+from .runtime.classes import check_priority
 from .runtime.model_manager import DEFAULT_KEEP_ALIVE_S
 from .runtime.priority import MAX_NICE, MAX_RT_PRIORITY
 from .server import options as so
@@ -117,6 +119,10 @@ class EdgeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 CorsPolicy(self.cors_origins, allow_credentials=self.cors_allow_credentials)
             if keys:
                 KeyRing(keys)
+            for key in keys:  # the classes a key names are the runtime's
+                for fld, value in (("priority", key.priority), ("priority_min", key.priority_min)):
+                    if value is not None:
+                        check_priority(value, f"[keys.{key.name}] {fld}")
         except ValueError as exc:
             raise ConfigError(f"key 'edge': {exc}") from None
         return EdgeOptions(
@@ -179,6 +185,7 @@ class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ray_address: str | None = _RUNTIME_DEFAULTS.ray_address
     hang_grace_s: float = _RUNTIME_DEFAULTS.hang_grace_s
     model_nice: int = _RUNTIME_DEFAULTS.model_nice
+    priority_aging_s: float = _RUNTIME_DEFAULTS.priority_aging_s
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -282,6 +289,10 @@ def load_config(
         raise ConfigError(
             "invalid configuration: key 'models_dir': needs workers = 1 (each HTTP process "
             "would load its own copy of every model, and a load would reach only one)"
+        )
+    if not 0 <= cfg.runtime.priority_aging_s < float("inf"):
+        raise ConfigError(
+            "invalid configuration: key 'runtime.priority_aging_s': must be >= 0 seconds"
         )
     if not 0 <= cfg.runtime.model_nice <= MAX_NICE:
         raise ConfigError(

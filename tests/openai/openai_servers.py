@@ -24,6 +24,7 @@ from openai_test_models import EndlessModel, FailingModel, GatedModel, StallMode
 
 import openai
 from zeroserve.app import App
+from zeroserve.edge import Edge, EdgeOptions
 from zeroserve.http.limits import HttpLimits
 from zeroserve.models.echo import EchoModel
 from zeroserve.models.minilm import MiniLMEmbedder
@@ -52,8 +53,10 @@ class ServerThread:
         runtime: RuntimeOptions | None = None,
         limits: HttpLimits | None = None,
         loop: str = "uvloop",
+        edge: EdgeOptions | None = None,
     ) -> None:
         self.configs = dict(configs)
+        self.edge = edge
         self.runtime = runtime
         self.limits = limits or HttpLimits()
         self.loop_kind = loop
@@ -90,10 +93,11 @@ class ServerThread:
         self.loop = asyncio.get_running_loop()
         arena = Arena(256 << 20)
         engine = self.engine = Engine(self.configs, arena=arena, options=self.runtime)
+        edge = Edge(self.edge) if self.edge is not None else None
         try:
             await engine.start()
             options = ServerOptions(port=0, http=self.limits)
-            server = self.server = Server(App(engine), arena, options)
+            server = self.server = Server(App(engine, edge), arena, options)
             await server.start(bind_socket("127.0.0.1", 0))
             self.port = server.port
             self._ready.set()
@@ -101,6 +105,8 @@ class ServerThread:
         finally:
             await engine.aclose()
             arena.close()
+            if edge is not None:
+                edge.close()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the server's loop (to read engine state) and return its result."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from ..edge import Edge
+from ..edge import Edge, EdgeContext
 from ..errors import ZeroserveError
 from ..http.connection import RequestHead
 from ..runtime import Engine
@@ -67,9 +67,10 @@ class App:
             page.register(self.router)
         openapi.register(self.router, self.limits)  # last: it describes every route above
 
-    def on_head(self, head: RequestHead) -> Request:
+    def on_head(self, head: RequestHead, edge: EdgeContext | None = None) -> Request:
         route, params = self.router.match(head.method, head.path)
         req = Request(head, params, route)
+        req.edge = edge  # before the head hook: it may admit by the key's priority class
         if route.on_head is not None:
             route.on_head(req)
         return req

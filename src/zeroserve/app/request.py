@@ -19,7 +19,9 @@ from .. import metrics
 from ..edge import EdgeContext
 from ..http.connection import RequestHead
 from ..runtime import Lease, ModelHandle, Ticket
+from ..runtime.classes import Priority
 from .apidoc import RouteDoc
+from .priorities import PRIORITY_HEADER, checked, head_priority
 from .problems import ErrorFormat
 from .response import HandlerResult
 
@@ -57,6 +59,7 @@ class Request:
     __slots__ = (
         "_disconnected",
         "_handle",
+        "_priority",
         "_query",
         "_released",
         "_ticket",
@@ -84,13 +87,34 @@ class Request:
         # Whether the peer is this host (a loopback address or a Unix socket), set by the
         # server: with no API keys, only such a peer may call the admin routes.
         self.loopback = False
+        self._priority: Priority | None = None
 
     # -- what the request owns -----------------------------------------------------------
     def admit(self, handle: ModelHandle) -> None:
-        """Resolve the request's model and admit it (``Overloaded`` 429 raised here)."""
+        """Resolve the request's model and admit it at its :attr:`priority`
+        (``Overloaded`` 429 raised here; a bad ``x-priority`` 400 before)."""
         assert self._ticket is None, "a request is admitted once"
-        self._ticket = handle.admit()
+        self._ticket = handle.admit(self.priority)
         self._handle = handle
+
+    @property
+    def priority(self) -> Priority:
+        """The request's class (app/priorities.py): what its body asked for
+        (:meth:`ask_priority`), else its ``x-priority`` header, else its API key's
+        default; ``RequestError`` (400) if the header asks for a class it may not."""
+        if self._priority is None:
+            edge = self.edge
+            key = edge.key if edge is not None else None
+            self._priority = head_priority(self.header(PRIORITY_HEADER), key)
+        return self._priority
+
+    def ask_priority(self, asked: int | None, name: str = "priority") -> None:
+        """The body's ``priority`` field (``None``: not given), which wins over the header;
+        ``RequestError`` (400) naming ``name`` if its API key may not ask for it."""
+        head = self.priority  # a malformed header is refused even when the body asks
+        if asked is not None and asked != head:
+            edge = self.edge
+            self._priority = checked(asked, edge.key if edge is not None else None, name)
 
     @property
     def handle(self) -> ModelHandle:

@@ -22,6 +22,7 @@ from ..models.base import GenerateRequest, Model
 from .admission import Admission, AdmissionStatistics, QueueWatch, Ticket
 from .batcher import Batcher, BatcherStatistics, Pending
 from .channel import Channel, Policy
+from .classes import DEFAULT_PRIORITY, ClassStatistics, Priority, merge_classes
 from .clock import Clock, call_at
 from .contract import Executor
 from .options import ResolvedModel, RuntimeOptions
@@ -83,7 +84,11 @@ class ModelRuntime:
         count = self.meta.slot_count()
         if count:
             self.slots = SlotPool(
-                self.spec.name, count, byte_cap=self.options.coalesce_cap_bytes, clock=self.clock
+                self.spec.name,
+                count,
+                byte_cap=self.options.coalesce_cap_bytes,
+                clock=self.clock,
+                aging_s=self.options.priority_aging_s,
             )
 
     def start_batchers(self) -> None:
@@ -103,6 +108,7 @@ class ModelRuntime:
             release=ex.release,
             run=run,
             name=f"{spec.name}-{kind}",
+            aging_s=self.options.priority_aging_s,
         )
         batcher.start()
         return batcher
@@ -199,6 +205,13 @@ class ModelRuntime:
             slots=self.slots.statistics() if self.slots is not None else None,
         )
 
+    def class_statistics(self) -> dict[Priority, ClassStatistics]:
+        """The model's waits per class, over its batchers' queues and its engine slots."""
+        parts = [b.class_statistics() for b in (self.infer_batcher, self.embed_batcher) if b]
+        if self.slots is not None:
+            parts.append(self.slots.class_statistics())
+        return merge_classes(parts)
+
     def status(self) -> ModelStatus:
         workers = self.executor.statistics()
         return ModelStatus(
@@ -215,6 +228,7 @@ class ModelRuntime:
         payload: Any,
         deadline: float | None,
         watch: QueueWatch | None = None,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> Any:
         assert batcher is not None
         clock = self.clock
@@ -222,12 +236,12 @@ class ModelRuntime:
         dl = self.deadline(deadline)
         if now >= dl:
             raise DeadlineExceeded("the request's deadline passed before it was queued")
-        p = Pending(payload, dl, now, watch)
+        p = Pending(payload, dl, now, watch, priority)
         if watch is not None:
             watch.queued()
 
         def expire() -> None:
-            queued = p in batcher._queue
+            queued = batcher.is_queued(p)
             batcher.discard(p)
             where = "while it was queued" if queued else "while it was running"
             p.fail(DeadlineExceeded(f"the request's deadline passed {where}"))
@@ -285,15 +299,16 @@ class ModelHandle:
         limit = self.spec.deadline_s
         return self._rt.clock() + (limit if timeout_s is None else min(timeout_s, limit))
 
-    def admit(self) -> Ticket:
-        """Admit one request at its head, or raise ``Overloaded``: 429 when the queue is
-        full, 503 when no worker can take work (``ModelRuntime.refusal``: hung, restarting,
-        cluster lost; docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md)."""
+    def admit(self, priority: Priority = DEFAULT_PRIORITY) -> Ticket:
+        """Admit one request of class ``priority`` at its head, or raise ``Overloaded``:
+        429 when the queue is full, 503 when no worker can take work
+        (``ModelRuntime.refusal``: hung, restarting, cluster lost;
+        docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md)."""
         rt = self._rt
         why = rt.refusal()
         if why is not None:
             raise why
-        return rt.admission.admit()
+        return rt.admission.admit(priority)
 
     def _require(self, capability: str) -> None:
         if capability not in self.capabilities:
@@ -307,7 +322,7 @@ class ModelHandle:
         try:
             self._require("infer")
             result: InferResult = await self._rt.submit(
-                self._rt.infer_batcher, inputs, deadline, ticket.watch
+                self._rt.infer_batcher, inputs, deadline, ticket.watch, ticket.priority
             )
             return result
         finally:
@@ -335,7 +350,7 @@ class ModelHandle:
         try:
             self._require("embed")
             out: np.ndarray = await self._rt.submit(
-                self._rt.embed_batcher, list(texts), deadline, ticket.watch
+                self._rt.embed_batcher, list(texts), deadline, ticket.watch, ticket.priority
             )
             return out
         finally:

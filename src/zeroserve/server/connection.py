@@ -254,7 +254,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             return self._early_answer(Response(204), "done")
         try:
             self.edge.admit(ctx, head.path, head.query)
-            req = app.on_head(head)
+            req = app.on_head(head, ctx)
         except ZeroserveError as exc:
             return self._early_error(head, exc)
         except Exception:

@@ -109,7 +109,7 @@ class LocalBackend:
                         code="context_length_exceeded",
                     )
         deadline = handle.deadline(chat.timeout)
-        tickets = admit(handle, len(prompts) * chat.n)
+        tickets = admit(handle, len(prompts) * chat.n, req.priority)
         edge = req.edge
         on_tokens = edge.count_tokens if edge is not None else None
         pending: list[QueuedChoice] = []

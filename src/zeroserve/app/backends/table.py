@@ -149,6 +149,7 @@ class Backends:
         if backend is not None:
             return backend.forward(req, api.upstream_path)
         chat = api.decode(req)
+        req.ask_priority(chat.priority)
         if self._loadable(chat.model):
             return self._after_load(
                 chat.model, req, api.upstream_path, lambda b: b.chat(api, chat, req)
@@ -163,6 +164,7 @@ class Backends:
         if backend is not None:
             return backend.forward(req, "/embeddings")
         body = decode(req)
+        req.ask_priority(body.priority)
         if self._loadable(body.model):
             return self._after_load(
                 body.model, req, "/embeddings", lambda b: b.embeddings(body, req)

@@ -140,6 +140,7 @@ class ChatRequest:
         ignore_eos: bool = False,
         min_tokens: int | None = None,
         seed: int | None = None,
+        priority: int | None = None,
         stop: list[str] | None = None,
         presence_penalty: float | None = None,
         frequency_penalty: float | None = None,
@@ -173,6 +174,7 @@ class ChatRequest:
         self.ignore_eos = ignore_eos
         self.min_tokens = min_tokens
         self.seed = seed
+        self.priority = priority  # the class it asks for (app/priorities.py); None: none
         self.stop: list[str] = stop if stop is not None else []
         self.presence_penalty = presence_penalty
         self.frequency_penalty = frequency_penalty

@@ -135,6 +135,7 @@ class Responses:
             max_tokens=body.max_output_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
+            priority=body.priority,
             response_format=_response_format(fmt)
             if fmt is not None and fmt.type != "text"
             else None,

@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .schemas import FunctionName, MaxTokens, Temperature, TopP
+from .schemas import FunctionName, MaxTokens, PriorityClass, Temperature, TopP
 
 
 # -- requests -------------------------------------------------------------------------------
@@ -158,6 +158,7 @@ class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     tool_choice: msgspec.Raw | UnsetType = UNSET
     parallel_tool_calls: bool | None = None
     max_tool_calls: Annotated[int, Meta(ge=1)] | None = None
+    priority: PriorityClass | None = None
     # Refused unless neutral (see ``refusals``).
     previous_response_id: str | None = None
     conversation: Any = None

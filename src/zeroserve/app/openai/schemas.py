@@ -22,6 +22,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ...errors import RequestError
+from ...runtime.classes import MAX_PRIORITY, MIN_PRIORITY
 from .. import limits as lim
 
 if TYPE_CHECKING:
@@ -36,6 +37,17 @@ N = Annotated[int, Meta(ge=1)]
 # Ranges that protect the code below the schema (see app/limits.py).
 MaxTokens = Annotated[int, Meta(ge=1, le=lim.MAX_TOKENS)]
 Seed = Annotated[int, Meta(ge=lim.SEED_MIN, le=lim.SEED_MAX)]
+# The request's priority class (vLLM's field: lower runs first; app/priorities.py).
+PriorityClass = Annotated[
+    int,
+    Meta(
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="The request's priority class: lower runs first (vLLM's meaning). "
+        "Waiting requests are served by class, a class rising one step per second waited; "
+        "an API key may set a default and a highest class it may ask for.",
+    ),
+]
 
 
 # -- requests -------------------------------------------------------------------------------
@@ -213,6 +225,7 @@ class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     top_p: TopP | None = None
     seed: Seed | None = None
     n: N | None = None
+    priority: PriorityClass | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
@@ -253,6 +266,7 @@ class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     top_p: TopP | None = None
     seed: Seed | None = None
     n: N | None = None
+    priority: PriorityClass | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     echo: bool | None = False
@@ -281,6 +295,7 @@ class EmbeddingRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     input: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
+    priority: PriorityClass | None = None
     user: str | None = None  # accepted, no effect
 
 

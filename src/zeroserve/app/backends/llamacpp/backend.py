@@ -258,7 +258,7 @@ class LlamaCppBackend:
         bodies, tool_plan, error_param = planned.bodies, planned.plan, planned.error_param
         for body in bodies:
             metrics.count_copy("engine_body", len(body))
-        tickets = admit(handle, len(bodies))
+        tickets = admit(handle, len(bodies), req.priority)
         edge = req.edge
         on_tokens = edge.count_tokens if edge is not None else None
         call = self.engine.chat_call if chat.chat else self.engine.completion_call
@@ -299,7 +299,7 @@ class LlamaCppBackend:
         for _, payload in parts:
             metrics.count_copy("engine_body", len(payload))
         deadline = self._deadline(openai_timeout(req))
-        ticket = self.handle.admit()  # Overloaded: 429
+        ticket = self.handle.admit(req.priority)  # Overloaded: 429
         return self._embed(req, parts, ticket, deadline, body.dimensions)
 
     async def _embed(
