@@ -133,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
         "processes run at, 0 to 19 (default 10; 0: the same priority); a model's nice "
         "option overrides it",
     )
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="serve OpenAI's Files and Batch APIs (/v1/files, /v1/batches), keeping their "
+        "SQLite database and files in DIR; batches survive a restart and resume "
+        "(default: off; needs --workers 1)",
+    )
     serve.add_argument("--log-level", help="debug, info, warning, error")
     edge = serve.add_argument_group("edge", "API keys, CORS, access log (off by default)")
     edge.add_argument(
@@ -302,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             arena_bytes=args.arena_bytes,
             log_level=args.log_level,
             ui=args.ui,
+            data_dir=args.data_dir,
         )
         if args.max_body_bytes is not None:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
@@ -357,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             edge=cfg.edge.options(),
             ui=cfg.ui,
             api_limits=cfg.app_limits(),
+            batch=cfg.batch_options(),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)

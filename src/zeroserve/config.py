@@ -12,6 +12,7 @@ TOML layout (every key optional)::
     default_models = true       # serve the embedded models when no model is given
     log_level = "info"
     ui = true                   # the playground and dashboard page at /
+    data_dir = "/var/lib/zeroserve"  # the Files and Batch APIs' state (off when unset)
 
     [limits]   # max_head_bytes, max_headers, max_uri_bytes, max_body_bytes
     [timeouts] # head, body, keepalive, write, graceful, drain_ready_delay (seconds)
@@ -42,10 +43,12 @@ import os
 import tomllib
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
+from .app.batch import BatchOptions
 from .app.limits import ApiLimits
 from .edge import ApiKey, EdgeOptions, KeyRing, load_keys_file
 from .edge.cors import CorsPolicy
@@ -188,6 +191,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     default_models: bool = True
     log_level: str = "info"
     ui: bool = True
+    # Where the Files and Batch APIs keep their SQLite database and files; unset: no
+    # /v1/files nor /v1/batches (docs/architecture.md, "The Batch API").
+    data_dir: str | None = None
     limits: Limits = msgspec.field(default_factory=Limits)
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     runtime: Runtime = msgspec.field(default_factory=Runtime)
@@ -197,6 +203,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
+
+    def batch_options(self) -> BatchOptions | None:
+        return None if self.data_dir is None else BatchOptions(Path(self.data_dir))
 
     def app_limits(self) -> ApiLimits:
         return ApiLimits(**msgspec.structs.asdict(self.api_limits))
@@ -254,6 +263,9 @@ def load_config(
         value = msgspec.structs.asdict(cfg.runtime)[key]
         if not 0 < value < float("inf"):
             raise ConfigError(f"invalid configuration: key 'runtime.{key}': must be > 0 seconds")
+    if cfg.data_dir is not None and cfg.workers > 1:
+        # One runner owns a data directory's batches (docs/architecture.md, "The Batch API").
+        raise ConfigError("invalid configuration: key 'data_dir': needs workers = 1")
     if not 0 <= cfg.loop_rt_priority <= MAX_RT_PRIORITY:
         raise ConfigError(
             f"invalid configuration: key 'loop_rt_priority': must be 0 to {MAX_RT_PRIORITY}"

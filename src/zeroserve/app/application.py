@@ -10,6 +10,7 @@ from ..http.connection import RequestHead
 from ..runtime import Engine
 from .anthropic import routes as anthropic
 from .backends import Backends
+from .batch import BatchApi, BatchOptions
 from .endpoints import openapi, ops, raw, stats
 from .endpoints import ui as page
 from .kserve import routes as kserve
@@ -34,6 +35,7 @@ class App:
         metrics_view: Callable[[], Awaitable[bytes]] | None = None,
         ui: bool = True,
         limits: ApiLimits | None = None,
+        batch: BatchOptions | None = None,
     ) -> None:
         self.engine = engine
         self.edge = edge if edge is not None else Edge()
@@ -48,6 +50,10 @@ class App:
         anthropic.register(self.router, self.backends, self.limits)
         kserve.register(self.router, engine, self.limits)
         stats.register(self.router, engine)
+        # The Files and Batch APIs, with --data-dir only (docs/architecture.md, "The Batch API").
+        self.batch = BatchApi(batch, self.router, engine, self.edge) if batch else None
+        if self.batch is not None:
+            self.batch.register(self.router)
         if ui:
             page.register(self.router)
         openapi.register(self.router, self.limits)  # last: it describes every route above
@@ -68,6 +74,11 @@ class App:
     def error_body(self, exc: ZeroserveError, fmt: ErrorFormat) -> bytes:
         return error_body(exc, fmt)
 
+    def start(self) -> None:
+        """Start the app's own work on the running loop (the batch runner)."""
+        if self.batch is not None:
+            self.batch.start()
+
     def start_draining(self) -> None:
         """From now on ``/ready`` answers 503 (the server is draining)."""
         self.readiness.draining = True
@@ -75,5 +86,7 @@ class App:
     async def aclose(self) -> None:
         """Close what the app holds open (the backends: the relays' upstream connections;
         the access log's writer)."""
+        if self.batch is not None:
+            await self.batch.aclose()  # before the backends its lines use
         await self.backends.aclose()
         self.edge.close()

@@ -23,6 +23,7 @@ from .metrics_peers import MetricsPeers
 from .server import Server
 
 if TYPE_CHECKING:
+    from ..app.batch import BatchOptions
     from ..edge import EdgeOptions
     from ..models.loader import ModelRef
     from .options import ServerOptions
@@ -53,6 +54,7 @@ async def serve_async(
     edge: EdgeOptions | None = None,
     ui: bool = True,
     api_limits: ApiLimits | None = None,
+    batch: BatchOptions | None = None,
 ) -> None:
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
@@ -71,7 +73,9 @@ async def serve_async(
             metrics_view=peers.scrape if peers is not None else None,
             ui=ui,
             limits=api_limits,
+            batch=batch,
         )
+        app.start()
         server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
@@ -125,6 +129,7 @@ def serve(
     edge: EdgeOptions | None = None,
     ui: bool = True,
     api_limits: ApiLimits | None = None,
+    batch: BatchOptions | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
@@ -139,6 +144,7 @@ def serve(
             edge=edge,
             ui=ui,
             api_limits=api_limits,
+            batch=batch,
         ),
     )
     return 0
