@@ -27,6 +27,8 @@ TOML layout (every key optional)::
     [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
                # cors_allow_credentials, access_log, request_ids, tracing
     [tls]      # certfile, keyfile, ca_certs (client certificates: mTLS)
+    [batch]    # the Batch API's limits: max_file_bytes, max_lines, max_line_bytes,
+               # max_open_batches (per key), min_free_bytes, lines_per_model (app/batch/options.py)
 
 Environment variables use the key in upper case, nested keys joined by ``__``:
 ``ZEROSERVE_PORT=9000``, ``ZEROSERVE_LIMITS__MAX_BODY_BYTES=1048576``,
@@ -49,6 +51,14 @@ from typing import Any, Literal
 import msgspec
 
 from .app.batch import BatchOptions
+from .app.batch.options import (
+    LINES_PER_MODEL,
+    MAX_FILE_BYTES,
+    MAX_LINE_BYTES,
+    MAX_LINES,
+    MAX_OPEN_BATCHES,
+    MIN_FREE_BYTES,
+)
 from .app.limits import ApiLimits
 from .edge import ApiKey, EdgeOptions, KeyRing, load_keys_file
 from .edge.cors import CorsPolicy
@@ -127,6 +137,17 @@ class EdgeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         )
 
 
+class BatchConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The Batch API's limits (app/batch/options.py); used with ``data_dir``."""
+
+    max_file_bytes: int = MAX_FILE_BYTES
+    max_lines: int = MAX_LINES
+    max_line_bytes: int = MAX_LINE_BYTES
+    max_open_batches: int = MAX_OPEN_BATCHES
+    min_free_bytes: int = MIN_FREE_BYTES
+    lines_per_model: int = LINES_PER_MODEL
+
+
 class Tls(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     certfile: str | None = None
     keyfile: str | None = None
@@ -200,12 +221,15 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     api_limits: ApiLimitsConfig = msgspec.field(default_factory=ApiLimitsConfig)
     edge: EdgeConfig = msgspec.field(default_factory=EdgeConfig)
     tls: Tls = msgspec.field(default_factory=Tls)
+    batch: BatchConfig = msgspec.field(default_factory=BatchConfig)
 
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
 
     def batch_options(self) -> BatchOptions | None:
-        return None if self.data_dir is None else BatchOptions(Path(self.data_dir))
+        if self.data_dir is None:
+            return None
+        return BatchOptions(Path(self.data_dir), **msgspec.structs.asdict(self.batch))
 
     def app_limits(self) -> ApiLimits:
         return ApiLimits(**msgspec.structs.asdict(self.api_limits))
@@ -263,6 +287,9 @@ def load_config(
         value = msgspec.structs.asdict(cfg.runtime)[key]
         if not 0 < value < float("inf"):
             raise ConfigError(f"invalid configuration: key 'runtime.{key}': must be > 0 seconds")
+    for key, value in msgspec.structs.asdict(cfg.batch).items():
+        if value < (0 if key == "min_free_bytes" else 1):
+            raise ConfigError(f"invalid configuration: key 'batch.{key}': must be positive")
     if cfg.data_dir is not None and cfg.workers > 1:
         # One runner owns a data directory's batches (docs/architecture.md, "The Batch API").
         raise ConfigError("invalid configuration: key 'data_dir': needs workers = 1")

@@ -108,7 +108,8 @@ class BatchRunner:
         self._task: asyncio.Task[None] | None = None
         self._lines: set[asyncio.Task[None]] = set()
         self._flight: dict[str, dict[int, str]] = {}  # batch -> {line index: model}
-        self._per_model: Counter[str] = Counter()
+        self._per_model: Counter[str] = Counter()  # lines started, per model
+        self._admitted: Counter[str] = Counter()  # of which admitted (holding tickets)
         self._held: dict[tuple[str, int], float] = {}  # refused lines -> when to retry
         self.lines_run = 0  # lines whose handler ran to an answer (statistics, tests)
 
@@ -132,7 +133,7 @@ class BatchRunner:
         while True:
             self._wake.clear()
             try:
-                delay = self._pass()
+                delay = self.step()
             except Exception:
                 log.exception("the batch runner's pass failed; retrying")
                 delay = 1.0
@@ -142,7 +143,7 @@ class BatchRunner:
                 pass
 
     # -- one pass over the open batches ----------------------------------------------------
-    def _pass(self) -> float | None:
+    def step(self) -> float | None:
         """Advance every open batch; the seconds until a timed event (retry, expiry)."""
         store = self.store
         now_wall = store.now()
@@ -180,7 +181,8 @@ class BatchRunner:
             handle = self.engine.model(model)
         except ZeroserveError:
             return self.options.lines_per_model  # not served: its lines fail at once
-        others = handle.statistics().queue.in_flight - self._per_model[model]
+        # Admission's count less the lines it admitted: the model's interactive requests.
+        others = handle.statistics().queue.in_flight - self._admitted[model]
         return LINES_BESIDE_INTERACTIVE if others > 0 else self.options.lines_per_model
 
     def _schedule(self, batch: s.BatchObject, pending: int) -> float | None:
@@ -215,7 +217,7 @@ class BatchRunner:
     ) -> None:  # fmt: skip
         try:
             try:
-                status, payload, request_id = await self._call(owner, endpoint, body)
+                status, payload, request_id = await self._call(owner, endpoint, body, model)
             except _Retry as retry:
                 self._held[(bid, idx)] = self._clock() + retry.after
                 return
@@ -235,7 +237,9 @@ class BatchRunner:
             self._per_model[model] -= 1
             self.wake()
 
-    async def _call(self, owner: str, endpoint: str, body: bytes) -> tuple[int, bytes, str]:
+    async def _call(
+        self, owner: str, endpoint: str, body: bytes, model: str
+    ) -> tuple[int, bytes, str]:
         """Run one line through its route's handler: (status, JSON body, request id)."""
         edge = self.edge
         ctx = edge.start("POST", (), endpoint)
@@ -264,10 +268,13 @@ class BatchRunner:
         req = LineRequest(head, params, route)
         req.body = memoryview(body)
         req.edge = ctx
+        admitted = False
         try:
             if route.on_head is not None:
                 route.on_head(req)
-            result = route.handler(req)
+            result = route.handler(req)  # admits the line (429 raised here)
+            self._admitted[model] += 1
+            admitted = True
             if inspect.isawaitable(result):
                 result = await result
             if isinstance(result, StreamResponse):  # refused at validation: never here
@@ -282,6 +289,8 @@ class BatchRunner:
             log.exception("a batch line failed")
             return 500, error_body(ZeroserveError("internal server error"), "openai"), request_id
         finally:
+            if admitted:
+                self._admitted[model] -= 1
             req.release()
             edge.release_quota(ctx)
 
