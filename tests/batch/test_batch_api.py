@@ -146,6 +146,22 @@ def test_hostile_uploads_are_refused_before_work_starts(server: ServerProcess) -
     with pytest.raises(openai.APIStatusError) as too_big:
         upload(c, b"{}\n" * 30000)
     assert too_big.value.status_code == 413
+    mark = "b0undary"
+    chunked = httpx.post(
+        server.url + "/v1/files",
+        content=iter(
+            [
+                f'--{mark}\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n'.encode(),
+                *([b"{}\n" * 10_000] * 5),  # past the limit (and the form's), no length said
+                f"\r\n--{mark}--\r\n".encode(),
+            ]
+        ),
+        headers={
+            "content-type": f"multipart/form-data; boundary={mark}",
+            "authorization": f"Bearer {ALICE}",
+        },
+    )
+    assert chunked.status_code == 413, chunked.text
     with pytest.raises(openai.BadRequestError, match="purpose"):
         c.files.create(file=("a.jsonl", io.BytesIO(b"{}\n")), purpose="assistants")
     r = httpx.post(

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 
 from ...edge import Edge
-from ...errors import Overloaded, PayloadTooLarge, RequestError
+from ...errors import Overloaded, PayloadTooLarge, RequestError, ZeroserveError
 from ...runtime import Engine
 from ..apidoc import RouteDoc
 from ..request import Request
@@ -108,35 +108,71 @@ class BatchApi:
         """Refuse an upload at its head: its size (413) and the disk space left (507)."""
         size = req.head.content_length
         limit = self.options.max_file_bytes + FORM_OVERHEAD_BYTES
-        if req.head.chunked or size is None:
-            raise RequestError("an upload has a Content-Length", param="file")
-        if size > limit:
+        if size is None:  # chunked: its size is checked as it arrives (UploadFile)
+            size = 0
+        elif size > limit:
             raise PayloadTooLarge(f"a batch file may be up to {self.options.max_file_bytes} bytes")
         upload.boundary(req.header(b"content-type"))
-        self.store.check_space(size, self.options.min_free_bytes)
+        # Twice: the form as it arrives, then the file cut out of it.
+        self.store.check_space(2 * size, self.options.min_free_bytes)
+        req.store_body(upload.UploadFile(self.store.upload_path(), limit))
 
     def create_file(self, req: Request) -> Response:
-        form = upload.parts(req.body, upload.boundary(req.header(b"content-type")))
-        purpose = form.get("purpose")
-        if purpose is None or bytes(req.body[purpose.start : purpose.end]).strip() != b"batch":
-            raise RequestError("purpose must be 'batch' (the only purpose served)", param="purpose")
-        part = form.get("file")
-        if part is None or part.filename is None:
-            raise RequestError("the form has no file part", param="file")
-        data = req.body[part.start : part.end]
-        if len(data) > self.options.max_file_bytes:
-            raise PayloadTooLarge(f"a batch file may be up to {self.options.max_file_bytes} bytes")
-        opts = self.options
-        lines = upload.count_lines(data, opts.max_line_bytes, opts.max_lines)
-        fid, path = self.store.part_path()
+        stored = req.take_body_store()
+        assert isinstance(stored, upload.UploadFile), "the head hook stores the upload"
         try:
-            upload.write(path, data)
-            row = self.store.add_file(
-                fid, path, _owner(req), os.path.basename(part.filename)[:255], "batch", lines
-            )
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
+            stored.finish()
+            if stored.too_large:
+                raise PayloadTooLarge(
+                    f"a batch file may be up to {self.options.max_file_bytes} bytes"
+                )
+            if stored.error is not None:
+                self.store.check_space(0, self.options.min_free_bytes)  # 507 if that is why
+                raise ZeroserveError("the upload could not be stored")
+            if not stored.size:
+                raise RequestError("the form is empty", param="file")
+            with open(stored.path, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                return self._file_from_form(req, memoryview(mapped))
+            finally:
+                try:
+                    mapped.close()
+                except BufferError:  # a view of it is still referenced: it goes with that
+                    pass
+        finally:
+            stored.discard()
+
+    def _file_from_form(self, req: Request, form_view: memoryview) -> Response:
+        with form_view:
+            form = upload.parts(form_view, upload.boundary(req.header(b"content-type")))
+            purpose = form.get("purpose")
+            if purpose is None or bytes(form_view[purpose.start : purpose.end]).strip() != b"batch":
+                raise RequestError(
+                    "purpose must be 'batch' (the only purpose served)", param="purpose"
+                )
+            part = form.get("file")
+            if part is None or part.filename is None:
+                raise RequestError("the form has no file part", param="file")
+            opts = self.options
+            if part.end - part.start > opts.max_file_bytes:
+                raise PayloadTooLarge(f"a batch file may be up to {opts.max_file_bytes} bytes")
+            with form_view[part.start : part.end] as data:
+                lines = upload.count_lines(data, opts.max_line_bytes, opts.max_lines)
+                fid, path = self.store.part_path()
+                try:
+                    upload.write(path, data)
+                    row = self.store.add_file(
+                        fid,
+                        path,
+                        _owner(req),
+                        os.path.basename(part.filename)[:255],
+                        "batch",
+                        lines,
+                    )
+                except BaseException:
+                    path.unlink(missing_ok=True)
+                    raise
         return json_response(row.public())
 
     def list_files(self, req: Request) -> Response:

@@ -146,6 +146,10 @@ class BatchStore:
         fid = _new_id("file-")
         return fid, self.files_dir / f"{fid}.part"
 
+    def upload_path(self) -> Path:
+        """Where an upload's form is written as it arrives (removed once read)."""
+        return self.files_dir / f"upload-{secrets.token_hex(12)}.part"
+
     def path(self, fid: str) -> Path:
         return self.files_dir / fid
 

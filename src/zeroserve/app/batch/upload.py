@@ -1,12 +1,12 @@
 """The upload of a file (``POST /v1/files``): ``multipart/form-data`` as the openai SDK
-sends it, parsed from the request body's view and its file part written to disk from
-that view (no copy in user space), after a check that it is a batch input: JSONL,
-within the limits on size, lines and line length.
+sends it.
 
-The body is received whole into its arena lease first, like every body
-(docs/architecture.md, "The data path"), bounded by the file size limit at the head; a
-path that streams a body to disk as it arrives is not built (the arena holds at most
-``MAX_FILE_BYTES`` of it at a time).
+The body is written to disk as it arrives (:class:`UploadFile`, the request's body
+store: each window the server receives it through is written from that window), so an
+upload is never whole in memory. The handler then maps the stored form, finds its parts
+with ``re`` (which reads the mapping in place), checks the file part is a batch input
+(JSONL, within the limits on lines and line length) and writes it to its own file from
+the mapping: no copy in user space anywhere.
 """
 
 from __future__ import annotations
@@ -118,6 +118,47 @@ def count_lines(data: memoryview, max_line_bytes: int, max_lines: int) -> int:
     if n == 0:
         raise RequestError("the file has no requests", param="file")
     return n
+
+
+class UploadFile:
+    """A request body written to ``path`` as it arrives (a ``BodyStore``), up to
+    ``limit`` bytes (a chunked body's size is known only as it arrives). A failed write
+    (the disk full) is kept in ``error``, a body past the limit in ``too_large``, and the
+    rest dropped: the I/O layer calls ``write`` and must not fail; the handler answers."""
+
+    __slots__ = ("error", "fd", "limit", "path", "size", "too_large")
+
+    def __init__(self, path: Path, limit: int) -> None:
+        self.path = path
+        self.limit = limit
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self.size = 0
+        self.error: OSError | None = None
+        self.too_large = False
+
+    def write(self, data: memoryview) -> None:
+        if self.error is not None or self.too_large or self.fd < 0:
+            return
+        if self.size + len(data) > self.limit:
+            self.too_large = True
+            return
+        try:
+            done = 0
+            while done < len(data):
+                done += os.write(self.fd, data[done:])
+            self.size += done
+        except OSError as exc:
+            self.error = exc
+
+    def finish(self) -> None:
+        """The body is whole: close the file (it is read back, then removed)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def discard(self) -> None:
+        self.finish()
+        self.path.unlink(missing_ok=True)
 
 
 def write(path: Path, data: memoryview) -> None:
