@@ -23,10 +23,23 @@ from zeroserve.runtime import Engine, ModelConfig
 from .conftest import completion_lines, jsonl
 
 
-async def _app(tmp_path: Path, configs: dict[str, ModelConfig], **limits: int) -> App:
+class WallClock:
+    """The batch API's wall clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _app(
+    tmp_path: Path, configs: dict[str, ModelConfig], wall: WallClock | None = None, **limits: int
+) -> App:
     engine = Engine(configs)
     await engine.start()
-    app = App(engine, batch=BatchOptions(tmp_path / "data", **limits))
+    options = BatchOptions(tmp_path / "data", wall=wall or WallClock(), **limits)
+    app = App(engine, batch=options)
     app.start()
     return app
 
@@ -113,6 +126,54 @@ def test_the_runner_keeps_to_one_line_beside_interactive_work(tmp_path: Path) ->
 
             await await_until(ended, 30, "the batch to complete")
             assert store.batch(bid, "").request_counts.completed == lines
+        finally:
+            for gate in GATES.values():
+                gate.set()
+            await _close(app)
+
+    asyncio.run(main())
+
+
+def test_a_batch_past_its_window_expires_with_its_unrun_lines_reported(tmp_path: Path) -> None:
+    lines = 4
+    for i in range(lines):
+        GATES[f"line-{i}"] = threading.Event()
+    wall = WallClock()
+
+    async def main() -> None:
+        app = await _app(
+            tmp_path,
+            {"gated": ModelConfig("gated", GatedModel, workers=4)},
+            wall,
+            lines_per_model=1,
+        )
+        assert app.batch is not None
+        runner, store = app.batch.runner, app.batch.store
+        try:
+            bid = _submit(app, jsonl(completion_lines(lines, "gated")))
+            GATES["line-0"].set()
+
+            async def one_done() -> bool:
+                return store.batch(bid, "").request_counts.completed == 1
+
+            await await_until(one_done, 30, "the first line")
+            created = store.batch(bid, "")
+            assert created.expires_at == created.created_at + 24 * 3600
+            wall.now += 24 * 3600  # the window has passed; line-1 is running
+            runner.wake()
+            GATES["line-1"].set()  # the running line ends (it is not cut), nothing new starts
+
+            async def expired() -> bool:
+                return store.batch(bid, "").status == "expired"
+
+            await await_until(expired, 30, "the batch to expire")
+            done = store.batch(bid, "")
+            assert done.expired_at == int(wall.now)
+            assert (done.request_counts.completed, done.request_counts.failed) == (2, 2)
+            assert done.error_file_id is not None
+            errors = app.batch.store.path(done.error_file_id).read_bytes().splitlines()
+            codes = {s.line_result_decoder.decode(e).error.code for e in errors}  # type: ignore[union-attr]
+            assert codes == {"batch_expired"}
         finally:
             for gate in GATES.values():
                 gate.set()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +43,8 @@ SCHEDULE_WINDOW = 64
 
 @dataclass(frozen=True, slots=True)
 class BatchOptions:
-    """Where the Batch API keeps its state (``data_dir``) and its limits."""
+    """Where the Batch API keeps its state (``data_dir``), its limits, and its clock
+    (``wall``: epoch seconds, for the objects' times and the completion window)."""
 
     data_dir: Path
     max_file_bytes: int = MAX_FILE_BYTES
@@ -50,3 +53,4 @@ class BatchOptions:
     max_open_batches: int = MAX_OPEN_BATCHES
     min_free_bytes: int = MIN_FREE_BYTES
     lines_per_model: int = LINES_PER_MODEL
+    wall: Callable[[], float] = time.time

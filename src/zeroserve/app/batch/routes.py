@@ -40,7 +40,7 @@ class BatchApi:
 
     def __init__(self, options: BatchOptions, router: Router, engine: Engine, edge: Edge) -> None:
         self.options = options
-        self.store = BatchStore(options.data_dir)
+        self.store = BatchStore(options.data_dir, options.wall)
         self.runner = BatchRunner(self.store, options, router, engine, edge)
 
     def register(self, router: Router) -> None:

@@ -151,6 +151,7 @@ encoder = msgspec.json.Encoder()
 batch_create_decoder = msgspec.json.Decoder(BatchCreate)
 line_decoder = msgspec.json.Decoder(LineIn)
 peek_decoder = msgspec.json.Decoder(BodyPeek)
+line_result_decoder = msgspec.json.Decoder(LineResult)
 
 
 def decode_create(body: memoryview) -> BatchCreate:

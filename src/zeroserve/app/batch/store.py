@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -397,34 +398,34 @@ class BatchStore:
             db.execute("ROLLBACK")
             raise
 
-    def _public(self, row: tuple[object, ...]) -> s.BatchObject:
+    def _public(self, row: tuple[Any, ...]) -> s.BatchObject:
         (bid, _owner, endpoint, input_file_id, window, status, created_at, in_progress_at,
          expires_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at,
          cancelled_at, output_file_id, error_file_id, errors, metadata, total, completed,
          failed) = row  # fmt: skip
         if str(status) in s.ENDED:
-            counts = s.RequestCounts(total=int(total), completed=int(completed), failed=int(failed))  # type: ignore[call-overload]
+            counts = s.RequestCounts(total=int(total), completed=int(completed), failed=int(failed))
         else:
             ok, bad, _ = self.counts(str(bid))
-            counts = s.RequestCounts(total=int(total), completed=ok, failed=bad)  # type: ignore[call-overload]
+            counts = s.RequestCounts(total=int(total), completed=ok, failed=bad)
         return s.BatchObject(
             id=str(bid),
             endpoint=str(endpoint),
             errors=None if errors is None else _errors_decoder.decode(str(errors)),
             input_file_id=str(input_file_id),
             completion_window=str(window),
-            status=status,  # type: ignore[arg-type]
-            output_file_id=output_file_id,  # type: ignore[arg-type]
-            error_file_id=error_file_id,  # type: ignore[arg-type]
-            created_at=int(created_at),  # type: ignore[call-overload]
-            in_progress_at=in_progress_at,  # type: ignore[arg-type]
-            expires_at=expires_at,  # type: ignore[arg-type]
-            finalizing_at=finalizing_at,  # type: ignore[arg-type]
-            completed_at=completed_at,  # type: ignore[arg-type]
-            failed_at=failed_at,  # type: ignore[arg-type]
-            expired_at=expired_at,  # type: ignore[arg-type]
-            cancelling_at=cancelling_at,  # type: ignore[arg-type]
-            cancelled_at=cancelled_at,  # type: ignore[arg-type]
+            status=status,
+            output_file_id=output_file_id,
+            error_file_id=error_file_id,
+            created_at=int(created_at),
+            in_progress_at=in_progress_at,
+            expires_at=expires_at,
+            finalizing_at=finalizing_at,
+            completed_at=completed_at,
+            failed_at=failed_at,
+            expired_at=expired_at,
+            cancelling_at=cancelling_at,
+            cancelled_at=cancelled_at,
             request_counts=counts,
             metadata=None if metadata is None else _metadata_decoder.decode(str(metadata)),
         )
