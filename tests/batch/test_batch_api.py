@@ -255,3 +255,37 @@ def test_no_data_dir_no_batch_api(tmp_path: Path) -> None:
         assert httpx.get(srv.url + "/v1/batches").status_code == 404
     finally:
         assert srv.stop() == 0
+
+
+def test_a_line_for_a_remote_model_is_relayed(tmp_path: Path) -> None:
+    upstream = start_server("--model", "echo")
+    try:
+        gateway = start_server(
+            "--model", f"gw=remote:{upstream.url}/v1?upstream_model=echo",
+            "--data-dir", str(tmp_path / "data"),
+        )  # fmt: skip
+        try:
+            c = client(gateway)
+            lines = [
+                {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"model": "gw", "messages": [{"role": "user", "content": f"w{i}"}],
+                          "max_tokens": 3}}
+                for i in range(3)
+            ]  # fmt: skip
+            batch = c.batches.create(
+                input_file_id=upload(c, jsonl(lines)),
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+            )
+            done = _finished(c, batch.id)
+            assert done.status == "completed" and done.error_file_id is None, done
+            out = results(c, done.output_file_id)
+            assert [r["custom_id"] for r in out] == ["r0", "r1", "r2"]
+            for i, r in enumerate(out):
+                answer = r["response"]["body"]
+                assert r["response"]["status_code"] == 200
+                assert f"w{i}" in answer["choices"][0]["message"]["content"]
+        finally:
+            assert gateway.stop() == 0
+    finally:
+        assert upstream.stop() == 0
