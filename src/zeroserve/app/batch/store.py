@@ -16,7 +16,9 @@ Invariants
 
 Every call is short and synchronous (a statement or one small transaction, in WAL mode
 with ``synchronous=NORMAL``: a commit survives the process being killed, though not a
-power cut); the runner and the routes call it from the event loop.
+power cut); the runner and the routes call it from the event loop: a line's commit costs
+it about 50 us, where ``FULL``'s fsync would stall it for milliseconds
+(docs/decisions/0038-batch-line-commits.md).
 """
 
 from __future__ import annotations
@@ -116,6 +118,12 @@ class BatchStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._collect_orphans()
+
+    def set_synchronous(self, mode: str) -> None:
+        """SQLite's ``synchronous`` (``NORMAL`` by default; ``FULL`` to measure it:
+        docs/decisions/0038-batch-line-commits.md)."""
+        assert mode in ("NORMAL", "FULL")
+        self._db.execute(f"PRAGMA synchronous={mode}")
 
     def now(self) -> int:
         return int(self._clock())
