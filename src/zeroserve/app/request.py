@@ -79,6 +79,7 @@ class Request:
         "head",
         "lease",
         "params",
+        "priority",
         "route",
     )
 
@@ -89,6 +90,9 @@ class Request:
         self.body: memoryview = memoryview(b"")
         self.lease: Lease | None = None
         self.body_store: BodyStore | None = None
+        # vLLM's ``priority`` (lower runs first) when the request has one: a batch line's
+        # is the batch class (docs/architecture.md, "The Batch API").
+        self.priority: int | None = None
         self._handle: ModelHandle | None = None
         self._ticket: Ticket | None = None
         self._released = False

@@ -4,8 +4,8 @@ lines, and ends them (docs/architecture.md, "The Batch API").
 How a line runs
 ---------------
 Through the same handler as its HTTP route, not a loopback request: the router finds the
-route of the line's ``url``, and a :class:`LineRequest` (a :class:`~..request.Request`
-over the line's body, with the batch's ``priority``) goes to the route's handler, so the
+route of the line's ``url``, and a :class:`~..request.Request` over the line's body, with
+the batch's ``priority``, goes to the route's handler, so the
 backend table, the chat translation, admission, the model's limits and ``remote:``
 models all apply as they do to an HTTP request. The handler's answer (a whole
 ``Response``: streaming lines are refused at validation) is the line's result. The
@@ -44,7 +44,7 @@ from ...errors import Overloaded, ZeroserveError
 from ...http.connection import RequestHead
 from ...runtime import Engine
 from ..problems import error_body
-from ..request import Request, Route
+from ..request import Request
 from ..response import Response, StreamResponse
 from ..router import Router
 from . import schemas as s
@@ -54,17 +54,6 @@ from .store import BatchStore, NewLine
 log = logging.getLogger("zeroserve.batch")
 
 _BLANK = re.compile(rb"\s*")
-
-
-class LineRequest(Request):
-    """A batch line as its route's handler sees it: a request whose ``priority`` (vLLM's
-    field: lower runs first) is the batch class."""
-
-    __slots__ = ("priority",)
-
-    def __init__(self, head: RequestHead, params: dict[str, str], route: Route) -> None:
-        super().__init__(head, params, route)
-        self.priority = BATCH_PRIORITY
 
 
 class _Retry(Exception):
@@ -265,7 +254,8 @@ class BatchRunner:
             expect_continue=False,
             head_bytes=0,
         )
-        req = LineRequest(head, params, route)
+        req = Request(head, params, route)
+        req.priority = BATCH_PRIORITY  # the lowest class
         req.body = memoryview(body)
         req.edge = ctx
         admitted = False
