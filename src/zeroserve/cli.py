@@ -138,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         "processes run at, 0 to 19 (default 10; 0: the same priority); a model's nice "
         "option overrides it",
     )
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="serve OpenAI's Files and Batch APIs (/v1/files, /v1/batches), keeping their "
+        "SQLite database and files in DIR; batches survive a restart and resume "
+        "(default: off; needs --workers 1)",
+    )
     serve.add_argument("--log-level", help="debug, info, warning, error")
     run_time = serve.add_argument_group(
         "models at run time",
@@ -372,6 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep_alive_s=args.keep_alive,
             models_max=args.models_max,
             autoload=args.autoload,
+            data_dir=args.data_dir,
         )
         if args.max_body_bytes is not None:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
@@ -434,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 models_max=cfg.models_max,
                 autoload=cfg.autoloads,
             ),
+            batch=cfg.batch_options(),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)

@@ -17,6 +17,7 @@ TOML layout (every key optional)::
     autoload = true             # a request loads the --models-dir model it names
     log_level = "info"
     ui = true                   # the playground and dashboard page at /
+    data_dir = "/var/lib/zeroserve"  # the Files and Batch APIs' state (off when unset)
 
     [limits]   # max_head_bytes, max_headers, max_uri_bytes, max_body_bytes
     [timeouts] # head, body, keepalive, write, graceful, drain_ready_delay (seconds)
@@ -32,6 +33,8 @@ TOML layout (every key optional)::
     [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
                # cors_allow_credentials, access_log, request_ids, tracing
     [tls]      # certfile, keyfile, ca_certs (client certificates: mTLS)
+    [batch]    # the Batch API's limits: max_file_bytes, max_lines, max_line_bytes,
+               # max_open_batches (per key), min_free_bytes, lines_per_model (app/batch/options.py)
 
 Environment variables use the key in upper case, nested keys joined by ``__``:
 ``ZEROSERVE_PORT=9000``, ``ZEROSERVE_LIMITS__MAX_BODY_BYTES=1048576``,
@@ -48,10 +51,20 @@ import os
 import tomllib
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
+from .app.batch import BatchOptions
+from .app.batch.options import (
+    LINES_PER_MODEL,
+    MAX_FILE_BYTES,
+    MAX_LINE_BYTES,
+    MAX_LINES,
+    MAX_OPEN_BATCHES,
+    MIN_FREE_BYTES,
+)
 from .app.limits import ApiLimits
 from .edge import ApiKey, EdgeOptions, KeyRing, load_keys_file
 from .edge.cors import CorsPolicy
@@ -136,6 +149,17 @@ class EdgeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         )
 
 
+class BatchConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The Batch API's limits (app/batch/options.py); used with ``data_dir``."""
+
+    max_file_bytes: int = MAX_FILE_BYTES
+    max_lines: int = MAX_LINES
+    max_line_bytes: int = MAX_LINE_BYTES
+    max_open_batches: int = MAX_OPEN_BATCHES
+    min_free_bytes: int = MIN_FREE_BYTES
+    lines_per_model: int = LINES_PER_MODEL
+
+
 class Tls(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     certfile: str | None = None
     keyfile: str | None = None
@@ -206,12 +230,16 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     autoload: bool | None = None  # None: on with models_dir
     log_level: str = "info"
     ui: bool = True
+    # Where the Files and Batch APIs keep their SQLite database and files; unset: no
+    # /v1/files nor /v1/batches (docs/architecture.md, "The Batch API").
+    data_dir: str | None = None
     limits: Limits = msgspec.field(default_factory=Limits)
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     runtime: Runtime = msgspec.field(default_factory=Runtime)
     api_limits: ApiLimitsConfig = msgspec.field(default_factory=ApiLimitsConfig)
     edge: EdgeConfig = msgspec.field(default_factory=EdgeConfig)
     tls: Tls = msgspec.field(default_factory=Tls)
+    batch: BatchConfig = msgspec.field(default_factory=BatchConfig)
 
     @property
     def autoloads(self) -> bool:
@@ -220,6 +248,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
+
+    def batch_options(self) -> BatchOptions | None:
+        if self.data_dir is None:
+            return None
+        return BatchOptions(Path(self.data_dir), **msgspec.structs.asdict(self.batch))
 
     def app_limits(self) -> ApiLimits:
         return ApiLimits(**msgspec.structs.asdict(self.api_limits))
@@ -277,6 +310,12 @@ def load_config(
         value = msgspec.structs.asdict(cfg.runtime)[key]
         if not 0 < value < float("inf"):
             raise ConfigError(f"invalid configuration: key 'runtime.{key}': must be > 0 seconds")
+    for key, value in msgspec.structs.asdict(cfg.batch).items():
+        if value < (0 if key == "min_free_bytes" else 1):
+            raise ConfigError(f"invalid configuration: key 'batch.{key}': must be positive")
+    if cfg.data_dir is not None and cfg.workers > 1:
+        # One runner owns a data directory's batches (docs/architecture.md, "The Batch API").
+        raise ConfigError("invalid configuration: key 'data_dir': needs workers = 1")
     if not 0 <= cfg.loop_rt_priority <= MAX_RT_PRIORITY:
         raise ConfigError(
             f"invalid configuration: key 'loop_rt_priority': must be 0 to {MAX_RT_PRIORITY}"

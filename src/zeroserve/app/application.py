@@ -12,6 +12,7 @@ from ..runtime.model_manager import ModelManager
 from . import control
 from .anthropic import routes as anthropic
 from .backends import Backends
+from .batch import BatchApi, BatchOptions
 from .endpoints import openapi, ops, raw, stats
 from .endpoints import ui as page
 from .extensions import routes as extensions
@@ -41,6 +42,7 @@ class App:
         limits: ApiLimits | None = None,
         models: ModelManager | None = None,
         autoload: bool = False,
+        batch: BatchOptions | None = None,
     ) -> None:
         self.engine = engine
         self.edge = edge if edge is not None else Edge()
@@ -63,6 +65,10 @@ class App:
         stats.register(self.router, engine)
         if models is not None:
             control.register(self.router, models, keyed=self.edge.keys is not None)
+        # The Files and Batch APIs, with --data-dir only (docs/architecture.md, "The Batch API").
+        self.batch = BatchApi(batch, self.router, engine, self.edge) if batch else None
+        if self.batch is not None:
+            self.batch.register(self.router)
         if ui:
             page.register(self.router)
         openapi.register(self.router, self.limits)  # last: it describes every route above
@@ -84,6 +90,11 @@ class App:
     def error_body(self, exc: ZeroserveError, fmt: ErrorFormat) -> bytes:
         return error_body(exc, fmt)
 
+    def start(self) -> None:
+        """Start the app's own work on the running loop (the batch runner)."""
+        if self.batch is not None:
+            self.batch.start()
+
     def start_draining(self) -> None:
         """From now on ``/ready`` answers 503 (the server is draining)."""
         self.readiness.draining = True
@@ -91,5 +102,7 @@ class App:
     async def aclose(self) -> None:
         """Close what the app holds open (the backends: the relays' upstream connections;
         the access log's writer)."""
+        if self.batch is not None:
+            await self.batch.aclose()  # before the backends its lines use
         await self.backends.aclose()
         self.edge.close()

@@ -66,6 +66,9 @@ class ServerView(Protocol):
     def evict_idle(self) -> bool: ...
 
 
+# The window a stored body (``Request.store_body``) arrives through, bytes: each fill is
+# one write to its store; large enough that the writes are few, small beside the arena.
+STORED_BODY_WINDOW = 1024 * 1024
 # Reads a new connection makes before the loop reads for it (``_read_early``): a head over
 # its first windows (1 KiB, doubling as the head grows), then its body.
 EARLY_READS = 6
@@ -195,7 +198,12 @@ class HttpProtocol(asyncio.BufferedProtocol):
             return
         if event is None:
             state = conn.state
-            if state is State.BODY or state is State.CHUNKED or state is State.DISCARD:
+            if (
+                state is State.BODY
+                or state is State.STREAMED
+                or state is State.CHUNKED
+                or state is State.DISCARD
+            ):
                 self.deadline = self.loop.time() + self.server.options.body_timeout
             elif state is State.HEAD and was_idle:
                 self.deadline = self.loop.time() + self.server.options.head_timeout
@@ -269,8 +277,14 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if not head.has_body:
             return self._dispatch(req)
         assert self.transport is not None
+        stored = req.body_store  # the route stores the body as it arrives (an upload)
         try:
-            if head.chunked:
+            if stored is not None:
+                if not head.chunked:  # the window it arrives through
+                    assert head.content_length is not None
+                    window = min(head.content_length, STORED_BODY_WINDOW)
+                    req.lease = self.server.arena.allocate(window)
+            elif head.chunked:
                 self._sink = LeaseSink(self.server.arena.allocate)
             else:
                 assert head.content_length is not None
@@ -285,7 +299,13 @@ class HttpProtocol(asyncio.BufferedProtocol):
             self.transport.write(line)
         before = conn.overflow_copied
         try:
-            if self._sink is not None:
+            if stored is not None:
+                if head.chunked:
+                    done = conn.receive_chunked(stored)
+                else:
+                    assert req.lease is not None
+                    done = conn.receive_streamed(stored, req.lease.view)
+            elif self._sink is not None:
                 done = conn.receive_chunked(self._sink)
             else:
                 lease = req.lease
@@ -308,8 +328,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if self._sink is not None:
             req.lease = self._sink.finish()
             self._sink = None
-        assert req.lease is not None
-        req.body = req.lease.view
+        if req.body_store is None:
+            assert req.lease is not None
+            req.body = req.lease.view
         return self._dispatch(req)
 
     def _dispatch(self, req: Request) -> RequestHead | BodyComplete | None:

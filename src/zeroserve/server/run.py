@@ -27,6 +27,7 @@ from .metrics_peers import MetricsPeers
 from .server import Server
 
 if TYPE_CHECKING:
+    from ..app.batch import BatchOptions
     from ..edge import EdgeOptions
     from ..models.loader import ModelRef
     from .options import ServerOptions
@@ -70,6 +71,7 @@ async def serve_async(
     ui: bool = True,
     api_limits: ApiLimits | None = None,
     catalog: CatalogOptions | None = None,
+    batch: BatchOptions | None = None,
 ) -> None:
     catalog = catalog or CatalogOptions()
     models_dir = catalog.models_dir
@@ -102,7 +104,9 @@ async def serve_async(
             limits=api_limits,
             models=manager,
             autoload=catalog.autoload,
+            batch=batch,
         )
+        app.start()
         server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
@@ -183,6 +187,7 @@ def serve(
     ui: bool = True,
     api_limits: ApiLimits | None = None,
     catalog: CatalogOptions | None = None,
+    batch: BatchOptions | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
@@ -198,6 +203,7 @@ def serve(
             ui=ui,
             api_limits=api_limits,
             catalog=catalog,
+            batch=batch,
         ),
     )
     return 0
