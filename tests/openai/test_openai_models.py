@@ -69,6 +69,7 @@ def test_exact_wire_shape(server: ServerThread) -> None:
         "context_length": by_id["tinyllm"]["context_length"],
         "embedding_dimensions": None,
         "token_inputs": False,
+        "input_modalities": ["text"],
     }
     assert by_id["echo"]["embedding_dimensions"] == 64
     assert by_id["echo"]["embeddings"] is True

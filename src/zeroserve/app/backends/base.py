@@ -49,9 +49,10 @@ class Capabilities:
     (``honours``: names of ``app/chat/request.py``'s ``OPTIONAL_PARAMETERS``; the others
     are refused with a 400 naming them); its context (tokens, when known); the width of its embeddings, when fixed
     (``embedding_dimensions``: the only ``dimensions`` served); whether it embeds
-    token arrays as well as text (``token_inputs``); and whether
-    an upstream decides all of it (``relayed``: what the upstream accepts is not known
-    here)."""
+    token arrays as well as text (``token_inputs``); what a chat may carry
+    (``input_modalities``: ``text``, and ``image`` for a model that reads images); and
+    whether an upstream decides all of it (``relayed``: what the upstream accepts is not
+    known here)."""
 
     chat: bool
     embeddings: bool
@@ -60,6 +61,7 @@ class Capabilities:
     relayed: bool = False
     embedding_dimensions: int | None = None
     token_inputs: bool = False
+    input_modalities: tuple[str, ...] = ("text",)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,12 +22,14 @@ from ... import metrics
 from ...errors import ModelNotFound
 from ...runtime import Engine, ModelHandle
 from ...upstream import UpstreamStatistics
+from ...upstream.image_fetch import ImageFetchPolicy
 from ..chat import ChatRequest
 from ..openai import schemas as s
 from ..relay._rewrite import model_spans
 from ..request import Request
 from ..response import HandlerResult, Response
 from .base import Backend, BackendStatistics, FrontEnd
+from .images import with_images
 from .llamacpp import LlamaCppBackend
 from .local import LocalBackend
 from .remote import RemoteBackend
@@ -56,8 +58,10 @@ UPSTREAM_COUNTERS = (
 class Backends:
     """The backends of an engine's models, by name."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, image_fetch: ImageFetchPolicy | None = None) -> None:
         self.engine = engine
+        # Where chat images may be fetched from (None: remote image URLs are refused).
+        self.image_fetch = image_fetch
         self._table: dict[str, Backend] = {}
         self._forwarding = 0  # backends that relay requests undecoded
         for name in engine.names():
@@ -120,7 +124,12 @@ class Backends:
         if backend is not None:
             return backend.forward(req, api.upstream_path)
         chat = api.decode(req)
-        return self.get(chat.model).chat(api, chat, req)
+        backend = self.get(chat.model)
+        if chat.images:
+            return with_images(
+                backend, chat, self.image_fetch, lambda: backend.chat(api, chat, req)
+            )
+        return backend.chat(api, chat, req)
 
     def embeddings(
         self, req: Request, decode: Callable[[Request], s.EmbeddingRequest]
@@ -146,7 +155,12 @@ class Backends:
         if backend is not None:
             return backend.forward(req, path)
         chat = decode(req)
-        return _counted(self.get(chat.model), chat, answer)
+        backend = self.get(chat.model)
+        if chat.images:
+            return with_images(
+                backend, chat, self.image_fetch, lambda: _counted(backend, chat, answer)
+            )
+        return _counted(backend, chat, answer)
 
     # -- lifecycle -------------------------------------------------------------------------
     def statistics(self) -> dict[str, BackendStatistics]:

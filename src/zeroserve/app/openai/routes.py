@@ -128,6 +128,7 @@ class _OpenAI:
                 context_length=caps.context_length,
                 embedding_dimensions=caps.embedding_dimensions,
                 token_inputs=caps.token_inputs,
+                input_modalities=list(caps.input_modalities),  # type: ignore[arg-type]
             ),
         )
 

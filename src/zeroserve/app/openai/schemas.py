@@ -84,13 +84,22 @@ class StreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     include_obfuscation: bool | None = None  # no effect: nothing is obfuscated here
 
 
+class ImageUrl(Struct, kw_only=True, forbid_unknown_fields=True):
+    """An image part's image: ``url`` is a ``data:`` URI (base64) or an ``http(s)`` URL,
+    kept raw: a view of the body, so the image's text is never copied into a ``str``
+    (app/chat/images.py)."""
+
+    url: msgspec.Raw
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ContentPart(Struct, kw_only=True, forbid_unknown_fields=True):
-    """One part of a message's content. Text parts are served; the others are refused
-    with a 400 naming the part."""
+    """One part of a message's content. Text and image parts are served (an image to a
+    model that reads images); the others are refused with a 400 naming the part."""
 
     type: Literal["text", "image_url", "input_audio", "file", "refusal"]
     text: str | None = None
-    image_url: Any = None
+    image_url: ImageUrl | None = None
     input_audio: Any = None
     file: Any = None
     refusal: str | None = None
@@ -355,7 +364,9 @@ class ModelCapabilities(Struct):
     one request's context (prompt and answer), when known;
     ``embedding_dimensions``: the width of its embeddings when fixed, the only
     ``dimensions`` it serves; ``token_inputs``: whether it embeds token arrays (else
-    only text, and a token array is refused with a 400 naming ``input``)."""
+    only text, and a token array is refused with a 400 naming ``input``);
+    ``input_modalities``: what its chats may carry (``image``: image parts; a model
+    without it refuses an image with a 400 naming the part)."""
 
     chat: bool
     embeddings: bool
@@ -377,6 +388,7 @@ class ModelCapabilities(Struct):
     context_length: int | None
     embedding_dimensions: int | None
     token_inputs: bool
+    input_modalities: list[Literal["text", "image"]]
 
 
 class ModelCard(Struct):
