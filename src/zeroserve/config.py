@@ -291,9 +291,12 @@ def load_config(
         raise ConfigError(
             f"invalid configuration: key 'runtime.model_nice': must be 0 to {MAX_NICE}"
         )
+    if not 0 < cfg.images.fetch_timeout_s < float("inf"):
+        raise ConfigError(
+            "invalid configuration: key 'images.fetch_timeout_s': must be > 0 seconds"
+        )
     try:
         cfg.app_limits()
-        cfg.image_fetch()
     except ValueError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from None
     return cfg

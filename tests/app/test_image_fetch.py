@@ -137,3 +137,28 @@ def test_an_error_status_is_refused(images: str) -> None:
 def test_a_policy_needs_hosts() -> None:
     with pytest.raises(ValueError):
         ImageFetchPolicy(frozenset(), max_bytes=CAP)
+
+
+def test_the_configuration_builds_the_policy() -> None:
+    from zeroserve.config import load_config
+    from zeroserve.errors import ConfigError
+
+    assert load_config(env={}).image_fetch() is None  # off by default
+    cfg = load_config(
+        env={
+            "ZEROSERVE_IMAGES__ALLOW_URLS": "Images.Example,cdn.example",
+            "ZEROSERVE_API_LIMITS__IMAGE_BYTES": "1000",
+        }
+    )
+    policy = cfg.image_fetch()
+    assert policy is not None
+    assert policy.hosts == {"images.example", "cdn.example"}
+    assert policy.max_bytes == 1000 and not policy.allow_loopback
+    flags = load_config(
+        env={}, overrides={"images": {"allow_urls": ["127.0.0.1"], "allow_loopback_urls": True}}
+    )
+    assert flags.image_fetch() == ImageFetchPolicy(
+        frozenset({"127.0.0.1"}), max_bytes=20 * 1024 * 1024, allow_loopback=True
+    )
+    with pytest.raises(ConfigError, match="images"):
+        load_config(env={}, overrides={"images": {"allow_urls": ["x"], "fetch_timeout_s": 0}})
