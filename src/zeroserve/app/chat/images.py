@@ -21,6 +21,10 @@ a re-encoding: the text is copied once, from the body view into the engine's req
 arrives as bytes and is base64-encoded once for the engine (counted as
 ``image_base64``).
 
+The view is good while the request holds its body (its lease): every backend reads it
+while the handler runs (llama.cpp's engine requests are built before any choice starts),
+never from a stream after the answer began.
+
 A JSON string may escape characters (``\\/`` for ``/``); such a string is unescaped
 first, one counted copy (``image_unescape``), since the view is no longer the text.
 """
