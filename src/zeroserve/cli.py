@@ -234,6 +234,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PEM",
         help="require client certificates signed by these CAs (mTLS)",
     )
+    images = serve.add_argument_group("images", "remote chat images (off by default)")
+    images.add_argument(
+        "--allow-image-urls",
+        action="append",
+        metavar="HOSTS",
+        help="fetch chat images given by http(s) URL from these hosts only, comma-separated "
+        "or repeated; every address and redirect is checked (loopback, private, "
+        "link-local and metadata addresses refused). Default: image URLs are refused",
+    )
+    images.add_argument(
+        "--allow-image-urls-loopback",
+        action="store_true",
+        default=None,
+        help="UNSAFE, for tests: let image fetches reach loopback addresses (private, "
+        "link-local and metadata addresses stay refused)",
+    )
     serve.add_argument(
         "--drain-ready-delay",
         type=float,
@@ -406,6 +422,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             access_log=args.access_log,
             tracing=args.tracing,
         )
+        hosts = [h for v in args.allow_image_urls or () for h in v.split(",") if h]
+        overrides["images"] = _given(
+            allow_urls=hosts or None, allow_loopback_urls=args.allow_image_urls_loopback
+        )
         overrides["tls"] = _given(
             certfile=args.ssl_certfile, keyfile=args.ssl_keyfile, ca_certs=args.ssl_ca_certs
         )
@@ -443,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 autoload=cfg.autoloads,
             ),
             batch=cfg.batch_options(),
+            image_fetch=cfg.image_fetch(),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)

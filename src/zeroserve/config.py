@@ -29,12 +29,15 @@ TOML layout (every key optional)::
                # model_nice (--model-nice: models' work below the event loop),
                # priority_aging_s (seconds of waiting worth one priority class; 0: FIFO)
     [api_limits] # embedding_inputs, messages, prompts, stop, tools, n, generations,
-                 # output_tokens, v2_inputs, v2_outputs, v2_output_bytes (app/limits.py)
+                 # output_tokens, v2_inputs, v2_outputs, v2_output_bytes, images,
+                 # image_bytes (app/limits.py)
     [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
                # cors_allow_credentials, access_log, request_ids, tracing
     [tls]      # certfile, keyfile, ca_certs (client certificates: mTLS)
     [batch]    # the Batch API's limits: max_file_bytes, max_lines, max_line_bytes,
                # max_open_batches (per key), min_free_bytes, lines_per_model (app/batch/options.py)
+    [images]   # allow_urls (hosts chat images may be fetched from; none: off),
+               # allow_loopback_urls (unsafe: tests), fetch_timeout_s (docs/images.md)
 
 Environment variables use the key in upper case, nested keys joined by ``__``:
 ``ZEROSERVE_PORT=9000``, ``ZEROSERVE_LIMITS__MAX_BODY_BYTES=1048576``,
@@ -56,6 +59,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .app.backends.images import FETCH_TIMEOUT_S, ImageFetchPolicy
 from .app.batch import BatchOptions
 from .app.batch.options import (
     LINES_PER_MODEL,
@@ -84,7 +88,7 @@ _NOT_CONFIG = (ENV_PREFIX + "INTERNAL_", ENV_PREFIX + "TEST_", ENV_PREFIX + "PUR
 # Variables named for what users expect rather than by the nesting rule.
 _ENV_ALIASES = {ENV_PREFIX + "API_KEY": ("edge", "api_keys")}
 # Keys whose environment value is a comma-separated list.
-_LIST_KEYS = frozenset({"models", "cors_origins", "api_keys"})
+_LIST_KEYS = frozenset({"models", "cors_origins", "api_keys", "allow_urls"})
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -188,6 +192,8 @@ class ApiLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     v2_inputs: int = _API_LIMITS.v2_inputs
     v2_outputs: int = _API_LIMITS.v2_outputs
     v2_output_bytes: int = _API_LIMITS.v2_output_bytes
+    images: int = _API_LIMITS.images
+    image_bytes: int = _API_LIMITS.image_bytes
 
 
 _RUNTIME_DEFAULTS = RuntimeOptions()
@@ -210,6 +216,16 @@ class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     hang_grace_s: float = _RUNTIME_DEFAULTS.hang_grace_s
     model_nice: int = _RUNTIME_DEFAULTS.model_nice
     priority_aging_s: float = _RUNTIME_DEFAULTS.priority_aging_s
+
+
+class Images(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The ``[images]`` section: remote chat images (docs/images.md). ``allow_urls``:
+    the hosts images may be fetched from (none: remote image URLs are refused);
+    ``allow_loopback_urls``: loopback addresses too (unsafe: for tests)."""
+
+    allow_urls: list[str] = []
+    allow_loopback_urls: bool = False
+    fetch_timeout_s: float = FETCH_TIMEOUT_S
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -246,6 +262,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         """Whether a request loads the model it names: on by default with models_dir."""
         return self.autoload if self.autoload is not None else self.models_dir is not None
 
+    images: Images = msgspec.field(default_factory=Images)
+
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
 
@@ -256,6 +274,18 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def app_limits(self) -> ApiLimits:
         return ApiLimits(**msgspec.structs.asdict(self.api_limits))
+
+    def image_fetch(self) -> ImageFetchPolicy | None:
+        """Where chat images may be fetched from (None: nowhere)."""
+        hosts = frozenset(h.strip().lower() for h in self.images.allow_urls if h.strip())
+        if not hosts:
+            return None
+        return ImageFetchPolicy(
+            hosts,
+            max_bytes=self.api_limits.image_bytes,
+            timeout_s=self.images.fetch_timeout_s,
+            allow_loopback=self.images.allow_loopback_urls,
+        )
 
     def http_limits(self) -> HttpLimits:
         lim = self.limits
@@ -336,6 +366,10 @@ def load_config(
     if not 0 <= cfg.runtime.model_nice <= MAX_NICE:
         raise ConfigError(
             f"invalid configuration: key 'runtime.model_nice': must be 0 to {MAX_NICE}"
+        )
+    if not 0 < cfg.images.fetch_timeout_s < float("inf"):
+        raise ConfigError(
+            "invalid configuration: key 'images.fetch_timeout_s': must be > 0 seconds"
         )
     try:
         cfg.app_limits()

@@ -71,6 +71,7 @@ def test_exact_wire_shape(server: ServerThread) -> None:
         "token_inputs": False,
         "tokenizer": True,
         "rerank": None,
+        "input_modalities": ["text"],
     }
     assert by_id["echo"]["embedding_dimensions"] == 64
     # echo has no tokenizer; it reranks by the cosine of its embeddings.

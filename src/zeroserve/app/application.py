@@ -12,6 +12,7 @@ from ..runtime.model_manager import ModelManager
 from . import control
 from .anthropic import routes as anthropic
 from .backends import Backends
+from .backends.images import ImageFetchPolicy
 from .batch import BatchApi, BatchOptions
 from .endpoints import openapi, ops, raw, stats
 from .endpoints import ui as page
@@ -43,6 +44,7 @@ class App:
         models: ModelManager | None = None,
         autoload: bool = False,
         batch: BatchOptions | None = None,
+        image_fetch: ImageFetchPolicy | None = None,
     ) -> None:
         self.engine = engine
         self.edge = edge if edge is not None else Edge()
@@ -50,7 +52,7 @@ class App:
         self.readiness = ops.Readiness()
         self.router = Router()
         # Every model's backend, chosen once (docs/architecture.md, "Adding a backend").
-        self.backends = Backends(engine)
+        self.backends = Backends(engine, image_fetch)
         self.models = models
         if models is not None:  # docs/architecture.md, "Models at run time"
             models.listener = self.backends

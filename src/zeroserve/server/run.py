@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
+from ..app.backends.images import ImageFetchPolicy
 from ..app.limits import ApiLimits
 from ..edge import Edge
 from ..edge.tracing import configure_otlp
@@ -72,6 +73,7 @@ async def serve_async(
     api_limits: ApiLimits | None = None,
     catalog: CatalogOptions | None = None,
     batch: BatchOptions | None = None,
+    image_fetch: ImageFetchPolicy | None = None,
 ) -> None:
     catalog = catalog or CatalogOptions()
     models_dir = catalog.models_dir
@@ -105,6 +107,7 @@ async def serve_async(
             models=manager,
             autoload=catalog.autoload,
             batch=batch,
+            image_fetch=image_fetch,
         )
         app.start()
         server = Server(app, arena, options)
@@ -188,6 +191,7 @@ def serve(
     api_limits: ApiLimits | None = None,
     catalog: CatalogOptions | None = None,
     batch: BatchOptions | None = None,
+    image_fetch: ImageFetchPolicy | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
@@ -204,6 +208,7 @@ def serve(
             api_limits=api_limits,
             catalog=catalog,
             batch=batch,
+            image_fetch=image_fetch,
         ),
     )
     return 0

@@ -50,10 +50,11 @@ class Capabilities:
     (``honours``: names of ``app/chat/request.py``'s ``OPTIONAL_PARAMETERS``; the others
     are refused with a 400 naming them); its context (tokens, when known); the width of its embeddings, when fixed
     (``embedding_dimensions``: the only ``dimensions`` served); whether it embeds
-    token arrays as well as text (``token_inputs``); and whether
-    an upstream decides all of it (``relayed``: what the upstream accepts is not known
-    here). ``tokenizer``: ``/tokenize`` and ``/detokenize`` are served; ``rerank``: how
-    ``/v1/rerank`` scores (``cross-encoder``: a reranker reads query and document
+    token arrays as well as text (``token_inputs``); what a chat may carry
+    (``input_modalities``: ``text``, and ``image`` for a model that reads images); and
+    whether an upstream decides all of it (``relayed``: what the upstream accepts is not
+    known here). ``tokenizer``: ``/tokenize`` and ``/detokenize`` are served; ``rerank``:
+    how ``/v1/rerank`` scores (``cross-encoder``: a reranker reads query and document
     together; ``bi-encoder``: the cosine of their embeddings), None when not served."""
 
     chat: bool
@@ -63,6 +64,7 @@ class Capabilities:
     relayed: bool = False
     embedding_dimensions: int | None = None
     token_inputs: bool = False
+    input_modalities: tuple[str, ...] = ("text",)
     tokenizer: bool = False
     rerank: Literal["cross-encoder", "bi-encoder"] | None = None
 

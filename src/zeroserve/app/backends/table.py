@@ -30,12 +30,14 @@ from ... import metrics
 from ...errors import ModelNotFound
 from ...runtime import Engine, ModelHandle
 from ...upstream import UpstreamStatistics
+from ...upstream.image_fetch import ImageFetchPolicy
 from ..chat import ChatRequest
 from ..openai import schemas as s
 from ..relay._rewrite import model_spans
 from ..request import Request
 from ..response import HandlerResult, Response, StreamResponse
 from .base import Backend, BackendStatistics, FrontEnd
+from .images import with_images
 from .llamacpp import LlamaCppBackend
 from .local import LocalBackend
 from .remote import RemoteBackend
@@ -76,9 +78,11 @@ class Autoload(Protocol):
 class Backends:
     """The backends of an engine's models, by name."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, image_fetch: ImageFetchPolicy | None = None) -> None:
         self.engine = engine
         self.autoload: Autoload | None = None
+        # Where chat images may be fetched from (None: remote image URLs are refused).
+        self.image_fetch = image_fetch
         self._table: dict[str, Backend] = {}
         self._forwarding = 0  # backends that relay requests undecoded
         for name in engine.names():
@@ -152,9 +156,9 @@ class Backends:
         req.ask_priority(chat.priority)
         if self._loadable(chat.model):
             return self._after_load(
-                chat.model, req, api.upstream_path, lambda b: b.chat(api, chat, req)
+                chat.model, req, api.upstream_path, lambda b: self._chat(b, api, chat, req)
             )
-        return self.get(chat.model).chat(api, chat, req)
+        return self._chat(self.get(chat.model), api, chat, req)
 
     def embeddings(
         self, req: Request, decode: Callable[[Request], s.EmbeddingRequest]
@@ -192,8 +196,29 @@ class Backends:
             return backend.forward(req, path)
         chat = decode(req)
         if self._loadable(chat.model):
-            return self._after_load(chat.model, req, path, lambda b: _counted(b, chat, answer))
-        return _counted(self.get(chat.model), chat, answer)
+            return self._after_load(chat.model, req, path, lambda b: self._count(b, chat, answer))
+        return self._count(self.get(chat.model), chat, answer)
+
+    def _chat(
+        self, backend: Backend, api: FrontEnd, chat: ChatRequest, req: Request
+    ) -> HandlerResult:
+        """``backend``'s answer to ``chat``, its images read first (a 400 naming one its
+        model cannot take)."""
+        if chat.images:
+            return with_images(
+                backend, chat, self.image_fetch, lambda: backend.chat(api, chat, req)
+            )
+        return backend.chat(api, chat, req)
+
+    def _count(
+        self, backend: Backend, chat: ChatRequest, answer: Callable[[int], Response]
+    ) -> HandlerResult:
+        """``backend``'s count of ``chat``'s prompt tokens, its images checked first."""
+        if chat.images:
+            return with_images(
+                backend, chat, self.image_fetch, lambda: _counted(backend, chat, answer)
+            )
+        return _counted(backend, chat, answer)
 
     # -- autoload --------------------------------------------------------------------------
     def _loadable(self, name: str) -> bool:

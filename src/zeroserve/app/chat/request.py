@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 
 from ...errors import RequestError
+from .images import ImagePart
 
 # "function": the deprecated role of a function call's result, passed on as sent.
 # The optional parameters of a chat request, in the order a refusal names the first one a
@@ -60,13 +61,18 @@ class ToolCall(msgspec.Struct, frozen=True):
 class Turn(msgspec.Struct):
     """One turn of the conversation. ``content`` is text (an API's text parts joined
     with newlines); ``tool_calls`` are an assistant turn's calls; ``tool_call_id`` names
-    the call a ``tool`` turn answers."""
+    the call a ``tool`` turn answers; ``parts``: a turn with images, its text parts and
+    images in the order sent (``content`` then holds its text alone)."""
 
     role: Role
     content: str | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    parts: list[str | ImagePart] | None = None
+
+    def images(self) -> list[ImagePart]:
+        return [p for p in self.parts or () if isinstance(p, ImagePart)]
 
 
 class FunctionTool(msgspec.Struct, frozen=True):
@@ -116,6 +122,7 @@ class ChatRequest:
     ``continues``: the answer continues the conversation's last turn, an assistant's
     (Anthropic's prefill), rather than starting a new one; a backend that cannot refuses
     it.
+    ``images``: the conversation's images, in order (each turn's ``parts``).
     ``names``: how the client's API spells a
     parameter, for the errors that name it (a name absent is spelled as here).
     ``origin``: what the front end keeps of its own request for its answer (opaque to
@@ -194,6 +201,7 @@ class ChatRequest:
         self.continues = continues
         self.names: Mapping[str, str] = names if names is not None else _SPELLED_AS_HERE
         self.origin = origin
+        self.images: list[ImagePart] = [p for m in messages or () for p in m.images()]
 
     @property
     def chat(self) -> bool:
@@ -250,6 +258,16 @@ class ChatRequest:
         for name in self.given():
             if name not in honours:
                 raise self.refuse(name)
+
+    def refuse_images(self) -> None:
+        """A 400 naming the first image, for a model that reads no images."""
+        if self.images:
+            raise RequestError(
+                "this model takes text only; it reads no images "
+                "(GET /v1/models: capabilities.input_modalities)",
+                param=self.images[0].param,
+                code="image_input_not_supported",
+            )
 
     def refuse(self, name: str, why: str = "is not supported by this model") -> RequestError:
         """The 400 for a parameter the serving backend cannot honour, naming it."""

@@ -21,6 +21,7 @@ from ...errors import RequestError
 from ..backends import Backends
 from ..backends.base import Backend, Relevance
 from ..chat import ChatRequest
+from ..chat.images import ImageReader
 from ..limits import ApiLimits, check_count
 from ..openai import schemas as s
 from ..openai.chat import turn
@@ -127,7 +128,10 @@ class _Extensions:
         if isinstance(body.messages, list):
             messages = body.messages
             check_count(len(messages), self.limits.messages, "messages", "messages")
-            turns = [turn(m, i) for i, m in enumerate(messages)]
+            images = ImageReader(self.limits)
+            turns = [turn(m, i, images) for i, m in enumerate(messages)]
+            if images.count:
+                raise RequestError("/tokenize does not count images", param="messages")
             size = sum(len((t.content or "").encode()) for t in turns)
             _check_size(size, "messages")
             return None, ChatRequest(model=body.model, messages=turns)

@@ -9,7 +9,7 @@ fields refused by name), the API limits (messages, choices, stop strings, tools,
 request's output-token budget: ``app/limits.py``), the rules between fields
 (``top_logprobs`` needs ``logprobs``; ``tool_choice`` needs ``tools`` and names only
 tools in them; a ``json_schema`` format needs its ``schema``), and what no backend here
-serves (non-text content parts, completions' ``echo``, ``suffix``, ``best_of`` > 1 and
+serves (content parts other than text and a user's images, completions' ``echo``, ``suffix``, ``best_of`` > 1 and
 token-array prompts). Nulls OpenAI allows are defaults. Whether the serving model
 honours a parameter is its backend's to say.
 """
@@ -25,6 +25,7 @@ import msgspec
 from ...errors import RequestError
 from ..chat import ChatRequest, Choices, FunctionTool, OutputFormat, ToolCall, ToolChoice, Turn
 from ..chat.choices import collect_all
+from ..chat.images import ImagePart, ImageReader
 from ..deadlines import openai_timeout
 from ..limits import ApiLimits, check_count, check_output_tokens, decoding
 from ..request import Request
@@ -178,8 +179,9 @@ def sampling(
     }
 
 
-def turn(m: s.Message, i: int) -> Turn:
-    """Message ``i`` of a chat request as a conversation turn (text parts joined)."""
+def turn(m: s.Message, i: int, images: ImageReader) -> Turn:
+    """Message ``i`` of a chat request as a conversation turn (text parts joined, images
+    read by ``images``)."""
     if m.function_call is not None:
         raise RequestError(
             "function_call is deprecated and not supported; use tool_calls",
@@ -194,15 +196,34 @@ def turn(m: s.Message, i: int) -> Turn:
         text = content
     else:
         texts: list[str] = []
+        parts: list[str | ImagePart] = []
         for j, part in enumerate(content):
-            if part.type != "text" or part.text is None:
+            where = f"messages[{i}].content[{j}]"
+            if part.type == "image_url" and m.role == "user":
+                url = part.image_url
+                if url is None or part.text is not None:
+                    raise RequestError(
+                        'an image part is {"type": "image_url", "image_url": {"url": ...}}',
+                        param=where,
+                    )
+                parts.append(
+                    images.url(
+                        url.url, where, detail=url.detail, detail_param=f"{where}.image_url.detail"
+                    )
+                )
+                continue
+            if part.type != "text" or part.text is None or part.image_url is not None:
                 raise RequestError(
-                    'only text content parts ({"type": "text", "text": ...}) are supported',
-                    param=f"messages[{i}].content[{j}]",
+                    'only text content parts ({"type": "text", "text": ...}), and image '
+                    "parts in user messages, are supported",
+                    param=where,
                 )
             texts.append(part.text)
+            parts.append(part.text)
         # Text parts are joined with newlines (as vLLM does) into one message text.
         text = "\n".join(texts)
+        if len(parts) > len(texts):
+            return Turn("user", text, m.name, parts=parts)
     calls = (
         [ToolCall(c.id or "", c.function.name, c.function.arguments) for c in m.tool_calls]
         if m.tool_calls
@@ -328,9 +349,10 @@ class ChatCompletions(_Answers):
             if body.max_completion_tokens is not None
             else body.max_tokens
         )
+        images = ImageReader(limits)
         chat = ChatRequest(
             model=body.model,
-            messages=[turn(m, i) for i, m in enumerate(body.messages)],
+            messages=[turn(m, i, images) for i, m in enumerate(body.messages)],
             n=body.n or 1,
             max_tokens=max_tokens,
             temperature=body.temperature,

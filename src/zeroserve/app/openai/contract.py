@@ -59,6 +59,16 @@ _STREAM_OPTIONS = Refinement(
     ),
 )
 
+# An image's URL (app/chat/images.py): what its text must be, and the limits.
+_IMAGE_URL: dict[str, Any] = {
+    "type": "string",
+    "pattern": "^([dD][aA][tT][aA]:|[hH][tT][tT][pP][sS]?://)",
+    "description": "A data: URI of base64 text (data:image/png;base64,...) of a PNG, JPEG, "
+    "GIF or WebP image (as its first bytes say), at most the api limit image_bytes once "
+    "decoded (413 beyond); or an http(s) URL, fetched only from the hosts the server "
+    "allows (--allow-image-urls; refused otherwise). At most the api limit images per "
+    "request.",
+}
 _STATELESS = "this server keeps no state"
 _NOT_SERVED = "not served by any model here"
 
@@ -117,9 +127,31 @@ CHAT = (
     ),
     Refinement(
         s.ContentPart,
-        only={"type": _only({"enum": ["text"]}, "text parts; the models here read no other")},
-        rules=({"required": ["text"], "properties": {"text": {"type": "string"}}},),
+        only={
+            "type": _only(
+                {"enum": ["text", "image_url"]},
+                "text parts; image parts in user messages, for a model whose card lists "
+                "image among its input_modalities (any other refuses them by name)",
+            )
+        },
+        rules=(
+            {
+                "if": {"properties": {"type": {"const": "text"}}},
+                "then": {
+                    "required": ["text"],
+                    "properties": {"text": {"type": "string"}, "image_url": _NULL},
+                },
+            },
+            {
+                "if": {"properties": {"type": {"const": "image_url"}}},
+                "then": {
+                    "required": ["image_url"],
+                    "properties": {"text": _NULL, "image_url": {"type": "object"}},
+                },
+            },
+        ),
     ),
+    Refinement(s.ImageUrl, only={"url": _IMAGE_URL}),
     Refinement(s.FunctionDef, only={"parameters": _SCHEMA}),
     Refinement(s.JsonSchemaFormat, only={"schema": _SCHEMA}),
     Refinement(
@@ -266,8 +298,34 @@ RESPONSES = (
     Refinement(
         r.InputPart,
         only={
-            "type": _only({"enum": ["input_text", "output_text"]}, "text parts"),
+            "type": _only(
+                {"enum": ["input_text", "output_text", "input_image"]},
+                "text parts; input_image in user messages, for a model whose card lists "
+                "image among its input_modalities",
+            ),
+            "image_url": _IMAGE_URL,
+            "file_id": _null("this server keeps no files; send image_url"),
         },
-        rules=({"required": ["text"], "properties": {"text": {"type": "string"}}},),
+        rules=(
+            {
+                "if": {"properties": {"type": {"enum": ["input_text", "output_text"]}}},
+                "then": {
+                    "required": ["text"],
+                    "properties": {
+                        "text": {"type": "string"},
+                        "image_url": _NULL,
+                        "detail": _NULL,
+                        "file_id": _NULL,
+                    },
+                },
+            },
+            {
+                "if": {"required": ["type"], "properties": {"type": {"const": "input_image"}}},
+                "then": {
+                    "required": ["image_url"],
+                    "properties": {"text": _NULL, "image_url": {"type": "string"}},
+                },
+            },
+        ),
     ),
 )

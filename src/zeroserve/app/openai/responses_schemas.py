@@ -36,11 +36,15 @@ from .schemas import FunctionName, MaxTokens, PriorityClass, Temperature, TopP
 # -- requests -------------------------------------------------------------------------------
 class InputPart(Struct, kw_only=True, forbid_unknown_fields=True):
     """One content part of an input message. Text parts (``input_text``, and the
-    ``output_text`` of an earlier answer sent back) are served; any other type gets a
-    400 naming the part."""
+    ``output_text`` of an earlier answer sent back) and a user's ``input_image``
+    (``image_url``: a ``data:`` URI or an ``http(s)`` URL, kept raw: app/chat/images.py)
+    are served; any other type gets a 400 naming the part."""
 
     type: str
     text: str | None = None
+    image_url: msgspec.Raw | UnsetType = UNSET
+    detail: Literal["auto", "low", "high"] | None = None
+    file_id: str | None = None  # an uploaded file: refused (no file store here)
     annotations: list[Any] | None = None
     logprobs: list[Any] | None = None
 

@@ -145,6 +145,7 @@ class _OpenAI:
                 token_inputs=caps.token_inputs,
                 tokenizer=caps.tokenizer,
                 rerank=caps.rerank,
+                input_modalities=list(caps.input_modalities),  # type: ignore[arg-type]
             ),
         )
 

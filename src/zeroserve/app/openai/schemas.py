@@ -115,13 +115,22 @@ class StreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     include_obfuscation: bool | None = None  # no effect: nothing is obfuscated here
 
 
+class ImageUrl(Struct, kw_only=True, forbid_unknown_fields=True):
+    """An image part's image: ``url`` is a ``data:`` URI (base64) or an ``http(s)`` URL,
+    kept raw: a view of the body, so the image's text is never copied into a ``str``
+    (app/chat/images.py)."""
+
+    url: msgspec.Raw
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ContentPart(Struct, kw_only=True, forbid_unknown_fields=True):
-    """One part of a message's content. Text parts are served; the others are refused
-    with a 400 naming the part."""
+    """One part of a message's content. Text and image parts are served (an image to a
+    model that reads images); the others are refused with a 400 naming the part."""
 
     type: Literal["text", "image_url", "input_audio", "file", "refusal"]
     text: str | None = None
-    image_url: Any = None
+    image_url: ImageUrl | None = None
     input_audio: Any = None
     file: Any = None
     refusal: str | None = None
@@ -405,7 +414,9 @@ class ModelCapabilities(Struct):
     ``tokenizer``: whether ``/tokenize`` and ``/detokenize`` serve it; ``rerank``: how
     ``/v1/rerank`` scores with it (``cross-encoder``: a reranker reads query and
     document together; ``bi-encoder``: the cosine of their embeddings, a weaker
-    ranking), null when it does not rerank."""
+    ranking), null when it does not rerank;
+    ``input_modalities``: what its chats may carry (``image``: image parts; a model
+    without it refuses an image with a 400 naming the part)."""
 
     chat: bool
     embeddings: bool
@@ -433,6 +444,7 @@ class ModelCapabilities(Struct):
     token_inputs: bool
     tokenizer: bool
     rerank: Literal["cross-encoder", "bi-encoder"] | None
+    input_modalities: list[Literal["text", "image"]]
 
 
 class ModelLoadStatus(Struct, omit_defaults=True):

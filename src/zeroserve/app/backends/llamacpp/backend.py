@@ -14,7 +14,12 @@ Checks before a slot is taken: ``max_tokens`` at or beyond a slot's context, and
 prompt that cannot fit (``context_length_exceeded``). The prompt's UTF-8 bytes plus the
 template's overhead bound its tokens (byte-level BPE), so a prompt that fits by bytes
 needs no tokenizer; otherwise the engine's own template and tokenizer count it exactly
-(the model's side port).
+(the model's side port). An image's tokens are the projector's to say, and neither
+bound knows them: a chat with images goes to the engine, which refuses a prompt beyond
+the slot's context itself (a 400 naming ``messages``), and a token count of one is
+refused. Images reach a model started with a projector (``mmproj``), as PNG, JPEG or
+GIF (the engine decodes no WebP), at the projector's own resolution (``detail`` other
+than ``auto`` is refused).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from .... import metrics
 from ....errors import CapabilityError, RequestError
 from ....runtime import ModelHandle, Ticket
 from ...chat import ChatRequest, Choices, Output, QueuedChoice, admit
+from ...chat.images import WEBP
 from ...chat.request import OPTIONAL_PARAMETERS
 from ...deadlines import openai_timeout
 from ...openai import schemas as s
@@ -57,6 +63,7 @@ class LlamaCppEngine(Protocol):
     alias: str
     system_prompt: str | None
     native_tools: bool
+    vision: bool
     embedding: bool
     timeout: float
 
@@ -120,6 +127,7 @@ class LlamaCppBackend:
             token_inputs=self.engine.embedding,  # the engine embeds token arrays too
             tokenizer=True,
             rerank="cross-encoder" if self.engine.reranks else None,
+            input_modalities=("text", "image") if self.engine.vision else ("text",),
         )
 
     def statistics(self) -> BackendStatistics:
@@ -140,6 +148,8 @@ class LlamaCppBackend:
     def chat(self, api: FrontEnd, chat: ChatRequest, req: Request) -> HandlerResult:
         engine = self.engine
         chat.refuse_unhonoured(HONOURS)
+        if chat.images:
+            _check_images(chat)
         planned = requests(chat, engine)
         deadline = self._deadline(chat.timeout)
         ctx = engine.context_length
@@ -151,7 +161,7 @@ class LlamaCppBackend:
                 param=param,
                 code="context_length_exceeded",
             )
-        if planned.bound + want < ctx:
+        if planned.bound + want < ctx or chat.images:
             return self._start(api, chat, req, planned, deadline)
         return self._counted(api, chat, req, planned, deadline)
 
@@ -159,6 +169,12 @@ class LlamaCppBackend:
         """Counted by the engine's own template and tokenizer (its side port), the
         conversation as the engine would be sent it (a tool plan's system turn too)."""
         chat.refuse_unhonoured(HONOURS)
+        if chat.images:
+            raise RequestError(
+                "this model's engine cannot count an image's tokens apart from running it; "
+                "count the text alone",
+                param=chat.images[0].param,
+            )
         planned = requests(chat, self.engine)
         timeout = max(min(TOKENIZE_TIMEOUT_S, self.engine.timeout), 0.001)
         return await self.engine.prompt_tokens(planned.messages, None, timeout)
@@ -343,6 +359,23 @@ class LlamaCppBackend:
             req.edge.model = self.name
             req.edge.count_tokens(wire.usage_decoder.decode(answer).usage.prompt_tokens)
         return Response(200, [answer], content_type=JSON)
+
+
+def _check_images(chat: ChatRequest) -> None:
+    """A 400 naming the first image the engine cannot read as asked."""
+    for image in chat.images:
+        if image.media_type == WEBP:
+            raise RequestError(
+                "this model's engine reads PNG, JPEG and GIF images, not WebP",
+                param=image.param,
+                code="invalid_image",
+            )
+        if image.detail not in (None, "auto"):
+            raise RequestError(
+                "this model reads every image at its projector's own resolution; "
+                "only detail 'auto' is honoured",
+                param=image.detail_param,
+            )
 
 
 def _dimension(vector: list[float] | str) -> int:
