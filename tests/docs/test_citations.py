@@ -66,3 +66,8 @@ def test_no_citation_by_a_section_number() -> None:
         and _SECTION_NUMBER.search(_WRAP.sub(" ", path.read_text("utf-8", errors="replace")))
     ]
     assert numbered == []
+
+
+def test_the_map_stays_one_sitting_long() -> None:
+    """The map is read in one sitting: detail goes to a decision record or a docs page."""
+    assert len(MAP.read_text(encoding="utf-8").splitlines()) <= 500
