@@ -4,16 +4,17 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, cast
 
 import pytest
 
 from zeroserve.app.control.access import require_admin
 from zeroserve.app.request import Request
+from zeroserve.app.router import Router
 from zeroserve.cli import _duration
 from zeroserve.edge import ApiKey, EdgeContext
 from zeroserve.edge.keys import keys_from_mapping
 from zeroserve.errors import Forbidden
+from zeroserve.http.request import RequestHead
 from zeroserve.server.connection import is_loopback
 
 
@@ -37,7 +38,25 @@ def test_loopback_peers(peer: object, local: bool) -> None:
 
 
 def _request(loopback: bool, key: ApiKey | None = None) -> Request:
-    req = Request(cast(Any, None), {}, cast(Any, None))
+    """A request for the load route, as the server builds one (the compiled ``Request``
+    takes only real heads and routes)."""
+    router = Router()
+    router.add("POST", "/models/load", lambda req: None)
+    route, params = router.match("POST", "/models/load")
+    head = RequestHead(
+        method="POST",
+        target=b"/models/load",
+        path="/models/load",
+        query="",
+        version="1.1",
+        headers=[],
+        content_length=0,
+        chunked=False,
+        keep_alive=True,
+        expect_continue=False,
+        head_bytes=0,
+    )
+    req = Request(head, params, route)
     req.loopback = loopback
     req.edge = EdgeContext(b"", [], lambda: 0.0)
     req.edge.key = key
