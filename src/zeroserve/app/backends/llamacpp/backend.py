@@ -218,21 +218,8 @@ class LlamaCppBackend:
     async def _rerank(
         self, req: Request, parts: list[tuple[int, bytes]], ticket: Ticket, deadline: float
     ) -> Relevance:
-        engine = self.engine
-
         def call(payload: bytes) -> Callable[[], bytes]:
-            def run() -> bytes:
-                try:
-                    answer = engine.rerank_call(payload)
-                except ValueError as exc:  # the engine refused the input before computing
-                    raise RequestError(
-                        f"the engine refused the input: {exc}", param="documents"
-                    ) from None
-                if answer.startswith(_ERROR_PREFIX):
-                    raise engine_error(answer)
-                return answer
-
-            return run
+            return _engine_call(self.engine.rerank_call, payload, "documents")
 
         sizes = [n for n, _ in parts]
         answers = await self.handle.slots.run(
@@ -326,21 +313,8 @@ class LlamaCppBackend:
         deadline: float,
         dimensions: int | None,
     ) -> Response:
-        engine = self.engine
-
         def call(payload: bytes) -> Callable[[], bytes]:
-            def run() -> bytes:
-                try:
-                    answer = engine.embed_call(payload)
-                except ValueError as exc:  # the engine refused the input before computing
-                    raise RequestError(
-                        f"the engine refused the input: {exc}", param="input"
-                    ) from None
-                if answer.startswith(_ERROR_PREFIX):
-                    raise engine_error(answer)
-                return answer
-
-            return run
+            return _engine_call(self.engine.embed_call, payload, "input")
 
         answers = await self.handle.slots.run(
             ticket, [call(p) for _, p in parts], deadline=deadline, items=[n for n, _ in parts]
@@ -359,6 +333,24 @@ class LlamaCppBackend:
             req.edge.model = self.name
             req.edge.count_tokens(wire.usage_decoder.decode(answer).usage.prompt_tokens)
         return Response(200, [answer], content_type=JSON)
+
+
+def _engine_call(
+    method: Callable[[bytes], bytes], payload: bytes, param: str
+) -> Callable[[], bytes]:
+    """One blocking engine call for a slot thread: an input the engine refuses before
+    computing is a 400 naming ``param``; an error answer is its HTTP error."""
+
+    def run() -> bytes:
+        try:
+            answer = method(payload)
+        except ValueError as exc:
+            raise RequestError(f"the engine refused the input: {exc}", param=param) from None
+        if answer.startswith(_ERROR_PREFIX):
+            raise engine_error(answer)
+        return answer
+
+    return run
 
 
 def _check_images(chat: ChatRequest) -> None:
