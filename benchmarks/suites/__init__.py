@@ -14,7 +14,24 @@ from collections.abc import Callable
 
 from ..context import SuiteContext
 from ..report import Section
-from . import edge, gateway, llamacpp, messages, p64, ray, tinyllm, w1, w2, w3, w4, w5, w6, w7, w8
+from . import (
+    edge,
+    gateway,
+    llamacpp,
+    messages,
+    p64,
+    ray,
+    rerank,
+    tinyllm,
+    w1,
+    w2,
+    w3,
+    w4,
+    w5,
+    w6,
+    w7,
+    w8,
+)
 
 Suite = Callable[[SuiteContext], Section]
 
@@ -26,6 +43,7 @@ SUITES: dict[str, Suite] = {
     "tinyllm": tinyllm.tinyllm,  # the default model's streams, vs FastAPI
     "llamacpp": llamacpp.llamacpp,  # smollm2 streams, vs llama.cpp's server and FastAPI
     "messages": messages.messages,  # smollm2 streams: Anthropic Messages vs chat completions
+    "rerank": rerank.rerank,  # /v1/rerank of 64 documents vs embeddings + a client cosine
     "gateway": gateway.gateway,  # the remote: relay, vs direct and LiteLLM
     "W5": w5.w5,  # slow reader: bounded memory
     "W6": w6.w6,  # disconnect: the model stops

@@ -1,7 +1,7 @@
 """The harness's boundaries, checked from the source with ``ast``: ``benchmarks/`` imports
 from zeroserve only the public Model API (``zeroserve`` and ``zeroserve.models``: the
-Model base, its request types, the built-in models), except the two scripts that time the
-gateway's own upstream client and the edge's key check; nothing under ``src/`` imports
+Model base, its request types, the built-in models), except the scripts that time the
+gateway's own upstream client, the edge's key check and the class queue; nothing under ``src/`` imports
 ``benchmarks``; and the wheel's package list does not include it."""
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "benchmarks"
 PUBLIC = ("zeroserve", "zeroserve.models")
 # Time the gateway's pooled upstream client in-process against aiohttp and httpx, and the
-# edge's API-key check in-process (each in a process of its own; the harness reads output).
+# edge's API-key check in-process, and a chat image's path from the body to the engine's
+# request (each in a process of its own; the harness reads output).
 INTERNAL_ALLOWED = {
     HARNESS / "scripts" / "measure_overhead.py",
     HARNESS / "scripts" / "edge_key_cost.py",
+    HARNESS / "scripts" / "class_queue_cost.py",
+    HARNESS / "scripts" / "image_decode.py",
 }
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from . import __version__, buildinfo
@@ -15,6 +16,7 @@ from .config import Config, load_config
 from .errors import ConfigError, ConfigWarning, ZeroserveError
 from .loadgen import add_arguments as add_loadgen_arguments
 from .loadgen import main as loadgen_main
+from .models.catalog import CatalogEntry, server_catalog
 from .models.loader import BACKENDS, BUILTINS, ModelRef, parse_spec
 
 log = logging.getLogger("zeroserve")
@@ -40,6 +42,7 @@ examples:
   zeroserve serve --model emb=onnx:/path/model.onnx
   zeroserve serve --model mine=my_model:MyModel    a zeroserve.Model in ./my_model.py
   zeroserve serve --host 0.0.0.0 --api-keys-file keys.toml --access-log -
+  zeroserve serve --models-dir ./models --keep-alive 10m --models-max 2
 
 Then: curl http://127.0.0.1:8000/v1/models, or the openai SDK with
 base_url="http://127.0.0.1:8000/v1". The page at / is a playground and live dashboard.
@@ -48,6 +51,8 @@ MODELS_EXAMPLES = """\
 examples:
   zeroserve models                                the default models
   zeroserve models --model mine=my_model:MyModel --model echo
+  zeroserve models --models-dir ./models          the catalog a --models-dir server has
+  zeroserve models --url http://127.0.0.1:8000    a running server's catalog and states
 """
 
 
@@ -133,7 +138,48 @@ def build_parser() -> argparse.ArgumentParser:
         "processes run at, 0 to 19 (default 10; 0: the same priority); a model's nice "
         "option overrides it",
     )
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="serve OpenAI's Files and Batch APIs (/v1/files, /v1/batches), keeping their "
+        "SQLite database and files in DIR; batches survive a restart and resume "
+        "(default: off; needs --workers 1)",
+    )
     serve.add_argument("--log-level", help="debug, info, warning, error")
+    run_time = serve.add_argument_group(
+        "models at run time",
+        "a catalog of models loaded and unloaded while the server runs: on a request "
+        "(autoload), by POST /models/load and /models/unload, or the KServe V2 repository "
+        "routes (admin only); SIGHUP or POST /v2/repository/index rescans the directory",
+    )
+    run_time.add_argument(
+        "--models-dir",
+        metavar="DIR",
+        help="serve the models in DIR: each NAME.gguf (llama.cpp) and NAME/model.toml "
+        "(spec, pin, [options]); none is loaded at start, and no default model is served "
+        "unless given with --model (a --model is loaded at start and stays)",
+    )
+    run_time.add_argument(
+        "--keep-alive",
+        type=_duration,
+        metavar="DURATION",
+        help="unload a --models-dir model after it has been idle this long (nothing in "
+        "flight, no stream open): seconds, or with a unit: 90s, 5m, 1h (default 5m)",
+    )
+    run_time.add_argument(
+        "--models-max",
+        type=int,
+        metavar="N",
+        help="at most N models loaded at once: a load over it first unloads the least "
+        "recently used idle, unpinned model, else answers 503 (default: no cap)",
+    )
+    run_time.add_argument(
+        "--autoload",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a request for a catalog model that is not loaded loads it (default: on with "
+        "--models-dir)",
+    )
     edge = serve.add_argument_group("edge", "API keys, CORS, access log (off by default)")
     edge.add_argument(
         "--api-key",
@@ -147,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-keys-file",
         metavar="FILE",
         help="TOML file of [keys.NAME] tables: key, and optional max_concurrent, "
-        "requests_per_minute, tokens_per_minute",
+        "requests_per_minute, tokens_per_minute, admin (true: may load and unload models)",
     )
     edge.add_argument(
         "--auth-metrics",
@@ -188,6 +234,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PEM",
         help="require client certificates signed by these CAs (mTLS)",
     )
+    images = serve.add_argument_group("images", "remote chat images (off by default)")
+    images.add_argument(
+        "--allow-image-urls",
+        action="append",
+        metavar="HOSTS",
+        help="fetch chat images given by http(s) URL from these hosts only, comma-separated "
+        "or repeated; every address and redirect is checked (loopback, private, "
+        "link-local and metadata addresses refused). Default: image URLs are refused",
+    )
+    images.add_argument(
+        "--allow-image-urls-loopback",
+        action="store_true",
+        default=None,
+        help="UNSAFE, for tests: let image fetches reach loopback addresses (private, "
+        "link-local and metadata addresses stay refused)",
+    )
     serve.add_argument(
         "--drain-ready-delay",
         type=float,
@@ -205,11 +267,17 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser(
         "models",
         help="list the models a configuration serves, with capabilities",
-        description="List the models a configuration serves, with their capabilities.",
+        description="List the models a configuration serves, with their capabilities and "
+        "state (a --model is loaded at start; a --models-dir model on demand), or with --url "
+        "the catalog of a running server with each model's state now.",
         epilog=MODELS_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common(models)
+    models.add_argument("--models-dir", metavar="DIR", help="the models directory to list")
+    models.add_argument(
+        "--url", metavar="URL", help="list a running server's catalog (its GET /models)"
+    )
 
     bench = sub.add_parser(
         "bench", help="load a running server: req/s, TTFT, inter-token latency, percentiles"
@@ -221,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fetch a model into the cache (hf:ORG/REPO[:FILE_OR_QUANT] or https://URL)",
         description="Fetch a model into the cache (ZEROSERVE_CACHE, else ~/.cache/zeroserve). "
         "SOURCE is hf:ORG/REPO[:FILE_OR_QUANT] or https://URL, optionally pinned with "
-        "@sha256=HEX (checked before use; a mismatch deletes the file). An interrupted "
+        "?sha256=HEX (checked before use; a mismatch deletes the file). An interrupted "
         "download resumes on the next pull.",
     )
     pull.add_argument("source", metavar="SOURCE")
@@ -229,6 +297,23 @@ def build_parser() -> argparse.ArgumentParser:
     rm = sub.add_parser("rm", help="delete a cached model by name (as `zeroserve list` shows it)")
     rm.add_argument("name", metavar="NAME")
     return p
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``300``, ``300s``, ``5m`` or ``1h`` (``--keep-alive``)."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: seconds, or a number with s, m or h"
+        ) from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be 0 or more")
+    return seconds
 
 
 def _cache_command(args: argparse.Namespace) -> int:
@@ -270,7 +355,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def model_specs(cfg: Config) -> list[ModelRef]:
     texts = list(cfg.models)
-    if not texts and cfg.default_models:
+    if not texts and cfg.default_models and cfg.models_dir is None:
         texts = list(DEFAULT_MODELS)
     specs = [parse_spec(t) for t in texts]
     names = [s.name for s in specs]
@@ -292,6 +377,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"zeroserve {args.command}: {exc}", file=sys.stderr)
             return 1
     overrides: dict[str, Any] = {"models": args.models}
+    if args.command == "models":
+        if args.url is not None:
+            return _list_served(args.url)
+        overrides["models_dir"] = args.models_dir
     if args.command == "serve":
         overrides.update(
             host=args.host,
@@ -302,6 +391,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             arena_bytes=args.arena_bytes,
             log_level=args.log_level,
             ui=args.ui,
+            models_dir=args.models_dir,
+            keep_alive_s=args.keep_alive,
+            models_max=args.models_max,
+            autoload=args.autoload,
+            data_dir=args.data_dir,
         )
         if args.max_body_bytes is not None:
             overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
@@ -328,6 +422,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             access_log=args.access_log,
             tracing=args.tracing,
         )
+        hosts = [h for v in args.allow_image_urls or () for h in v.split(",") if h]
+        overrides["images"] = _given(
+            allow_urls=hosts or None, allow_loopback_urls=args.allow_image_urls_loopback
+        )
         overrides["tls"] = _given(
             certfile=args.ssl_certfile, keyfile=args.ssl_keyfile, ca_certs=args.ssl_ca_certs
         )
@@ -343,8 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _import_from_cwd()
         specs = model_specs(cfg)
         if args.command == "models":
-            return _list_models(specs)
-        from .server.run import serve
+            models_dir = Path(cfg.models_dir) if cfg.models_dir is not None else None
+            return _list_models(server_catalog(specs, models_dir))
+        from .server.run import CatalogOptions, serve
 
         return serve(
             cfg.server_options(),
@@ -357,6 +456,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             edge=cfg.edge.options(),
             ui=cfg.ui,
             api_limits=cfg.app_limits(),
+            catalog=CatalogOptions(
+                models_dir=Path(cfg.models_dir) if cfg.models_dir is not None else None,
+                keep_alive_s=cfg.keep_alive_s,
+                models_max=cfg.models_max,
+                autoload=cfg.autoloads,
+            ),
+            batch=cfg.batch_options(),
+            image_fetch=cfg.image_fetch(),
         )
     except ZeroserveError as exc:
         print(f"zeroserve: error: {exc.message}", file=sys.stderr)
@@ -377,12 +484,35 @@ def _given(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _list_models(specs: list[ModelRef]) -> int:
-    for spec in specs:
+def _list_models(catalog: dict[str, CatalogEntry]) -> int:
+    for entry in catalog.values():
+        spec = entry.ref
         cls = spec.load_class()
         caps = ", ".join(sorted(cls.capabilities())) or "-"
         executor = spec.runtime.get("executor", cls.executor)
-        print(f"{spec.name:<16} {caps:<24} executor={executor:<8} {cls.description}")
+        when = "at start" if entry.origin == "--model" else "on demand"
+        print(f"{spec.name:<16} {caps:<24} executor={executor:<8} {when:<9} {cls.description}")
+    return 0
+
+
+def _list_served(url: str) -> int:
+    """A running server's catalog with states (``GET /models``, llama.cpp router's)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=30) as answer:
+            listing = json.load(answer)
+    except (OSError, ValueError) as exc:
+        print(f"zeroserve models: cannot read {url}/models: {exc}", file=sys.stderr)
+        return 1
+    for model in listing["data"]:
+        status = model["status"]
+        state = "failed" if status.get("failed") else status["value"]
+        pinned = "pinned" if model.get("pinned") else ""
+        reason = status.get("reason", "")
+        print(f"{model['id']:<16} {state:<10} {pinned:<6} {reason}".rstrip())
     return 0
 
 

@@ -10,8 +10,14 @@ TOML layout (every key optional)::
     arena_bytes = 1073741824    # payload bytes in flight (503 beyond)
     models = ["echo", "mine=my_model:MyModel?executor=process"]
     default_models = true       # serve the embedded models when no model is given
+    models_dir = "/srv/models"  # a catalog of models loaded at run time (NAME.gguf,
+                                # NAME/model.toml); no default models with it
+    keep_alive_s = 300          # unload a --models-dir model idle this long
+    models_max = 4              # at most this many --models-dir models loaded at once
+    autoload = true             # a request loads the --models-dir model it names
     log_level = "info"
     ui = true                   # the playground and dashboard page at /
+    data_dir = "/var/lib/zeroserve"  # the Files and Batch APIs' state (off when unset)
 
     [limits]   # max_head_bytes, max_headers, max_uri_bytes, max_body_bytes
     [timeouts] # head, body, keepalive, write, graceful, drain_ready_delay (seconds)
@@ -20,12 +26,18 @@ TOML layout (every key optional)::
                # load_timeout_s, shutdown_timeout_s, restart_backoff_s,
                # max_restart_backoff_s, inline_yield_every,
                # ray_address (the Ray cluster of executor=ray models),
-               # model_nice (--model-nice: models' work below the event loop)
+               # model_nice (--model-nice: models' work below the event loop),
+               # priority_aging_s (seconds of waiting worth one priority class; 0: FIFO)
     [api_limits] # embedding_inputs, messages, prompts, stop, tools, n, generations,
-                 # output_tokens, v2_inputs, v2_outputs, v2_output_bytes (app/limits.py)
+                 # output_tokens, v2_inputs, v2_outputs, v2_output_bytes, images,
+                 # image_bytes (app/limits.py)
     [edge]     # api_keys, api_keys_file, auth_metrics, cors_origins,
                # cors_allow_credentials, access_log, request_ids, tracing
     [tls]      # certfile, keyfile, ca_certs (client certificates: mTLS)
+    [batch]    # the Batch API's limits: max_file_bytes, max_lines, max_line_bytes,
+               # max_open_batches (per key), min_free_bytes, lines_per_model (app/batch/options.py)
+    [images]   # allow_urls (hosts chat images may be fetched from; none: off),
+               # allow_loopback_urls (unsafe: tests), fetch_timeout_s (docs/images.md)
 
 Environment variables use the key in upper case, nested keys joined by ``__``:
 ``ZEROSERVE_PORT=9000``, ``ZEROSERVE_LIMITS__MAX_BODY_BYTES=1048576``,
@@ -42,10 +54,21 @@ import os
 import tomllib
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
+from .app.backends.images import FETCH_TIMEOUT_S, ImageFetchPolicy
+from .app.batch import BatchOptions
+from .app.batch.options import (
+    LINES_PER_MODEL,
+    MAX_FILE_BYTES,
+    MAX_LINE_BYTES,
+    MAX_LINES,
+    MAX_OPEN_BATCHES,
+    MIN_FREE_BYTES,
+)
 from .app.limits import ApiLimits
 from .edge import ApiKey, EdgeOptions, KeyRing, load_keys_file
 from .edge.cors import CorsPolicy
@@ -53,6 +76,8 @@ from .errors import ConfigError, ConfigWarning
 from .http.limits import MAX_BODY_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, MAX_URI_BYTES, HttpLimits
 from .runtime import RuntimeOptions
 from .runtime.arena import DEFAULT_BUDGET_BYTES
+from .runtime.classes import check_priority
+from .runtime.model_manager import DEFAULT_KEEP_ALIVE_S
 from .runtime.priority import MAX_NICE, MAX_RT_PRIORITY
 from .server import options as so
 
@@ -63,7 +88,7 @@ _NOT_CONFIG = (ENV_PREFIX + "INTERNAL_", ENV_PREFIX + "TEST_", ENV_PREFIX + "PUR
 # Variables named for what users expect rather than by the nesting rule.
 _ENV_ALIASES = {ENV_PREFIX + "API_KEY": ("edge", "api_keys")}
 # Keys whose environment value is a comma-separated list.
-_LIST_KEYS = frozenset({"models", "cors_origins", "api_keys"})
+_LIST_KEYS = frozenset({"models", "cors_origins", "api_keys", "allow_urls"})
 
 
 class Limits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -111,6 +136,10 @@ class EdgeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                 CorsPolicy(self.cors_origins, allow_credentials=self.cors_allow_credentials)
             if keys:
                 KeyRing(keys)
+            for key in keys:  # the classes a key names are the runtime's
+                for fld, value in (("priority", key.priority), ("priority_min", key.priority_min)):
+                    if value is not None:
+                        check_priority(value, f"[keys.{key.name}] {fld}")
         except ValueError as exc:
             raise ConfigError(f"key 'edge': {exc}") from None
         return EdgeOptions(
@@ -122,6 +151,17 @@ class EdgeConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             request_ids=self.request_ids,
             tracing=self.tracing,
         )
+
+
+class BatchConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The Batch API's limits (app/batch/options.py); used with ``data_dir``."""
+
+    max_file_bytes: int = MAX_FILE_BYTES
+    max_lines: int = MAX_LINES
+    max_line_bytes: int = MAX_LINE_BYTES
+    max_open_batches: int = MAX_OPEN_BATCHES
+    min_free_bytes: int = MIN_FREE_BYTES
+    lines_per_model: int = LINES_PER_MODEL
 
 
 class Tls(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -152,6 +192,8 @@ class ApiLimitsConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     v2_inputs: int = _API_LIMITS.v2_inputs
     v2_outputs: int = _API_LIMITS.v2_outputs
     v2_output_bytes: int = _API_LIMITS.v2_output_bytes
+    images: int = _API_LIMITS.images
+    image_bytes: int = _API_LIMITS.image_bytes
 
 
 _RUNTIME_DEFAULTS = RuntimeOptions()
@@ -173,6 +215,17 @@ class Runtime(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ray_address: str | None = _RUNTIME_DEFAULTS.ray_address
     hang_grace_s: float = _RUNTIME_DEFAULTS.hang_grace_s
     model_nice: int = _RUNTIME_DEFAULTS.model_nice
+    priority_aging_s: float = _RUNTIME_DEFAULTS.priority_aging_s
+
+
+class Images(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The ``[images]`` section: remote chat images (docs/images.md). ``allow_urls``:
+    the hosts images may be fetched from (none: remote image URLs are refused);
+    ``allow_loopback_urls``: loopback addresses too (unsafe: for tests)."""
+
+    allow_urls: list[str] = []
+    allow_loopback_urls: bool = False
+    fetch_timeout_s: float = FETCH_TIMEOUT_S
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -186,20 +239,53 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_connections: int = so.MAX_CONNECTIONS
     models: list[str] = []
     default_models: bool = True
+    # Models at run time (docs/architecture.md, "Models at run time").
+    models_dir: str | None = None
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    models_max: int | None = None
+    autoload: bool | None = None  # None: on with models_dir
     log_level: str = "info"
     ui: bool = True
+    # Where the Files and Batch APIs keep their SQLite database and files; unset: no
+    # /v1/files nor /v1/batches (docs/architecture.md, "The Batch API").
+    data_dir: str | None = None
     limits: Limits = msgspec.field(default_factory=Limits)
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     runtime: Runtime = msgspec.field(default_factory=Runtime)
     api_limits: ApiLimitsConfig = msgspec.field(default_factory=ApiLimitsConfig)
     edge: EdgeConfig = msgspec.field(default_factory=EdgeConfig)
     tls: Tls = msgspec.field(default_factory=Tls)
+    batch: BatchConfig = msgspec.field(default_factory=BatchConfig)
+
+    @property
+    def autoloads(self) -> bool:
+        """Whether a request loads the model it names: on by default with models_dir."""
+        return self.autoload if self.autoload is not None else self.models_dir is not None
+
+    images: Images = msgspec.field(default_factory=Images)
 
     def runtime_options(self) -> RuntimeOptions:
         return RuntimeOptions(**msgspec.structs.asdict(self.runtime))
 
+    def batch_options(self) -> BatchOptions | None:
+        if self.data_dir is None:
+            return None
+        return BatchOptions(Path(self.data_dir), **msgspec.structs.asdict(self.batch))
+
     def app_limits(self) -> ApiLimits:
         return ApiLimits(**msgspec.structs.asdict(self.api_limits))
+
+    def image_fetch(self) -> ImageFetchPolicy | None:
+        """Where chat images may be fetched from (None: nowhere)."""
+        hosts = frozenset(h.strip().lower() for h in self.images.allow_urls if h.strip())
+        if not hosts:
+            return None
+        return ImageFetchPolicy(
+            hosts,
+            max_bytes=self.api_limits.image_bytes,
+            timeout_s=self.images.fetch_timeout_s,
+            allow_loopback=self.images.allow_loopback_urls,
+        )
 
     def http_limits(self) -> HttpLimits:
         lim = self.limits
@@ -254,13 +340,36 @@ def load_config(
         value = msgspec.structs.asdict(cfg.runtime)[key]
         if not 0 < value < float("inf"):
             raise ConfigError(f"invalid configuration: key 'runtime.{key}': must be > 0 seconds")
+    for key, value in msgspec.structs.asdict(cfg.batch).items():
+        if value < (0 if key == "min_free_bytes" else 1):
+            raise ConfigError(f"invalid configuration: key 'batch.{key}': must be positive")
+    if cfg.data_dir is not None and cfg.workers > 1:
+        # One runner owns a data directory's batches (docs/architecture.md, "The Batch API").
+        raise ConfigError("invalid configuration: key 'data_dir': needs workers = 1")
     if not 0 <= cfg.loop_rt_priority <= MAX_RT_PRIORITY:
         raise ConfigError(
             f"invalid configuration: key 'loop_rt_priority': must be 0 to {MAX_RT_PRIORITY}"
         )
+    if not 0 <= cfg.keep_alive_s < float("inf"):
+        raise ConfigError("invalid configuration: key 'keep_alive_s': must be >= 0 seconds")
+    if cfg.models_max is not None and cfg.models_max < 1:
+        raise ConfigError("invalid configuration: key 'models_max': must be at least 1")
+    if cfg.models_dir is not None and cfg.workers > 1:
+        raise ConfigError(
+            "invalid configuration: key 'models_dir': needs workers = 1 (each HTTP process "
+            "would load its own copy of every model, and a load would reach only one)"
+        )
+    if not 0 <= cfg.runtime.priority_aging_s < float("inf"):
+        raise ConfigError(
+            "invalid configuration: key 'runtime.priority_aging_s': must be >= 0 seconds"
+        )
     if not 0 <= cfg.runtime.model_nice <= MAX_NICE:
         raise ConfigError(
             f"invalid configuration: key 'runtime.model_nice': must be 0 to {MAX_NICE}"
+        )
+    if not 0 < cfg.images.fetch_timeout_s < float("inf"):
+        raise ConfigError(
+            "invalid configuration: key 'images.fetch_timeout_s': must be > 0 seconds"
         )
     try:
         cfg.app_limits()

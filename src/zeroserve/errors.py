@@ -7,7 +7,9 @@
     ├── NotFound                   404: unknown route, model, version or output
     │   └── ModelNotFound
     ├── Unauthorized               401: no API key, or not one we know (``WWW-Authenticate``)
+    ├── Forbidden                  403: a known caller that may not do this (an admin route)
     ├── MethodNotAllowed           405, with the allowed methods
+    ├── Conflict                   409: the resource's state forbids it (a pinned model's unload)
     ├── PayloadTooLarge            413
     ├── Overloaded                 429 (per model) or 503 (server), with ``retry_after`` seconds
     │   └── RateLimited            429: an API key's own quota, with OpenAI's rate-limit headers
@@ -120,6 +122,15 @@ class Unauthorized(ZeroserveError):
         super().__init__(message, headers=[(b"www-authenticate", b'Bearer realm="zeroserve"')])
 
 
+class Forbidden(ZeroserveError):
+    """The caller is known (or local) but may not do this: the admin-only model control
+    routes (docs/architecture.md, "Models at run time")."""
+
+    status = 403
+    code = "permission_denied"
+    type = "invalid_request_error"
+
+
 class MethodNotAllowed(ZeroserveError):
     status = 405
     code = "method_not_allowed"
@@ -128,6 +139,12 @@ class MethodNotAllowed(ZeroserveError):
     def __init__(self, message: str, allow: list[str]) -> None:
         super().__init__(message, headers=[(b"allow", ", ".join(allow).encode("ascii"))])
         self.allow = allow
+
+
+class Conflict(ZeroserveError):
+    status = 409
+    code = "conflict"
+    type = "invalid_request_error"
 
 
 class PayloadTooLarge(ZeroserveError):

@@ -35,7 +35,7 @@ _sources: dict[str, _Source] = {}
 class _Source:
     statistics: Callable[[], Any]
     counters: frozenset[str]
-    label: str
+    label: str | tuple[str, ...]
     names: Mapping[str, str]
 
 
@@ -147,13 +147,15 @@ def register_source(
     statistics: Callable[[], Any],
     *,
     counters: Iterable[str] = (),
-    label: str = "name",
+    label: str | tuple[str, ...] = "name",
     names: Mapping[str, str] | None = None,
 ) -> None:
     """Publish a component's ``statistics()`` (a dataclass or a mapping of numbers, or a
     mapping of label value -> such, labelled ``label``) as metrics named
     ``zeroserve_<name>_<field>``: gauges, except the cumulative fields named in
     ``counters``, which are counters exposed as ``zeroserve_<name>_<field>_total``.
+    ``label`` a tuple of names: ``statistics()`` is as many mappings deep, one label value
+    per level (``{model: {class: snapshot}}`` for ``("name", "class")``).
     ``names`` renames fields on the way out, to put their unit in the name
     (``{"used": "used_bytes"}``), as Prometheus conventions ask."""
     _sources[name] = _Source(statistics, frozenset(counters), label, names or {})
@@ -237,7 +239,29 @@ def _family(name: str, key: str, source: _Source, labels: list[str] | None) -> M
     return GaugeMetricFamily(metric, f"{name} {key}", labels=labels)
 
 
+def _labelled(value: Any, depth: int) -> Iterator[tuple[list[str], Any]]:
+    """(label values, snapshot) pairs of a mapping ``depth`` levels deep."""
+    if depth == 0:
+        yield [], value
+        return
+    for label, sub in value.items():
+        for rest, snap in _labelled(sub, depth - 1):
+            yield [str(label), *rest], snap
+
+
 def _families(name: str, source: _Source, snapshot: Any) -> Iterable[Metric]:
+    if isinstance(source.label, tuple):  # several labels: nested mappings
+        labels = list(source.label)
+        by_key: dict[str, Metric] = {}
+        for values, sub in _labelled(snapshot, len(labels)):
+            for key, value in _fields(sub).items():
+                if isinstance(value, bool | int | float):
+                    fam = by_key.get(key)
+                    if fam is None:
+                        fam = by_key[key] = _family(name, key, source, labels)
+                    fam.add_metric(values, float(value))  # type: ignore[attr-defined]
+        yield from by_key.values()
+        return
     fields = _fields(snapshot)
     if not fields:
         return
@@ -319,6 +343,17 @@ LOOP_LAG_SECONDS = Histogram(
     "How late the event loop ran a timer scheduled for now: the HTTP stall users feel.",
     registry=REGISTRY,
     buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
+
+
+# How long a model took to load at run time (docs/architecture.md, "Models at run time"):
+# from an echo model's milliseconds to a large GGUF's minutes.
+MODEL_LOAD_SECONDS = Histogram(
+    "zeroserve_model_load_seconds",
+    "How long each successful load of a model at run time took.",
+    ["model"],
+    registry=REGISTRY,
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
 
 

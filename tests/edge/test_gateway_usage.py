@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -457,3 +458,54 @@ def test_no_usage_or_an_unreadable_one_counts_nothing() -> None:
     scanner = UsageScanner()
     scanner.feed(b'{"usage":{"prompt_tokens":3,"completion_tokens":4}}')
     assert scanner.tokens == 7
+
+
+# -- Anthropic's Messages API, relayed ----------------------------------------------------
+def test_a_relayed_message_counts_its_input_and_output_against_the_key(
+    upstream: ServerThread,
+) -> None:
+    clock = ManualClock()
+    key = ApiKey("user", KEY.encode(), KeyLimits(tokens_per_minute=10_000))
+    server = gateway(upstream, Edge(EdgeOptions(keys=(key,)), clock=clock))
+    try:
+        client = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
+        with client:
+            _count_messages(client, server)
+    finally:
+        server.stop()
+
+
+def _count_messages(client: anthropic.Anthropic, server: ServerThread) -> None:
+    """A whole message and a stream, each debited by its input and output tokens."""
+    whole = client.messages.create(
+        model="g", max_tokens=5, messages=[{"role": "user", "content": "a b c d e f"}]
+    )
+    spent = whole.usage.input_tokens + whole.usage.output_tokens
+    assert whole.usage.input_tokens > 0 and whole.usage.output_tokens > 0
+    assert server.edge.statistics()["user"].tokens == spent
+    with client.messages.stream(
+        model="g", max_tokens=7, messages=[{"role": "user", "content": "g h i"}]
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.usage.output_tokens > 0
+    spent += final.usage.input_tokens + final.usage.output_tokens
+    assert server.edge.statistics()["user"].tokens == spent
+
+
+def test_an_anthropic_stream_counts_its_input_once_and_its_output_as_it_grows() -> None:
+    scanner = UsageScanner()
+    scanner.feed(
+        b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+        b'{"input_tokens":9,"output_tokens":1}}}\n\n'
+    )
+    assert scanner.tokens == 10
+    # Anthropic's message_delta may carry the cumulative output alone.
+    scanner.feed(
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{},"usage":'
+        b'{"output_tokens":6}}\n\n'
+    )
+    assert scanner.tokens == 15
+    scanner.feed(
+        b'data: {"usage":{"input_tokens":4,"cache_read_input_tokens":5,"output_tokens":6}}'
+    )
+    assert scanner.tokens == 15

@@ -2,8 +2,8 @@
 ``embedding=true`` (here the built-in SmolLM2, mean-pooled), through the official
 ``openai`` SDK (which asks for base64) and raw JSON (floats). A request of many inputs
 is embedded in bounded chunks: its answer is the same as one call's, and a deadline or a
-client that leaves stops it within one chunk (docs/architecture.md, "The in-process
-engine")."""
+client that leaves stops it within one chunk (docs/architecture.md, "The
+llama.cpp backend")."""
 
 from __future__ import annotations
 

@@ -23,18 +23,25 @@ PIN = "ab" * 32
 def test_parse_hf_sources() -> None:
     assert parse_source("hf:org/repo") == PullSource("hf", "org/repo", "", None)
     assert parse_source("hf:org/repo:Q4_K_M") == PullSource("hf", "org/repo", "Q4_K_M", None)
-    assert parse_source(f"hf:org/repo:m.gguf@sha256={PIN.upper()}") == PullSource(
+    assert parse_source(f"hf:org/repo:m.gguf?sha256={PIN.upper()}") == PullSource(
         "hf", "org/repo", "m.gguf", PIN
     )
 
 
 def test_parse_url_source() -> None:
-    got = parse_source(f"https://h/x.gguf@sha256={PIN}")
+    got = parse_source(f"https://h/x.gguf?sha256={PIN}")
     assert got == PullSource("url", "", "https://h/x.gguf", PIN)
+    got = parse_source(f"https://h/x.gguf?sig=1&sha256={PIN}")  # after the URL's own query
+    assert got == PullSource("url", "", "https://h/x.gguf?sig=1", PIN)
+
+
+def test_the_pin_is_written_as_a_model_specs_option() -> None:
+    with pytest.raises(RequestError, match=r"as a model spec's option, \?sha256=HEX"):
+        parse_source(f"hf:org/repo:m.gguf@sha256={PIN}")
 
 
 @pytest.mark.parametrize(
-    "bad", ["hf:repo", "hf:org/repo:../x", "ftp://x", "hf:org/repo@sha256=12", "name"]
+    "bad", ["hf:repo", "hf:org/repo:../x", "ftp://x", "hf:org/repo?sha256=12", "name"]
 )
 def test_bad_sources_are_400(bad: str) -> None:
     with pytest.raises(RequestError) as info:

@@ -101,7 +101,7 @@ def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Hub]:
 
 
 def test_pull_by_file_with_pin(hub: _Hub, tmp_path: Path) -> None:
-    path = pull(f"hf:{REPO}:{SMOLLM2_FILE}@sha256={SMOLLM2_SHA256}", tmp_path)
+    path = pull(f"hf:{REPO}:{SMOLLM2_FILE}?sha256={SMOLLM2_SHA256}", tmp_path)
     assert path.read_bytes() == hub.files[SMOLLM2_FILE]
     assert [n for n, _ in cached_models(tmp_path)] == [Path(SMOLLM2_FILE).stem]
 
@@ -119,7 +119,7 @@ def test_unmatched_quant_lists_choices(hub: _Hub, tmp_path: Path) -> None:
 def test_wrong_pin_deletes_and_names_both(hub: _Hub, tmp_path: Path) -> None:
     wrong = "1" * 64
     with pytest.raises(HashMismatch) as info:
-        pull(f"hf:{REPO}:{SMOLLM2_FILE}@sha256={wrong}", tmp_path)
+        pull(f"hf:{REPO}:{SMOLLM2_FILE}?sha256={wrong}", tmp_path)
     assert wrong in str(info.value) and SMOLLM2_SHA256 in str(info.value)
     assert cached_models(tmp_path) == []
 

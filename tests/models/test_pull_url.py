@@ -80,10 +80,10 @@ def test_dropped_download_resumes(hub: _Hub, tmp_path: Path) -> None:
 
 def test_pinned_url(hub: _Hub, tmp_path: Path) -> None:
     good = hashlib.sha256(PAYLOAD).hexdigest()
-    assert pull(f"{_url(hub)}@sha256={good}", tmp_path).read_bytes() == PAYLOAD
+    assert pull(f"{_url(hub)}?sha256={good}", tmp_path).read_bytes() == PAYLOAD
     wrong = "0" * 64
     with pytest.raises(HashMismatch) as info:
-        pull(f"{_url(hub)}@sha256={wrong}", tmp_path)
+        pull(f"{_url(hub)}?sha256={wrong}", tmp_path)
     assert wrong in str(info.value) and good in str(info.value)
     assert cached_models(tmp_path) == []
 

@@ -11,13 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.runtime.helpers import engine
+from tests.runtime.helpers import engine, until
 from tests.support.models.engine import Echo
 from zeroserve.errors import ModelNotFound, Overloaded
 from zeroserve.models.catalog import CatalogEntry
 from zeroserve.models.loader import ModelRef
 from zeroserve.runtime import ManualClock, ModelLoadError
-from zeroserve.runtime.model_manager import ModelManager
+from zeroserve.runtime.model_manager import FAILED_RETRY_S, ModelManager
 from zeroserve.runtime.model_state import ModelState
 
 
@@ -203,5 +203,76 @@ def test_a_rescan_adds_new_entries_and_unloads_the_ones_gone(
                 await mgr.load("extra")
             await mgr.load("new")
             assert sorted(eng.names()) == ["echo", "new"]
+
+    run(main())
+
+
+class _Listener:
+    """Records what the manager announces; refuses ``refused`` when it loads."""
+
+    def __init__(self, refused: str = "") -> None:
+        self.events: list[tuple[str, str]] = []
+        self.refused = refused
+
+    def model_loaded(self, name: str) -> None:
+        if name == self.refused:
+            raise ValueError("no backend serves it")
+        self.events.append(("loaded", name))
+
+    async def model_unloaded(self, name: str) -> None:
+        self.events.append(("unloaded", name))
+
+
+def test_the_idle_timer_unloads_on_the_engine_clock_and_tells_the_listener(
+    run: Any, arena: Any
+) -> None:
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with engine("inline", {"echo": {"factory": Echo}}, arena=arena, clock=clock) as eng:
+            listener = _Listener()
+            mgr = ModelManager(eng, _catalog("inline"), loaded=["echo"], keep_alive_s=60.0)
+            mgr.listener = listener
+            mgr.start(every_s=1.0)
+            try:
+                await mgr.load("extra")
+                clock.advance(30.0)  # timers fire; nothing has been idle 60 s yet
+                assert mgr.idle_models() == []
+                assert mgr.status("extra").state is ModelState.LOADED
+                clock.advance(31.0)
+                await until(lambda: mgr.status("extra").state is ModelState.UNLOADED, "unload")
+                await until(lambda: eng.names() == [], "echo's unload too")
+                assert listener.events[0] == ("loaded", "extra")
+                assert sorted(listener.events[1:]) == [("unloaded", "echo"), ("unloaded", "extra")]
+                stats = mgr.statistics()["extra"]
+                assert (stats.loads, stats.unloads, stats.loaded) == (1, 1, 0)
+            finally:
+                await mgr.aclose()
+            assert clock.pending_timers == 0
+
+    run(main())
+
+
+def test_a_listener_that_refuses_a_model_fails_its_load(run: Any, arena: Any) -> None:
+    clock = ManualClock()
+
+    async def main() -> None:
+        async with engine("inline", {"echo": {"factory": Echo}}, arena=arena, clock=clock) as eng:
+            mgr = ModelManager(eng, _catalog("inline"), loaded=["echo"])
+            mgr.listener = _Listener(refused="extra")
+            with pytest.raises(ModelLoadError, match="no backend serves it"):
+                await mgr.load("extra")
+            assert mgr.status("extra").state is ModelState.FAILED
+            assert eng.names() == ["echo"]  # the engine does not keep what no one serves
+            # ensure (a request's autoload) answers the failure again without loading...
+            with pytest.raises(ModelLoadError, match="no backend serves it"):
+                await mgr.ensure("extra")
+            assert mgr.status("extra").loads == 1 and mgr.retry_after("extra") >= 1.0
+            # ...until the backoff has passed.
+            clock.advance(FAILED_RETRY_S)
+            with pytest.raises(ModelLoadError):
+                await mgr.ensure("extra")
+            assert mgr.status("extra").loads == 2
+            assert mgr.statistics()["extra"].failed_loads == 2
 
     run(main())

@@ -90,6 +90,13 @@ MAX_V2_OUTPUTS = 1024
 # Bytes of V2 outputs one response may carry: the request body limit (128 MiB), so an
 # answer is never larger than the biggest question we accept.
 MAX_V2_OUTPUT_BYTES = 128 * 1024 * 1024
+# Images in one chat request (docs/architecture.md, "Images in chat"): each costs a
+# projector pass and hundreds of prompt tokens; vLLM's default per-prompt limit is one,
+# OpenAI documents 500. 32 covers multi-page documents on a small context.
+MAX_IMAGES = 32
+# Bytes of one image, decoded: OpenAI's documented per-image limit (20 MB). Checked
+# from the base64 text's length before the text is read, and as a fetch's cap.
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +114,8 @@ class ApiLimits:
     v2_inputs: int = MAX_V2_INPUTS
     v2_outputs: int = MAX_V2_OUTPUTS
     v2_output_bytes: int = MAX_V2_OUTPUT_BYTES
+    images: int = MAX_IMAGES
+    image_bytes: int = MAX_IMAGE_BYTES
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():

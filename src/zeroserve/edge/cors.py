@@ -31,7 +31,7 @@ ALLOW_HEADERS = (
     b"inference-header-content-length, openai-organization, openai-project, "
     b"x-stainless-arch, x-stainless-lang, x-stainless-os, x-stainless-package-version, "
     b"x-stainless-retry-count, x-stainless-runtime, x-stainless-runtime-version, "
-    b"x-stainless-timeout"
+    b"x-stainless-timeout, x-priority"
 )
 EXPOSE_HEADERS = (
     b"x-request-id, retry-after, retry-after-ms, inference-header-content-length, "

@@ -73,14 +73,25 @@ class KeyLimits:
 
 @dataclass(frozen=True, slots=True)
 class ApiKey:
-    """One configured key. ``name`` labels metrics and logs; ``secret`` never leaves."""
+    """One configured key. ``name`` labels metrics and logs; ``secret`` never leaves.
+    ``priority`` is the class of its requests that ask for none, ``priority_min`` the
+    highest class (lowest number) they may ask for (docs/architecture.md, "Priority
+    classes"); ``None``: the server's default class, no cap."""
 
     name: str
     secret: bytes = field(repr=False)
     limits: KeyLimits = field(default_factory=KeyLimits)
+    priority: int | None = None
+    priority_min: int | None = None
+    # May call the model control routes (load, unload, rescan): ``admin = true`` in the
+    # keys file (docs/architecture.md, "Models at run time").
+    admin: bool = False
 
     def __repr__(self) -> str:
-        return f"ApiKey(name={self.name!r}, limits={self.limits!r})"
+        return (
+            f"ApiKey(name={self.name!r}, limits={self.limits!r}, priority={self.priority!r}, "
+            f"priority_min={self.priority_min!r}, admin={self.admin!r})"
+        )
 
 
 class KeyRing:
@@ -194,7 +205,8 @@ def refuse_query_key(query: str) -> None:
 
 
 def load_keys_file(path: str) -> list[ApiKey]:
-    """Keys from a TOML file of ``[keys.NAME]`` tables (``key`` plus optional limits).
+    """Keys from a TOML file of ``[keys.NAME]`` tables (``key`` plus optional limits
+    and priority classes).
     Raises ``ValueError`` naming the table at fault, never the secret."""
     try:
         with open(path, "rb") as f:
@@ -220,13 +232,16 @@ def keys_from_mapping(data: Mapping[str, Any], *, source: str = "keys") -> list[
 
 
 _LIMIT_FIELDS = ("max_concurrent", "requests_per_minute", "tokens_per_minute")
+# A key's priority class fields: any integers here (the range of classes is the
+# runtime's, checked where the configuration is built), the default not above the cap.
+_PRIORITY_FIELDS = ("priority", "priority_min")
 
 
 def _key_from_table(name: str, table: Any, source: str) -> ApiKey:
     where = f"{source}: [keys.{name}]"
     if not isinstance(table, Mapping):
         raise ValueError(f"{where} must be a table")
-    unknown = sorted(set(table) - {"key", *_LIMIT_FIELDS})
+    unknown = sorted(set(table) - {"key", "admin", *_LIMIT_FIELDS, *_PRIORITY_FIELDS})
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}")
     secret = table.get("key")
@@ -240,8 +255,22 @@ def _key_from_table(name: str, table: Any, source: str) -> ApiKey:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{where}: '{fld}' must be a positive integer")
         limits[fld] = value
+    admin = table.get("admin", False)
+    if not isinstance(admin, bool):
+        raise ValueError(f"{where}: 'admin' must be true or false")
+    classes: dict[str, int] = {}
+    for fld in _PRIORITY_FIELDS:
+        value = table.get(fld)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{where}: '{fld}' must be an integer (lower runs first)")
+        classes[fld] = value
+    low = classes.get("priority_min")
+    if low is not None and classes.get("priority", low) < low:
+        raise ValueError(f"{where}: 'priority' must not be below 'priority_min'")
     try:
         encoded = secret.encode("ascii")
     except UnicodeEncodeError:
         raise ValueError(f"{where}: 'key' must be ASCII (it travels in an HTTP header)") from None
-    return ApiKey(name, encoded, KeyLimits(**limits))
+    return ApiKey(name, encoded, KeyLimits(**limits), **classes, admin=admin)

@@ -15,7 +15,9 @@ a small share of the body. Only the head, through its blank line, is fed to http
 
 A Content-Length body is received straight into the view the I/O layer passes to
 ``receive_into()`` (an arena lease of exactly that size), so no user-space copy takes
-place apart from the head-overflow bytes. A chunked body is decoded here from the head
+place apart from the head-overflow bytes; or, through ``receive_streamed()``, into a
+smaller window handed to a ``BodySink`` each time it fills (a body stored as it
+arrives). A chunked body is decoded here from the head
 buffer (used as scratch) by the ``ChunkedDecoder`` both roles share into the
 ``BodySink`` the I/O layer passes to ``receive_chunked()``: one copy, which the sink
 counts.
@@ -66,6 +68,7 @@ __all__ = ["BodyComplete", "BodySink", "HttpConnection", "RequestHead", "State"]
 class State(enum.Enum):
     HEAD = "head"  # waiting for (more of) a request head
     BODY = "body"  # receiving a Content-Length body into the given view
+    STREAMED = "streamed"  # receiving a Content-Length body through a window into a sink
     CHUNKED = "chunked"  # decoding a chunked body into the sink
     AWAIT_BODY = "await_body"  # head parsed; the I/O layer must call receive_*()
     HANDLING = "handling"  # request complete; waiting for end_response()
@@ -74,7 +77,8 @@ class State(enum.Enum):
 
 
 class BodySink(Protocol):
-    """Where a chunked body is decoded to. ``write`` copies ``data`` (a transient view)."""
+    """Where a chunked body is decoded to, or a streamed one written to (``receive_streamed``).
+    ``write`` consumes ``data`` (a transient view) before it returns."""
 
     def write(self, data: memoryview) -> None: ...
 
@@ -101,6 +105,7 @@ class HttpConnection:
         self._body: memoryview | None = None
         self._body_pos = 0
         self._sink: BodySink | None = None
+        self._stream_left = 0  # body bytes still to receive in STREAMED
         self._chunked = ChunkedDecoder(
             max_body=self.limits.max_body_bytes, max_trailer_bytes=self.limits.max_head_bytes
         )
@@ -119,6 +124,11 @@ class HttpConnection:
         if self.state is State.BODY:
             assert self._body is not None
             return self._body[self._body_pos :]
+        if self.state is State.STREAMED:
+            # Never past the body's end: the next request's bytes go to the head buffer.
+            assert self._body is not None
+            pos = self._body_pos
+            return self._body[pos : min(len(self._body), pos + self._stream_left)]
         if self._start and self._start == self._end:
             self._start = self._end = self._scan = 0
         elif self._start and self.state is not State.HANDLING:
@@ -166,6 +176,8 @@ class HttpConnection:
                 self.state = State.HANDLING
                 return BodyComplete(self._body_pos)
             return None
+        if state is State.STREAMED:
+            return self._streamed(nbytes)
         if state is State.CLOSED:
             return None
         self._end += nbytes
@@ -196,6 +208,45 @@ class HttpConnection:
             return BodyComplete(take)
         self.state = State.BODY
         return None
+
+    def receive_streamed(self, sink: BodySink, window: memoryview) -> BodyComplete | None:
+        """Receive the current request's Content-Length body through ``window`` into
+        ``sink``: each time the window fills, and at the body's end, ``sink.write`` gets
+        the received part of it (a body stored as it arrives, such as an upload written
+        to disk, is never whole in memory). Body bytes read with the head go to the sink
+        first, as views of the head buffer."""
+        head = self.head
+        if self.state is not State.AWAIT_BODY or head is None or head.chunked:
+            raise RuntimeError("receive_streamed() without a Content-Length body pending")
+        if not window:
+            raise ValueError("the window must not be empty")
+        total = head.content_length or 0
+        take = min(total, self._end - self._start)
+        if take:
+            sink.write(self._mv[self._start : self._start + take])
+            self._start += take
+        self._sink = sink
+        self._body = window
+        self._body_pos = 0
+        self._stream_left = total - take
+        if not self._stream_left:
+            self.state = State.HANDLING
+            return BodyComplete(total)
+        self.state = State.STREAMED
+        return None
+
+    def _streamed(self, nbytes: int) -> BodyComplete | None:
+        body, sink = self._body, self._sink
+        assert body is not None and sink is not None and self.head is not None
+        self._body_pos += nbytes
+        self._stream_left -= nbytes
+        if self._body_pos == len(body) or not self._stream_left:
+            sink.write(body[: self._body_pos])
+            self._body_pos = 0
+        if self._stream_left:
+            return None
+        self.state = State.HANDLING
+        return BodyComplete(self.head.content_length or 0)
 
     def receive_chunked(self, sink: BodySink) -> BodyComplete | None:
         """Decode the current request's chunked body into ``sink``."""

@@ -1,6 +1,6 @@
 """``zeroserve bench URL``: a small load generator for any running OpenAI, KServe V2 or
-raw endpoint, zeroserve's or another server's (``docs/architecture.md``, "The load
-generator").
+raw endpoint, zeroserve's or another server's (``docs/architecture.md``,
+"Benchmarks").
 
 It opens ``-c`` keep-alive connections, sends ``-n`` requests (or for ``--duration``
 seconds), and reports req/s, tokens/s, time to first token, inter-token latency and

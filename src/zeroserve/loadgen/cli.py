@@ -97,6 +97,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_TOKENS,
         help="max_tokens of each request (default %(default)s)",
     )
+    p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="send vLLM's ignore_eos: every answer is --max-tokens long (OpenAI endpoints; "
+        "the model must honour it)",
+    )
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the prompt (or raw body) text")
     p.add_argument(
         "--timeout",
@@ -179,7 +185,15 @@ def main(args: argparse.Namespace) -> int:
         except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             return _fail(f"cannot list the models of {args.url}: {exc}")
     try:
-        the_plan = plan(args.endpoint, url.path, model, args.prompt, args.max_tokens, args.stream)
+        the_plan = plan(
+            args.endpoint,
+            url.path,
+            model,
+            args.prompt,
+            args.max_tokens,
+            args.stream,
+            args.ignore_eos,
+        )
     except ValueError as exc:
         return _fail(str(exc))
     title = (
@@ -199,6 +213,7 @@ def main(args: argparse.Namespace) -> int:
             "stream": args.stream,
             "concurrency": args.concurrency,
             "max_tokens": args.max_tokens,
+            "ignore_eos": args.ignore_eos,
             "started_unix": round(started, 3),
         }
         print(json.dumps(to_json(s, meta), indent=2))

@@ -48,18 +48,29 @@ class Plan:
 
 
 def plan(
-    endpoint: Endpoint, base_path: str, model: str, prompt: str, max_tokens: int, stream: bool
+    endpoint: Endpoint,
+    base_path: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    stream: bool,
+    ignore_eos: bool = False,
 ) -> Plan:
-    """The request for ``endpoint`` under ``base_path`` (the URL's path, '' or '/api')."""
+    """The request for ``endpoint`` under ``base_path`` (the URL's path, '' or '/api');
+    ``ignore_eos``: vLLM's extension, every answer ``max_tokens`` long (OpenAI endpoints)."""
     base = base_path.rstrip("/").removesuffix("/v1")
     js = {"Content-Type": "application/json", "Accept": "application/json"}
     sse = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    fixed: dict[str, Any] = {"ignore_eos": True} if ignore_eos else {}
+    if ignore_eos and endpoint not in ("openai-chat", "openai-completions"):
+        raise ValueError("--ignore-eos is for the OpenAI endpoints")
     if endpoint == "openai-chat":
         doc: dict[str, Any] = {
             "model": model,
             "max_tokens": max_tokens,
             "stream": stream,
             "messages": [{"role": "user", "content": prompt}],
+            **fixed,
         }
         return Plan(
             endpoint,
@@ -71,6 +82,7 @@ def plan(
         )
     if endpoint == "openai-completions":
         doc = {"model": model, "max_tokens": max_tokens, "stream": stream, "prompt": prompt}
+        doc.update(fixed)
         return Plan(
             endpoint,
             "POST",

@@ -109,6 +109,22 @@ class Model:
         """Number of model tokens in ``text`` (for ``usage``). Default: whitespace words."""
         return len(text.split())
 
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The model's token ids of ``text`` (``add_special_tokens``: with the special
+        tokens the model adds around a text it reads, such as a beginning-of-sequence).
+        Override with :meth:`detokenize` where the model has a tokenizer: the server then
+        serves ``/tokenize`` and ``/detokenize`` for it."""
+        raise NotImplementedError
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens``. A token id outside the vocabulary raises ``ValueError``."""
+        raise NotImplementedError
+
+    @classmethod
+    def has_tokenizer(cls) -> bool:
+        """Whether the model overrides :meth:`tokenize` and :meth:`detokenize`."""
+        return cls.tokenize is not Model.tokenize and cls.detokenize is not Model.detokenize
+
     def chat_template(self, messages: Sequence[Mapping[str, str]]) -> str:
         """Render chat messages to a prompt. See docs/models.md for the default template."""
         parts = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]

@@ -1,11 +1,13 @@
 """The model cache: where pulled models live, what a pull source names, and hash pins.
 
-Pulling is opt-in and the default is offline (docs/architecture.md, section 6c). This module
+Pulling is opt-in and the default is offline (docs/models.md, "Pulling models"). This module
 owns the parts with no network: the cache directory (``ZEROSERVE_CACHE``, else
 ``$XDG_CACHE_HOME/zeroserve``, else ``~/.cache/zeroserve``), the source syntax, the
 ``sha256=`` pin check, and the catalog seam :func:`cached_models`.
 
-Source syntax: ``hf:ORG/REPO[:FILE_OR_QUANT][@sha256=HEX]`` or ``https://...[@sha256=HEX]``.
+Source syntax: ``hf:ORG/REPO[:FILE_OR_QUANT][?sha256=HEX]`` or ``https://...[?sha256=HEX]``: the
+pin is written as a model spec's ``sha256`` option is (``llamacpp:PATH?sha256=HEX``), one syntax
+for both (after a URL's own query, ``&sha256=HEX``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from zeroserve.errors import RequestError
 #: multi-GiB GGUF files, small enough to stay out of the way of the server's memory.
 HASH_CHUNK_BYTES = 1 << 20
 
-_PIN = re.compile(r"@sha256=([0-9a-fA-F]{64})$")
+_PIN = re.compile(r"[?&]sha256=([0-9a-fA-F]{64})$")
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -49,7 +51,7 @@ class PullSource:
 
 
 def parse_source(text: str) -> PullSource:
-    """Parse ``hf:ORG/REPO[:FILE_OR_QUANT][@sha256=HEX]`` or ``https://URL[@sha256=HEX]``.
+    """Parse ``hf:ORG/REPO[:FILE_OR_QUANT][?sha256=HEX]`` or ``https://URL[?sha256=HEX]``.
 
     Raises:
         RequestError: the text is neither form; the message names it.
@@ -61,6 +63,10 @@ def parse_source(text: str) -> PullSource:
         pin = match.group(1).lower()
         body = text[: match.start()]
     elif "@sha256=" in text:
+        raise RequestError(
+            f"bad sha256 pin in {text!r}: write it as a model spec's option, ?sha256=HEX"
+        )
+    elif "sha256=" in text:
         raise RequestError(f"bad sha256 pin in {text!r}: expected 64 hex digits")
     if body.startswith("hf:"):
         repo, _, selector = body[3:].partition(":")

@@ -96,6 +96,23 @@ def build_catalog(
     found: list[CatalogEntry] = entries_from_specs(specs)
     for path, source in dirs:
         found.extend(source(path))
+    return join_entries(found)
+
+
+def server_catalog(refs: Iterable[ModelRef], models_dir: Path | None) -> dict[str, CatalogEntry]:
+    """The serving catalog: each ``--model`` (pinned: loaded at start and kept, as a
+    server without a models directory always did) and every entry of ``models_dir``.
+
+    Raises ``SpecError`` when two entries share a name, naming both origins.
+    """
+    found = [CatalogEntry(ref=ref, origin="--model", pin=True) for ref in refs]
+    if models_dir is not None:
+        found.extend(scan_models_dir(models_dir))
+    return join_entries(found)
+
+
+def join_entries(found: Iterable[CatalogEntry]) -> dict[str, CatalogEntry]:
+    """Entries by name; ``SpecError`` naming both origins of a name given twice."""
     catalog: dict[str, CatalogEntry] = {}
     for entry in found:
         if entry.name in catalog:

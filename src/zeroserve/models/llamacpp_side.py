@@ -2,8 +2,9 @@
 only this process knows (docs/architecture.md, "The llama.cpp backend").
 
 ``xllamacpp.Server`` has no call for its tokenizer or its chat template, so an exact
-prompt-token count (needed only when a prompt might not fit a slot's context) asks the
-engine's own ``/apply-template`` and ``/tokenize``. One short connection per question, on
+prompt-token count (needed only when a prompt might not fit a slot's context) and the
+``/tokenize`` and ``/detokenize`` routes ask the engine's own ``/apply-template``,
+``/tokenize`` and ``/detokenize``. One short connection per question, on
 the project's own HTTP/1.1 client framing (``http/client.py``); loopback, no model work,
 so milliseconds; the answer is bounded in bytes and the exchange in time.
 """
@@ -44,6 +45,10 @@ class _Tokens(msgspec.Struct):
     tokens: list[Any] = []
 
 
+class _Text(msgspec.Struct):
+    content: str = ""
+
+
 class SidePort:
     """Questions to one engine's locked side port (``address``: ``http://host:port``)."""
 
@@ -57,15 +62,33 @@ class SidePort:
         self, messages: Sequence[Mapping[str, Any]] | None, prompt: str | None, timeout: float
     ) -> int:
         """Tokens of ``prompt``, or of ``messages`` rendered by the chat template."""
+        return len(await self.tokenize(messages, prompt, True, timeout))
+
+    async def tokenize(
+        self,
+        messages: Sequence[Mapping[str, Any]] | None,
+        prompt: str | None,
+        add_special: bool,
+        timeout: float,
+    ) -> list[int]:
+        """The token ids of ``prompt``, or of ``messages`` rendered by the chat template
+        (``add_special``: with the beginning-of-sequence the model's tokenizer adds)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         if prompt is None:
             body = msgspec.json.encode({"messages": messages})
             rendered = await self._post("/apply-template", body, end - loop.time())
             prompt = msgspec.json.decode(rendered, type=_Rendered).prompt
-        body = msgspec.json.encode({"content": prompt, "add_special": True})
+        body = msgspec.json.encode({"content": prompt, "add_special": add_special})
         answer = await self._post("/tokenize", body, end - loop.time())
-        return len(msgspec.json.decode(answer, type=_Tokens).tokens)
+        return [int(t) for t in msgspec.json.decode(answer, type=_Tokens).tokens]
+
+    async def detokenize(self, tokens: Sequence[int], timeout: float) -> str:
+        """The text of ``tokens`` (ids the caller checked against the vocabulary: the
+        engine fails on others)."""
+        body = msgspec.json.encode({"tokens": tokens})
+        answer = await self._post("/detokenize", body, timeout)
+        return msgspec.json.decode(answer, type=_Text).content
 
     async def _post(self, path: str, body: bytes, timeout: float) -> bytes:
         head = request_head(

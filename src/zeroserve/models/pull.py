@@ -1,6 +1,6 @@
 """Fetching a model into the cache: ``hf:`` through huggingface_hub, ``https:`` by hand.
 
-Nothing here runs unless a user asks for a pull (docs/architecture.md, section 6c). The hub
+Nothing here runs unless a user asks for a pull (docs/models.md, "Pulling models"). The hub
 path leaves resuming, caching, ``HF_ENDPOINT``, ``HF_TOKEN`` and ``HF_HUB_OFFLINE`` to
 huggingface_hub. A URL is written to ``NAME.part`` with a ``Range`` request that continues
 what an earlier, interrupted pull left, and renamed once complete. Plain ``http://`` is

@@ -24,7 +24,7 @@ responsive and nothing is copied across a process boundary. (For CPU-bound Pytho
 to a large model, ``?executor=process`` isolates it completely.) This is measurable:
 every decode step records its wall time and the thread's CPU time
 (``time.thread_time``); ``statistics()`` reports both, and ``wall - cpu`` is the time
-the step spent waiting, mostly for the GIL. ``tests/backends/test_transformers_backend.py``
+the step spent waiting, mostly for the GIL. ``tests/models/test_transformers_backend.py``
 shows the wait growing when a Python-busy thread runs alongside.
 
 Options: ``location`` (the folder, from the spec), ``torch_threads`` (intra-op threads,

@@ -7,6 +7,9 @@ Strategy
   raises ``Overloaded(429)``.
 * Global, by bytes in flight: the arena's budget. ``Arena.allocate`` raises
   ``Overloaded(503)`` itself; :func:`check_bytes` lets the head decide before allocating.
+* Admission queues nothing: an admitted request waits in its batcher's queue or for an
+  engine slot, both ordered by the ticket's priority class (runtime/classes.py); the
+  depth counts every class alike.
 * ``Retry-After`` is computed from the measured drain rate: completions per second over
   a sliding window of the injected clock. "You are N behind a queue draining at R/s"
   means "come back in N/R seconds". With no measurement yet, a default is used.
@@ -27,6 +30,7 @@ from typing import Protocol
 
 from ..errors import Overloaded
 from .arena import Arena, size_class
+from .classes import DEFAULT_PRIORITY, Priority
 from .clock import Clock
 
 # Admitted-but-unfinished requests per model. 64 keeps a batching model (batch 16-32)
@@ -94,14 +98,22 @@ class QueueWatch(Protocol):
 
 class Ticket:
     """One admitted request's place in its model's queue. Released exactly once.
-    ``watch`` (None unless tracing is on) is told when the work waits and starts."""
+    ``watch`` (None unless tracing is on) is told when the work waits and starts;
+    ``priority`` is the request's class, which orders its waits (runtime/classes.py)."""
 
-    __slots__ = ("_admission", "admitted_at", "model", "watch")
+    __slots__ = ("_admission", "admitted_at", "model", "priority", "watch")
 
-    def __init__(self, admission: Admission, model: str, admitted_at: float) -> None:
+    def __init__(
+        self,
+        admission: Admission,
+        model: str,
+        admitted_at: float,
+        priority: Priority = DEFAULT_PRIORITY,
+    ) -> None:
         self._admission: Admission | None = admission
         self.model = model
         self.admitted_at = admitted_at
+        self.priority = priority
         self.watch: QueueWatch | None = None
 
     @property
@@ -142,9 +154,10 @@ class Admission:
         """Admit nothing more (503 with ``reason``); tickets held run to their end."""
         self._closed_reason = reason
 
-    def admit(self) -> Ticket:
-        """A ticket, or ``Overloaded(429)`` with ``retry_after`` from the drain rate
-        (``Overloaded(503)`` once closed)."""
+    def admit(self, priority: Priority = DEFAULT_PRIORITY) -> Ticket:
+        """A ticket of class ``priority``, or ``Overloaded(429)`` with ``retry_after``
+        from the drain rate (``Overloaded(503)`` once closed). The depth counts every
+        class alike: a class orders the waits, it does not reserve room."""
         if self._closed_reason is not None:
             self._rejected += 1
             raise Overloaded(self._closed_reason, status=503, retry_after=DEFAULT_RETRY_AFTER_S)
@@ -157,7 +170,7 @@ class Admission:
             )
         self._in_flight += 1
         self._admitted += 1
-        return Ticket(self, self.model, self._clock())
+        return Ticket(self, self.model, self._clock(), priority)
 
     def _release(self) -> None:
         self._in_flight -= 1

@@ -12,6 +12,10 @@ The batch is formed only *after* a slot is free: while every worker is busy, req
 stay in the queue, where they can still be cancelled or expire cheaply, and the next
 batch is formed from everything that accumulated (bigger batches under load).
 
+The queue is a :class:`~.classes.ClassQueue`: a batch takes the best-ranked requests
+(their class, aged by their wait: runtime/classes.py), and the batching delay runs from
+the arrival of the longest-waiting one, whatever its class.
+
 A request (:class:`Pending`) is "done" as soon as its future is: cancelled by its caller
 (client disconnect), failed by its deadline timer, or resolved. Done requests are dropped
 at formation, so a cancelled or expired request never runs. While a batch runs, if every
@@ -28,13 +32,13 @@ Invariants
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ..errors import DeadlineExceeded
 from .admission import QueueWatch
+from .classes import DEFAULT_AGING_S, DEFAULT_PRIORITY, ClassQueue, ClassStatistics, Priority
 from .clock import Clock, Timer, call_at
 
 S = TypeVar("S")
@@ -43,15 +47,21 @@ S = TypeVar("S")
 class Pending:
     """One request waiting for (or in) a batch."""
 
-    __slots__ = ("arrived", "deadline", "future", "payload", "watch")
+    __slots__ = ("arrived", "deadline", "future", "payload", "priority", "watch")
 
     def __init__(
-        self, payload: Any, deadline: float, arrived: float, watch: QueueWatch | None = None
+        self,
+        payload: Any,
+        deadline: float,
+        arrived: float,
+        watch: QueueWatch | None = None,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> None:
         self.payload = payload
         self.deadline = deadline
         self.arrived = arrived
         self.watch = watch  # told when a slot starts this request (tracing)
+        self.priority = priority  # its class: the queue's order (runtime/classes.py)
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     @property
@@ -98,6 +108,7 @@ class Batcher(Generic[S]):
         release: Callable[[S], None],
         run: Callable[[S, list[Pending]], Coroutine[Any, Any, None]],
         name: str = "",
+        aging_s: float = DEFAULT_AGING_S,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -108,7 +119,7 @@ class Batcher(Generic[S]):
         self._acquire = acquire
         self._release = release
         self._run = run
-        self._queue: deque[Pending] = deque()
+        self._queue: ClassQueue[Pending] = ClassQueue(clock, aging_s)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
@@ -133,21 +144,24 @@ class Batcher(Generic[S]):
                 await t
             except BaseException:
                 pass
-        for p in self._queue:
+        for p in self._queue.clear():
             p.fail(asyncio.CancelledError())
-        self._queue.clear()
 
     def submit(self, pending: Pending) -> None:
-        self._queue.append(pending)
+        self._queue.push(pending, pending.priority, pending.arrived)
         self._wake.set()
 
     def discard(self, pending: Pending) -> None:
         """Remove a request from the queue if it is still there (cancellation)."""
-        try:
-            self._queue.remove(pending)
+        if self._queue.remove(pending):
             self._dropped += 1
-        except ValueError:
-            pass
+
+    def is_queued(self, pending: Pending) -> bool:
+        return pending in self._queue
+
+    def class_statistics(self) -> dict[Priority, ClassStatistics]:
+        """The queue's waits per class (runtime/classes.py)."""
+        return self._queue.statistics()
 
     @property
     def queued(self) -> int:
@@ -161,18 +175,20 @@ class Batcher(Generic[S]):
     def _prune(self) -> int:
         """Drop done and expired requests; return how many live ones remain."""
         now = self._clock()
-        live: deque[Pending] = deque()
-        for p in self._queue:
+
+        def gone(p: Pending) -> bool:
             if p.done:
                 self._dropped += 1
-                continue
+                return True
             if now >= p.deadline:
                 self._expired += 1
                 p.fail(DeadlineExceeded("the request's deadline passed while it was queued"))
-                continue
-            live.append(p)
-        self._queue = live
-        return len(live)
+                return True
+            return False
+
+        queue = self._queue
+        queue.remove_if(gone)
+        return len(queue)
 
     async def _wait(self, timer_at: float | None) -> None:
         self._wake.clear()
@@ -193,12 +209,11 @@ class Batcher(Generic[S]):
                 continue
             if n >= self.max_batch_size or self.max_batch_size == 1:
                 break
-            due = self._queue[0].arrived + self.max_delay_s
+            due = self._queue.oldest_arrival() + self.max_delay_s
             if self._clock() >= due:
                 break
             await self._wait(due)
-        batch = [self._queue.popleft() for _ in range(min(self.max_batch_size, len(self._queue)))]
-        return batch
+        return self._queue.take(self.max_batch_size)
 
     async def _loop(self) -> None:
         while True:

@@ -14,12 +14,26 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ZeroserveError
+from ..errors import WorkerError, ZeroserveError
 from ..models.base import GenerateRequest
 from .arena import Arena
 from .channel import Channel
 from .options import ResolvedModel
 from .results import InferResult, WorkerStatistics
+
+# The ``Retry-After`` of a model whose workers are being restarted: a respawn takes about
+# a model's load time, and a client retrying each second finds it back soon after.
+RESTART_RETRY_AFTER_S = 1.0
+
+
+def restarting(message: str) -> WorkerError:
+    """The 503 (``worker_failed``, ``Retry-After``) admission answers while no worker of
+    a model can take work because they are being restarted (crashed, or killed for hung
+    work: docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md)."""
+    seconds = max(1, int(RESTART_RETRY_AFTER_S + 0.999))
+    return WorkerError(
+        message, status=503, headers=[(b"retry-after", str(seconds).encode("ascii"))]
+    )
 
 
 class Producer(abc.ABC):
@@ -65,14 +79,16 @@ class Executor(abc.ABC):
     ) -> np.ndarray: ...
 
     def has_capacity(self) -> bool:
-        """Whether a new request could ever be run: false when every slot is held by
-        work that outlived its deadline (admission then answers 503 at the head)."""
+        """Whether a worker or slot can take a new request now or soon: false when every
+        one is held by work that outlived its deadline, or is being restarted (admission
+        then answers 503 at the head: ``ModelRuntime.refusal``)."""
         return True
 
     def unavailable(self) -> ZeroserveError | None:
-        """Why no new request can run, when the reason is not hung work (say, the cluster
-        the workers run on is gone): the error admission answers with while
-        ``has_capacity()`` is false, and the reason ``/ready`` gives; None otherwise."""
+        """Why no new request can run, when the reason is not hung work (workers being
+        restarted, the cluster the workers run on gone): the error admission answers with
+        while ``has_capacity()`` is false, and the reason ``/ready`` gives; None
+        otherwise."""
         return None
 
     def infer_now(self, inputs: Mapping[str, Any]) -> InferResult | None:

@@ -331,7 +331,7 @@ class Engine:
             ready=self.ready(),
         )
 
-    _SOURCES = ("queue", "batch", "workers", "arena", "channels", "engine")
+    _SOURCES = ("queue", "batch", "workers", "arena", "channels", "engine", "class_wait")
 
     def _register_metrics(self) -> None:
         models = self._models
@@ -368,6 +368,15 @@ class Engine:
             "engine",
             lambda: {n: rt.slots.statistics() for n, rt in models.items() if rt.slots is not None},
             counters=("embedded_inputs",),
+        )
+        # Waits for capacity per priority class (runtime/classes.py):
+        # zeroserve_class_wait_<field>{name=model, class=N}, every class that has waited.
+        metrics.register_source(
+            "class_wait",
+            lambda: {n: rt.class_statistics() for n, rt in models.items()},
+            counters=("started", "waited_s"),
+            label=("name", "class"),
+            names={"longest_wait_s": "longest_seconds", "waited_s": "seconds"},
         )
 
     def _unregister_metrics(self) -> None:

@@ -11,11 +11,18 @@ from typing import Any
 import numpy as np
 
 from .. import metrics
-from ..errors import CapabilityError, DeadlineExceeded, Overloaded, RequestError
+from ..errors import (
+    CapabilityError,
+    DeadlineExceeded,
+    Overloaded,
+    RequestError,
+    ZeroserveError,
+)
 from ..models.base import GenerateRequest, Model
 from .admission import Admission, AdmissionStatistics, QueueWatch, Ticket
 from .batcher import Batcher, BatcherStatistics, Pending
 from .channel import Channel, Policy
+from .classes import DEFAULT_PRIORITY, ClassStatistics, Priority, merge_classes
 from .clock import Clock, call_at
 from .contract import Executor
 from .options import ResolvedModel, RuntimeOptions
@@ -42,7 +49,8 @@ class ModelStatus:
     executor: str
     workers: int
     ready_workers: int
-    # Why the model cannot take work, when its executor knows (``Executor.unavailable``).
+    # Why the model cannot take work (``ModelRuntime.refusal``): hung work, workers being
+    # restarted, a lost cluster.
     reason: str | None = None
 
 
@@ -76,7 +84,11 @@ class ModelRuntime:
         count = self.meta.slot_count()
         if count:
             self.slots = SlotPool(
-                self.spec.name, count, byte_cap=self.options.coalesce_cap_bytes, clock=self.clock
+                self.spec.name,
+                count,
+                byte_cap=self.options.coalesce_cap_bytes,
+                clock=self.clock,
+                aging_s=self.options.priority_aging_s,
             )
 
     def start_batchers(self) -> None:
@@ -96,6 +108,7 @@ class ModelRuntime:
             release=ex.release,
             run=run,
             name=f"{spec.name}-{kind}",
+            aging_s=self.options.priority_aging_s,
         )
         batcher.start()
         return batcher
@@ -174,6 +187,15 @@ class ModelRuntime:
             retry_after=self.options.hang_grace_s,
         )
 
+    def refusal(self) -> ZeroserveError | None:
+        """The one answer to "no worker or slot can take work now": the error admission
+        refuses a request with at the head, and the reason ``/ready`` gives; None while
+        the model can take work (docs/architecture.md, "Hung work")."""
+        ex = self.executor
+        if ex.has_capacity():
+            return None
+        return ex.unavailable() or self.no_capacity()
+
     def statistics(self) -> ModelStatistics:
         return ModelStatistics(
             queue=self.admission.statistics(),
@@ -183,6 +205,13 @@ class ModelRuntime:
             slots=self.slots.statistics() if self.slots is not None else None,
         )
 
+    def class_statistics(self) -> dict[Priority, ClassStatistics]:
+        """The model's waits per class, over its batchers' queues and its engine slots."""
+        parts = [b.class_statistics() for b in (self.infer_batcher, self.embed_batcher) if b]
+        if self.slots is not None:
+            parts.append(self.slots.class_statistics())
+        return merge_classes(parts)
+
     def status(self) -> ModelStatus:
         workers = self.executor.statistics()
         return ModelStatus(
@@ -190,7 +219,7 @@ class ModelRuntime:
             executor=workers.executor,
             workers=workers.workers,
             ready_workers=workers.ready,
-            reason=why.message if (why := self.executor.unavailable()) is not None else None,
+            reason=why.message if (why := self.refusal()) is not None else None,
         )
 
     async def submit(
@@ -199,6 +228,7 @@ class ModelRuntime:
         payload: Any,
         deadline: float | None,
         watch: QueueWatch | None = None,
+        priority: Priority = DEFAULT_PRIORITY,
     ) -> Any:
         assert batcher is not None
         clock = self.clock
@@ -206,12 +236,12 @@ class ModelRuntime:
         dl = self.deadline(deadline)
         if now >= dl:
             raise DeadlineExceeded("the request's deadline passed before it was queued")
-        p = Pending(payload, dl, now, watch)
+        p = Pending(payload, dl, now, watch, priority)
         if watch is not None:
             watch.queued()
 
         def expire() -> None:
-            queued = p in batcher._queue
+            queued = batcher.is_queued(p)
             batcher.discard(p)
             where = "while it was queued" if queued else "while it was running"
             p.fail(DeadlineExceeded(f"the request's deadline passed {where}"))
@@ -269,14 +299,16 @@ class ModelHandle:
         limit = self.spec.deadline_s
         return self._rt.clock() + (limit if timeout_s is None else min(timeout_s, limit))
 
-    def admit(self) -> Ticket:
-        """Admit one request at its head, or raise ``Overloaded``: 429 when the queue is
-        full, 503 when no worker can take work (all hung:
-        docs/decisions/0020-hung-work-is-reclaimed.md)."""
+    def admit(self, priority: Priority = DEFAULT_PRIORITY) -> Ticket:
+        """Admit one request of class ``priority`` at its head, or raise ``Overloaded``:
+        429 when the queue is full, 503 when no worker can take work
+        (``ModelRuntime.refusal``: hung, restarting, cluster lost;
+        docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md)."""
         rt = self._rt
-        if not rt.executor.has_capacity():
-            raise rt.executor.unavailable() or rt.no_capacity()
-        return rt.admission.admit()
+        why = rt.refusal()
+        if why is not None:
+            raise why
+        return rt.admission.admit(priority)
 
     def _require(self, capability: str) -> None:
         if capability not in self.capabilities:
@@ -290,7 +322,7 @@ class ModelHandle:
         try:
             self._require("infer")
             result: InferResult = await self._rt.submit(
-                self._rt.infer_batcher, inputs, deadline, ticket.watch
+                self._rt.infer_batcher, inputs, deadline, ticket.watch, ticket.priority
             )
             return result
         finally:
@@ -318,7 +350,7 @@ class ModelHandle:
         try:
             self._require("embed")
             out: np.ndarray = await self._rt.submit(
-                self._rt.embed_batcher, list(texts), deadline, ticket.watch
+                self._rt.embed_batcher, list(texts), deadline, ticket.watch, ticket.priority
             )
             return out
         finally:

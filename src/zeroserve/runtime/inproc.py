@@ -17,7 +17,8 @@ Strategy
   thread).
 * Hung work (``thread``): a thread cannot be killed, so work abandoned by its requests
   (a batch, or a stream's step) keeps its thread until it returns; still running
-  ``hang_grace_s`` past its deadline it is counted ``stuck``. A stuck batch holds its
+  ``hang_grace_s`` past its abandonment (its deadline, or its client's disconnect) it is
+  counted ``stuck``. A stuck batch holds its
   slot; a stuck step holds one of the pool's threads. The model has capacity while a
   slot that is not stuck has a thread that is not stuck
   (docs/decisions/0020-hung-work-is-reclaimed.md).
@@ -149,7 +150,7 @@ class InProcessExecutor(Executor):
 
     Hung work (thread): a thread cannot be killed. A slot whose call was abandoned (its
     requests expired or went away) stays taken until the call's thread returns; if that
-    is ``hang_grace_s`` past the call's deadline the slot is counted ``stuck``. A stream
+    is ``hang_grace_s`` past its abandonment the slot is counted ``stuck``. A stream
     step still running when its stream ended is watched the same way, and once stuck it
     holds one of the pool's threads. With no slot that is not stuck, or no thread left
     for one, the model has no capacity: ``ready()`` is false and admission answers 503.
@@ -251,7 +252,8 @@ class InProcessExecutor(Executor):
 
     def _watch(self, slot: _Slot, running: concurrent.futures.Future[Any]) -> None:
         """``slot``'s work was abandoned while its thread runs: free it when the thread
-        returns, and count it stuck if that is not by its deadline + the hang grace."""
+        returns, and count it stuck if that is not within the hang grace of its
+        abandonment (or of its deadline, if that came first)."""
         loop = asyncio.get_running_loop()
 
         def returned(_: concurrent.futures.Future[Any]) -> None:
@@ -261,8 +263,11 @@ class InProcessExecutor(Executor):
                 pass
 
         running.add_done_callback(returned)
-        if slot.deadline_at is not None:
-            loop.call_at(slot.deadline_at + self.hang_grace_s, self._hung, slot)
+        # Its grace starts now, when it was abandoned (its deadline, if that passed
+        # already): docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md.
+        now = loop.time()
+        since = now if slot.deadline_at is None else min(slot.deadline_at, now)
+        loop.call_at(since + self.hang_grace_s, self._hung, slot)
 
     def _hung(self, slot: _Slot) -> None:
         if slot.running is None or slot.running.done() or slot.stuck:

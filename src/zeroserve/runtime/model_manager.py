@@ -12,18 +12,31 @@ the model.
 
 A load names a catalog entry, never a path from a request; an unknown name is
 ``ModelNotFound`` naming it (an admin's input, safe to repeat).
+
+The application hears of every change through one ``ModelListener`` (its backend table):
+``model_loaded`` once the engine serves a model (a listener that refuses it fails the
+load, and the engine unloads it), ``model_unloaded`` once the engine has stopped it. Idle
+models are unloaded by a timer on the engine's clock (``start_idle_timer``), so tests
+move a ``ManualClock`` instead of sleeping. A model whose load failed is not retried by
+``ensure`` (the autoload path) for ``FAILED_RETRY_S``: its callers get the reason at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
 
-from ..errors import ModelNotFound, Overloaded
+from .. import metrics
+from ..errors import ModelLoadError, ModelNotFound, Overloaded
 from ..models.catalog import CatalogEntry
 from ..models.loader import ModelRef
 from .admission import DEFAULT_RETRY_AFTER_S
+from .clock import Timer, call_at
 from .engine import Engine
 from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
 from .options import ModelConfig
@@ -31,11 +44,56 @@ from .options import ModelConfig
 # How long a model stays loaded with nothing in flight and no stream open: Ollama's
 # ``keep_alive`` default (5 minutes), long enough for a conversation's next turn.
 DEFAULT_KEEP_ALIVE_S = 300.0
+# How often the idle timer looks for models past their keep_alive: an idle model is
+# unloaded at most this long after its keep_alive ends. One pass is a walk over the
+# catalog's states, so a second costs nothing measurable.
+IDLE_CHECK_S = 1.0
+# After a failed load, how long ``ensure`` (a request's autoload) answers with that
+# failure instead of loading again: a corrupt file is not reread for every request. An
+# explicit ``load`` (the admin's) always tries again.
+FAILED_RETRY_S = 10.0
+
+log = logging.getLogger("zeroserve")
+
+
+class ModelListener(Protocol):
+    """What hears of loads and unloads (the application's backend table)."""
+
+    def model_loaded(self, name: str) -> None:
+        """The engine now serves ``name``; raising fails the load."""
+
+    async def model_unloaded(self, name: str) -> None:
+        """The engine no longer serves ``name`` (its admitted work has finished)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelManagerStatistics:
+    """One model's life at run time: ``loaded`` (1 or 0, a gauge), the counts since start,
+    and the last successful load's duration. Exported as ``zeroserve_model_<field>``
+    (counters ``*_total``) with ``name=<model>``; every load's duration is also the
+    histogram ``zeroserve_model_load_seconds``."""
+
+    loaded: int = 0
+    loads: int = 0  # loads that succeeded
+    failed_loads: int = 0
+    unloads: int = 0
+    evictions: int = 0  # unloads to make room under models_max
+    load_seconds: float = 0.0  # the last successful load's duration
 
 
 def config_for(ref: ModelRef) -> ModelConfig:
     """The engine's config for a parsed spec (imports the model's class)."""
     return ModelConfig(name=ref.name, factory=ref.load_class(), options=ref.options, **ref.runtime)
+
+
+class _Counts:
+    """One model's counts, bumped in place (``statistics`` snapshots them)."""
+
+    __slots__ = ("evictions", "failed_loads", "load_seconds", "loads", "unloads")
+
+    def __init__(self) -> None:
+        self.loads = self.failed_loads = self.unloads = self.evictions = 0
+        self.load_seconds = 0.0
 
 
 class ModelManager:
@@ -49,11 +107,14 @@ class ModelManager:
         loaded: Iterable[str] = (),
         keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
         models_max: int | None = None,
+        listener: ModelListener | None = None,
+        source: Callable[[], Mapping[str, CatalogEntry]] | None = None,
     ) -> None:
         """``loaded`` names the entries the engine started with; ``keep_alive_s`` is how
         long an unpinned model may stay idle before ``unload_idle`` unloads it;
         ``models_max`` caps the models loaded (or loading) at once: a load over it first
-        unloads the least recently used idle, unpinned model."""
+        unloads the least recently used idle, unpinned model; ``listener`` hears of every
+        load and unload; ``source`` rebuilds the catalog for ``refresh`` (a rescan)."""
         if not keep_alive_s >= 0:
             raise ValueError(f"keep_alive_s must be >= 0 seconds, not {keep_alive_s!r}")
         if models_max is not None and models_max < 1:
@@ -62,6 +123,12 @@ class ModelManager:
         self._keep_alive_s = keep_alive_s
         self._models_max = models_max
         self.evictions = 0  # models unloaded to make room under models_max
+        self.listener = listener
+        self._source = source
+        self._counts: dict[str, _Counts] = {}
+        self._failed_at: dict[str, tuple[float, str]] = {}  # name -> (when, cause)
+        self._timer: Timer | None = None
+        self._reaping: asyncio.Task[None] | None = None
         self._entries = dict(catalog)
         self._machines = {name: ModelStateMachine() for name in self._entries}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -80,6 +147,31 @@ class ModelManager:
 
     def statuses(self) -> dict[str, ModelStateSnapshot]:
         return {name: m.status for name, m in self._machines.items()}
+
+    def statistics(self) -> dict[str, ModelManagerStatistics]:
+        """Loads, failures, unloads and evictions by model (an immutable snapshot)."""
+        out: dict[str, ModelManagerStatistics] = {}
+        for name, machine in self._machines.items():
+            counts = self._counts.get(name) or _Counts()
+            out[name] = ModelManagerStatistics(
+                loaded=int(machine.state is ModelState.LOADED),
+                loads=counts.loads,
+                failed_loads=counts.failed_loads,
+                unloads=counts.unloads,
+                evictions=counts.evictions,
+                load_seconds=counts.load_seconds,
+            )
+        return out
+
+    def can_refresh(self) -> bool:
+        return self._source is not None
+
+    async def refresh(self) -> tuple[list[str], list[str]]:
+        """Rebuild the catalog from its source (a rescan of ``--models-dir``) and take it
+        (``rescan``). Raises the source's error (``SpecError``), the catalog unchanged."""
+        if self._source is None:
+            raise RuntimeError("this manager has no catalog source to rescan")
+        return await self.rescan(self._source())
 
     # -- operations ------------------------------------------------------------------------
     async def rescan(self, catalog: Mapping[str, CatalogEntry]) -> tuple[list[str], list[str]]:
@@ -100,11 +192,12 @@ class ModelManager:
             self._machines.setdefault(name, ModelStateMachine())
         return added, removed
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, timeout: float | None = None) -> None:
         """Load ``name`` unless loaded; join the load already running, if any.
 
         Raises ``ModelLoadError`` (or ``SpecError``) with the load's reason; the model is
-        then ``failed`` and a later call tries again.
+        then ``failed`` and a later call tries again. ``timeout`` bounds this caller's
+        wait (``TimeoutError``); the load itself goes on for the others.
         """
         entry = self._entry(name)
         task = self._loads.get(name)
@@ -114,7 +207,30 @@ class ModelManager:
             task = asyncio.ensure_future(self._load(entry))
             self._loads[name] = task
             task.add_done_callback(self._load_done(name))
-        await asyncio.shield(task)
+        if timeout is None:
+            await asyncio.shield(task)
+        else:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+
+    async def ensure(self, name: str, timeout: float | None = None) -> None:
+        """``load`` for a request (autoload): a model whose load failed less than
+        ``FAILED_RETRY_S`` ago raises that failure again at once instead of loading."""
+        failed = self._failed_at.get(name)
+        if (
+            self.status(name).state is ModelState.FAILED
+            and failed is not None
+            and self._engine.clock() - failed[0] < FAILED_RETRY_S
+            and name not in self._loads
+        ):
+            raise ModelLoadError(name, failed[1])
+        await self.load(name, timeout)
+
+    def retry_after(self, name: str) -> float:
+        """Seconds until ``ensure`` tries a failed model again (at least 1)."""
+        failed = self._failed_at.get(name)
+        if failed is None:
+            return DEFAULT_RETRY_AFTER_S
+        return max(1.0, FAILED_RETRY_S - (self._engine.clock() - failed[0]))
 
     async def unload(self, name: str) -> None:
         """Unload ``name`` once its admitted work has finished; a model not loaded stays so
@@ -147,7 +263,54 @@ class ModelManager:
                     done.append(name)
         return done
 
+    def start(self, every_s: float = IDLE_CHECK_S) -> None:
+        """Publish the per-model metrics and run ``unload_idle`` every ``every_s`` seconds
+        of the engine's clock until ``aclose`` (on a ``ManualClock``: as a test advances
+        it)."""
+        metrics.register_source(
+            "model",
+            self.statistics,
+            counters=("loads", "failed_loads", "unloads", "evictions"),
+            names={"load_seconds": "last_load_seconds"},
+        )
+        if not every_s > 0:
+            raise ValueError(f"the idle check period must be > 0 seconds, not {every_s!r}")
+
+        def tick() -> None:
+            if self._reaping is None or self._reaping.done():
+                self._reaping = asyncio.ensure_future(self._reap())
+            self._timer = call_at(self._engine.clock, self._engine.clock() + every_s, tick)
+
+        self._timer = call_at(self._engine.clock, self._engine.clock() + every_s, tick)
+
+    async def aclose(self) -> None:
+        """Stop the idle timer and the metrics (the engine's own close stops the models)."""
+        metrics.unregister_source("model")
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        reaping, self._reaping = self._reaping, None
+        if reaping is not None and not reaping.done():
+            reaping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaping
+
     # -- internals -------------------------------------------------------------------------
+    async def _reap(self) -> None:
+        try:
+            done = await self.unload_idle()
+        except Exception:  # one model's failed unload must not stop the timer
+            log.exception("unloading idle models failed")
+            return
+        if done:
+            log.info("unloaded idle model(s): %s", ", ".join(done))
+
+    def _counts_of(self, name: str) -> _Counts:
+        counts = self._counts.get(name)
+        if counts is None:
+            counts = self._counts[name] = _Counts()
+        return counts
+
     def _expired(self, name: str) -> bool:
         if self._machines[name].state is not ModelState.LOADED or self._entries[name].pin:
             return False
@@ -184,6 +347,7 @@ class ModelManager:
                 if self._machines[victim].state is ModelState.LOADED:
                     await self._unload_locked(victim)
                     self.evictions += 1
+                    self._counts_of(victim).evictions += 1
 
     async def _unload_locked(self, name: str) -> None:
         machine = self._machines[name]
@@ -192,6 +356,9 @@ class ModelManager:
             await self._engine.unload(name)
         finally:
             machine.to(ModelState.UNLOADED)
+            self._counts_of(name).unloads += 1
+        if self.listener is not None:
+            await self.listener.model_unloaded(name)
 
     async def _load(self, entry: CatalogEntry) -> None:
         name = entry.name
@@ -201,15 +368,38 @@ class ModelManager:
                 return
             await self._make_room(name)
             machine.to(ModelState.LOADING)  # no await since the room was checked
+            started = time.monotonic()  # a duration for the metric, not the engine clock
             try:
                 await self._engine.load(name, config_for(entry.ref))
+                await self._announce(name)
             except Exception as exc:
                 machine.to(ModelState.FAILED, str(exc))
+                cause = exc.cause if isinstance(exc, ModelLoadError) else str(exc)
+                self._failed_at[name] = (self._engine.clock(), cause)
+                self._counts_of(name).failed_loads += 1
                 raise
             except BaseException:
                 machine.to(ModelState.FAILED, "the load was cancelled")
+                self._failed_at[name] = (self._engine.clock(), "the load was cancelled")
+                self._counts_of(name).failed_loads += 1
                 raise
             machine.to(ModelState.LOADED)
+            self._failed_at.pop(name, None)
+            took = time.monotonic() - started
+            counts = self._counts_of(name)
+            counts.loads += 1
+            counts.load_seconds = took
+            metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
+
+    async def _announce(self, name: str) -> None:
+        """Tell the listener; if it refuses the model, the engine stops serving it."""
+        if self.listener is None:
+            return
+        try:
+            self.listener.model_loaded(name)
+        except Exception as exc:
+            await self._engine.unload(name)
+            raise ModelLoadError(name, f"{type(exc).__name__}: {exc}") from exc
 
     def _load_done(self, name: str) -> Callable[[asyncio.Task[None]], None]:
         def done(task: asyncio.Task[None]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from ..models.base import ExecutorKind, Model
 from .admission import DEFAULT_QUEUE_DEPTH
 from .channel import DEFAULT_CAPACITY, DEFAULT_COALESCE_CAP_BYTES
+from .classes import DEFAULT_AGING_S
 from .priority import DEFAULT_MODEL_NICE
 
 # A sync generator on the inline executor hands the loop back at least every 16 pieces:
@@ -57,6 +58,9 @@ class RuntimeOptions:
     # Nice levels below the event loop that models' threads and worker processes run at
     # (runtime/priority.py); a model's ``nice`` option overrides it, 0 turns it off.
     model_nice: int = DEFAULT_MODEL_NICE
+    # Seconds of waiting worth one priority class (runtime/classes.py); 0 serves every
+    # wait first come, first served, whatever the classes asked.
+    priority_aging_s: float = DEFAULT_AGING_S
 
 
 @dataclass(frozen=True, slots=True)

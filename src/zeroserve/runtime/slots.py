@@ -6,8 +6,9 @@ Such an engine decodes ``slots`` sequences together (continuous batching). One c
 chat, a completion, an embedding) blocks its calling thread in C++ for the whole call; a
 streaming call hands each chunk to a callback, and the callback's ``True`` stops the slot
 at its next token. So a :class:`SlotPool` has exactly ``slots`` threads, one per slot,
-and a count of free slots. A request waits for a slot on the event loop, first come
-first served, holding only its admission ticket (the queue depth bounds the waiters:
+and a count of free slots. A request waits for a slot on the event loop, in the order
+of its class aged by its wait (a :class:`~.classes.ClassQueue`; first come first served
+within a class), holding only its admission ticket (the queue depth bounds the waiters:
 429 beyond), never in a thread; the wait is bounded by the request's deadline.
 
 :class:`SlotStream` is one streaming call, a ``PieceStream`` of the engine's chunks
@@ -43,7 +44,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import DeadlineExceeded, StreamAborted
-from .admission import QueueWatch, Ticket
+from .admission import Ticket
+from .classes import DEFAULT_AGING_S, ClassQueue, ClassStatistics, Priority
 from .clock import Clock, Timer, call_at
 
 T = TypeVar("T")
@@ -62,21 +64,21 @@ class SlotStatistics:
     embedded_inputs: int  # inputs the engine computed in whole calls (``run``'s ``items``)
 
 
-class _Waiters:
-    """Free slots and the requests waiting for one, first come first served."""
+class _SlotQueue:
+    """Free slots and the requests waiting for one, by class (runtime/classes.py)."""
 
     __slots__ = ("free", "waiting")
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, clock: Clock, aging_s: float) -> None:
         self.free = slots
-        self.waiting: deque[asyncio.Future[None]] = deque()
+        self.waiting: ClassQueue[asyncio.Future[None]] = ClassQueue(clock, aging_s)
 
-    async def acquire(self, clock: Clock, deadline: float) -> None:
+    async def acquire(self, clock: Clock, deadline: float, priority: Priority) -> None:
         if self.free > 0 and not self.waiting:
             self.free -= 1
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiting.append(fut)
+        self.waiting.push(fut, priority)
 
         def expire() -> None:
             if not fut.done():
@@ -91,24 +93,36 @@ class _Waiters:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 self.release()  # granted in the same turn as it was cancelled: pass it on
             else:
-                fut.cancel()  # a waiter never granted: skipped by ``release``
+                fut.cancel()
+                self.waiting.remove(fut)  # never granted: it leaves the queue unserved
             raise
         finally:
             timer.cancel()
 
     def release(self) -> None:
-        while self.waiting:
-            fut = self.waiting.popleft()
-            if not fut.done():
-                fut.set_result(None)  # the slot passes to the waiter, never through free
-                return
+        waiting = self.waiting
+        while waiting:
+            fut = waiting.peek()
+            if fut.done():  # cancelled or expired, its task not yet run: not served
+                waiting.remove(fut)
+                continue
+            waiting.pop().set_result(None)  # the slot passes to the waiter, never via free
+            return
         self.free += 1
 
 
 class SlotPool:
     """One model's engine slots: ``slots`` threads and the requests waiting for them."""
 
-    def __init__(self, name: str, slots: int, *, byte_cap: int, clock: Clock) -> None:
+    def __init__(
+        self,
+        name: str,
+        slots: int,
+        *,
+        byte_cap: int,
+        clock: Clock,
+        aging_s: float = DEFAULT_AGING_S,
+    ) -> None:
         if slots < 1:
             raise ValueError("an engine has at least one slot")
         self.name = name
@@ -116,7 +130,7 @@ class SlotPool:
         self.byte_cap = byte_cap
         self.clock = clock
         self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"slots-{name}")
-        self._waiters = _Waiters(slots)
+        self._waiters = _SlotQueue(slots, clock, aging_s)
         self.active = 0
         self.queued = 0
         self.requests = 0
@@ -127,6 +141,10 @@ class SlotPool:
         return SlotStatistics(
             self.slots, self.active, self.queued, self.requests, self.aborted, self.embedded_inputs
         )
+
+    def class_statistics(self) -> dict[Priority, ClassStatistics]:
+        """The slot waits per class (runtime/classes.py)."""
+        return self._waiters.waiting.statistics()
 
     def close(self) -> None:
         """Let the threads go (calls still running finish; none starts)."""
@@ -157,7 +175,7 @@ class SlotPool:
         self.requests += 1
         results: list[T] = []
         try:
-            await self._acquire(deadline, ticket.watch)
+            await self._acquire(deadline, ticket)
             loop = asyncio.get_running_loop()
             expired: asyncio.Future[None] = loop.create_future()
             timer = call_at(self.clock, deadline, lambda: _settle(expired))
@@ -195,12 +213,13 @@ class SlotPool:
         return done
 
     # -- slots -----------------------------------------------------------------------------
-    async def _acquire(self, deadline: float, watch: QueueWatch | None) -> None:
+    async def _acquire(self, deadline: float, ticket: Ticket) -> None:
+        watch = ticket.watch
         if watch is not None:
             watch.queued()
         self.queued += 1
         try:
-            await self._waiters.acquire(self.clock, deadline)
+            await self._waiters.acquire(self.clock, deadline, ticket.priority)
         finally:
             self.queued -= 1
         self.active += 1
@@ -315,7 +334,7 @@ class SlotStream:
         ticket = self._ticket
         assert ticket is not None, "the stream was closed before it started"
         pool = self.pool
-        await pool._acquire(self.deadline, ticket.watch)
+        await pool._acquire(self.deadline, ticket)
         self._slot = True
         self._loop = asyncio.get_running_loop()
         self._timer = call_at(pool.clock, self.deadline, self._expire)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
 import logging
 import os
 import socket
@@ -65,6 +66,9 @@ class ServerView(Protocol):
     def evict_idle(self) -> bool: ...
 
 
+# The window a stored body (``Request.store_body``) arrives through, bytes: each fill is
+# one write to its store; large enough that the writes are few, small beside the arena.
+STORED_BODY_WINDOW = 1024 * 1024
 # Reads a new connection makes before the loop reads for it (``_read_early``): a head over
 # its first windows (1 KiB, doubling as the head grows), then its body.
 EARLY_READS = 6
@@ -79,6 +83,20 @@ def busy_answer(app: HostedApp) -> bytes:
     exc.code = "busy"
     body = app.error_body(exc, app.error_format("/"))
     return framing.refusal(503, [(b"content-type", b"application/json"), *exc.headers], body)
+
+
+def is_loopback(peername: object) -> bool:
+    """Whether a transport's ``peername`` is this host: a loopback IP address (127.0.0.0/8,
+    ::1, an IPv4-mapped loopback), or a Unix socket's peer (not a tuple)."""
+    if not isinstance(peername, tuple):
+        return peername is not None
+    try:
+        addr = ipaddress.ip_address(str(peername[0]).partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped.is_loopback
+    return addr.is_loopback
 
 
 class HttpProtocol(asyncio.BufferedProtocol):
@@ -104,6 +122,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self.edge: Edge = server.app.edge
         self._ctx: EdgeContext | None = None  # the edge's view of the current request
         self._head: RequestHead | None = None  # the head it belongs to
+        self.loopback = False  # the peer is this host (admin routes without API keys)
 
     # -- asyncio.BufferedProtocol --------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -118,6 +137,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             transport.close()
             return
         server.connections.add(self)
+        self.loopback = is_loopback(transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
         tcp = sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6)
         if tcp:
@@ -178,7 +198,12 @@ class HttpProtocol(asyncio.BufferedProtocol):
             return
         if event is None:
             state = conn.state
-            if state is State.BODY or state is State.CHUNKED or state is State.DISCARD:
+            if (
+                state is State.BODY
+                or state is State.STREAMED
+                or state is State.CHUNKED
+                or state is State.DISCARD
+            ):
                 self.deadline = self.loop.time() + self.server.options.body_timeout
             elif state is State.HEAD and was_idle:
                 self.deadline = self.loop.time() + self.server.options.head_timeout
@@ -237,13 +262,14 @@ class HttpProtocol(asyncio.BufferedProtocol):
             return self._early_answer(Response(204), "done")
         try:
             self.edge.admit(ctx, head.path, head.query)
-            req = app.on_head(head)
+            req = app.on_head(head, ctx)
         except ZeroserveError as exc:
             return self._early_error(head, exc)
         except Exception:
             log.exception("error in head handler for %s %s", head.method, head.path)
             return self._early_error(head, ZeroserveError("internal server error"))
         req.edge = ctx
+        req.loopback = self.loopback
         ctx.model = req.params.get("model")  # raw and V2 routes; OpenAI names it later
         if ctx.trace is not None:
             self.edge.phase(ctx, None, route=req.route.name)
@@ -251,8 +277,14 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if not head.has_body:
             return self._dispatch(req)
         assert self.transport is not None
+        stored = req.body_store  # the route stores the body as it arrives (an upload)
         try:
-            if head.chunked:
+            if stored is not None:
+                if not head.chunked:  # the window it arrives through
+                    assert head.content_length is not None
+                    window = min(head.content_length, STORED_BODY_WINDOW)
+                    req.lease = self.server.arena.allocate(window)
+            elif head.chunked:
                 self._sink = LeaseSink(self.server.arena.allocate)
             else:
                 assert head.content_length is not None
@@ -267,7 +299,13 @@ class HttpProtocol(asyncio.BufferedProtocol):
             self.transport.write(line)
         before = conn.overflow_copied
         try:
-            if self._sink is not None:
+            if stored is not None:
+                if head.chunked:
+                    done = conn.receive_chunked(stored)
+                else:
+                    assert req.lease is not None
+                    done = conn.receive_streamed(stored, req.lease.view)
+            elif self._sink is not None:
                 done = conn.receive_chunked(self._sink)
             else:
                 lease = req.lease
@@ -290,8 +328,9 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if self._sink is not None:
             req.lease = self._sink.finish()
             self._sink = None
-        assert req.lease is not None
-        req.body = req.lease.view
+        if req.body_store is None:
+            assert req.lease is not None
+            req.body = req.lease.view
         return self._dispatch(req)
 
     def _dispatch(self, req: Request) -> RequestHead | BodyComplete | None:

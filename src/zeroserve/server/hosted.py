@@ -9,7 +9,7 @@ from typing import Protocol
 from ..app.problems import ErrorFormat
 from ..app.request import Request
 from ..app.response import HandlerResult
-from ..edge import Edge
+from ..edge import Edge, EdgeContext
 from ..errors import ZeroserveError
 from ..http.connection import RequestHead
 
@@ -22,9 +22,10 @@ class HostedApp(Protocol):
         """The request head's edge: keys, quotas, CORS, request ids, the access log."""
         ...
 
-    def on_head(self, head: RequestHead) -> Request:
-        """Route a request at its head (before its body is read); raise a
-        ``ZeroserveError`` to answer it at once."""
+    def on_head(self, head: RequestHead, edge: EdgeContext | None = None) -> Request:
+        """Route a request at its head (before its body is read), knowing what the edge
+        decided (its API key: the route's head hook may admit by its priority class);
+        raise a ``ZeroserveError`` to answer it at once."""
         ...
 
     def handle(self, req: Request) -> HandlerResult:

@@ -10,19 +10,25 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..app import App
+from ..app.backends.images import ImageFetchPolicy
 from ..app.limits import ApiLimits
 from ..edge import Edge
 from ..edge.tracing import configure_otlp
+from ..models.catalog import server_catalog
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
+from ..runtime.model_manager import DEFAULT_KEEP_ALIVE_S, ModelManager
 from ..runtime.priority import raise_loop
 from . import memory
 from .metrics_peers import MetricsPeers
 from .server import Server
 
 if TYPE_CHECKING:
+    from ..app.batch import BatchOptions
     from ..edge import EdgeOptions
     from ..models.loader import ModelRef
     from .options import ServerOptions
@@ -32,6 +38,18 @@ log = logging.getLogger("zeroserve")
 _CHILD_ENV = "ZEROSERVE_INTERNAL_CHILD"
 # The directory where the HTTP processes of one --workers N server meet for /metrics.
 _METRICS_DIR_ENV = "ZEROSERVE_INTERNAL_METRICS_DIR"
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogOptions:
+    """Models at run time (docs/architecture.md, "Models at run time"): the models
+    directory, how long an idle model stays loaded, the cap on loaded models, and whether
+    a request loads the model it names."""
+
+    models_dir: Path | None = None
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    models_max: int | None = None
+    autoload: bool = False
 
 
 def engine_configs(specs: list[ModelRef]) -> dict[str, ModelConfig]:
@@ -53,9 +71,16 @@ async def serve_async(
     edge: EdgeOptions | None = None,
     ui: bool = True,
     api_limits: ApiLimits | None = None,
+    catalog: CatalogOptions | None = None,
+    batch: BatchOptions | None = None,
+    image_fetch: ImageFetchPolicy | None = None,
 ) -> None:
+    catalog = catalog or CatalogOptions()
+    models_dir = catalog.models_dir
+    entries = server_catalog(specs, models_dir)  # SpecError before anything starts
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
+    manager: ModelManager | None = None
     app: App | None = None
     peers_dir = os.environ.get(_METRICS_DIR_ENV)
     peers = MetricsPeers(peers_dir) if peers_dir else None
@@ -65,16 +90,32 @@ async def serve_async(
             await peers.start()
         if edge is not None and edge.tracing:
             configure_otlp()
+        manager = ModelManager(
+            engine,
+            entries,
+            loaded=engine.names(),
+            keep_alive_s=catalog.keep_alive_s,
+            models_max=catalog.models_max,
+            source=(lambda: server_catalog(specs, models_dir)) if models_dir else None,
+        )
         app = App(
             engine,
             Edge(edge),
             metrics_view=peers.scrape if peers is not None else None,
             ui=ui,
             limits=api_limits,
+            models=manager,
+            autoload=catalog.autoload,
+            batch=batch,
+            image_fetch=image_fetch,
         )
+        app.start()
         server = Server(app, arena, options)
         await server.start()
         server.install_signal_handlers()
+        manager.start()
+        if models_dir is not None:
+            _rescan_on_sighup(manager)
         memory.settle()
         names = ", ".join(engine.names())
         scheme = "https" if options.tls is not None else "http"
@@ -89,12 +130,35 @@ async def serve_async(
         await server.wait_stopped()
     finally:
         memory.unsettle()
+        if manager is not None:
+            await manager.aclose()
         if peers is not None:
             await peers.aclose()
         if app is not None:
             await app.aclose()  # the gateway's pooled upstream connections
         await engine.aclose()
         arena.close()
+
+
+def _rescan_on_sighup(manager: ModelManager) -> None:
+    """SIGHUP rescans the models directory (as ``POST /v2/repository/index`` does)."""
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def rescan() -> None:
+        try:
+            added, removed = await manager.refresh()
+        except Exception as exc:  # a broken model.toml: the catalog stays as it was
+            log.error("rescan of the models directory failed: %s", exc)
+            return
+        log.info("models directory rescanned: added %s, removed %s", added, removed)
+
+    def on_hup() -> None:
+        task = asyncio.ensure_future(rescan())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
 
 
 def run_loop(loop: str, coro: Any) -> None:
@@ -125,6 +189,9 @@ def serve(
     edge: EdgeOptions | None = None,
     ui: bool = True,
     api_limits: ApiLimits | None = None,
+    catalog: CatalogOptions | None = None,
+    batch: BatchOptions | None = None,
+    image_fetch: ImageFetchPolicy | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
         return _supervise(workers)
@@ -139,6 +206,9 @@ def serve(
             edge=edge,
             ui=ui,
             api_limits=api_limits,
+            catalog=catalog,
+            batch=batch,
+            image_fetch=image_fetch,
         ),
     )
     return 0

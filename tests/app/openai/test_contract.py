@@ -12,7 +12,8 @@ second serves ``gw``, a ``remote:`` model relaying to the first's ``smollm2``. E
 (route, model) pair gets its own document: ``model`` fixed to the model, and what the model
 tells a client in ``/v1/models`` applied the way a client would apply it (a parameter
 outside ``capabilities.parameters`` is not sent; a model without tools gets no tool turns
-in its history). So a client that reads the document and the model's card is never
+in its history, and a model whose ``input_modalities`` lack ``image`` no image parts).
+So a client that reads the document and the model's card is never
 refused for the shape of its request.
 
 What the document cannot say, and the test therefore does not generate, is stated in the
@@ -133,6 +134,11 @@ def _document_for(
                 schemas[turn]["properties"].pop("tool_calls", None)
         if "InputItem" in schemas:
             schemas["InputItem"]["properties"]["type"] = {"const": "message"}
+    if "image" not in card["input_modalities"]:  # no image parts for a model that reads none
+        if "ContentPart" in schemas:
+            schemas["ContentPart"]["properties"]["type"] = {"const": "text"}
+        if "InputPart" in schemas:
+            schemas["InputPart"]["properties"]["type"] = {"enum": ["input_text", "output_text"]}
     # Answers kept short: an unbounded one runs to the context's end (valid, but slow).
     for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if name in props:

@@ -70,6 +70,11 @@ def test_exact_wire_shape(server: ServerThread) -> None:
         "context_length": by_id["tinyllm"]["context_length"],
         "embedding_dimensions": None,
         "token_inputs": False,
+        "tokenizer": True,
+        "rerank": None,
+        "input_modalities": ["text"],
     }
     assert by_id["echo"]["embedding_dimensions"] == 64
+    # echo has no tokenizer; it reranks by the cosine of its embeddings.
+    assert (by_id["echo"]["tokenizer"], by_id["echo"]["rerank"]) == (False, "bi-encoder")
     assert by_id["echo"]["embeddings"] is True

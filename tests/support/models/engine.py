@@ -132,3 +132,25 @@ class Finisher(Model):
                 return "length"
             yield word
         return "stop"
+
+
+class Turnstile(Model):
+    """``infer`` writes each request's ``x`` into ``order`` (a shared array) in the order
+    the model runs them, then waits until the test has let that many through
+    (``passed``): the test decides when each call ends, so the order of the calls is
+    the order the runtime chose. Async, so it waits on every executor without blocking
+    the loop it runs on."""
+
+    def __init__(self, order: Any = None, seen: Any = None, passed: Any = None) -> None:
+        super().__init__()
+        self.order, self.seen, self.passed = order, seen, passed
+
+    async def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        for x in batch:
+            with self.seen.get_lock():
+                self.order[self.seen.value] = int(np.asarray(x["x"])[0])
+                self.seen.value += 1
+        mine = self.seen.value
+        while self.passed.value < mine:
+            await asyncio.sleep(0.001)
+        return [dict(x) for x in batch]

@@ -11,8 +11,8 @@ The translation:
   assistant message's text blocks its text and its ``tool_use`` blocks its tool calls
   (``input`` kept as the JSON text it came as). A ``tool_result`` with ``is_error:
   true`` is a tool turn whose text starts ``Error:`` (chat has no error flag; the model
-  reads it as one). ``image`` blocks are refused with a 400 naming the block: no model
-  served here takes images.
+  reads it as one). A user message's ``image`` blocks (a ``base64`` or ``url``
+  source) are images of its user turn, in order with its text (app/chat/images.py).
 * ``max_tokens`` (required), ``temperature``, ``top_p``, ``top_k`` and
   ``stop_sequences`` keep their meaning; ``tools`` (client tools: ``name``,
   ``description``, ``input_schema``) become function tools; ``tool_choice`` ``auto``,
@@ -41,6 +41,7 @@ import msgspec
 from ...errors import RequestError, ZeroserveError
 from ..chat import ChatRequest, Choices, FunctionTool, ToolCall, ToolChoice, Turn
 from ..chat.choices import collect_all
+from ..chat.images import ImagePart, ImageReader
 from ..chat.output import Collected, Finish
 from ..deadlines import openai_timeout
 from ..limits import ApiLimits, check_count, check_output_tokens
@@ -86,11 +87,12 @@ def prompt(
     """The conversation, tools and tool choice of a request, checked."""
     check_count(len(messages), limits.messages, "messages", "messages")
     turns: list[Turn] = []
+    images = ImageReader(limits)
     if system is not None:
         text = system if isinstance(system, str) else "\n".join(b.text for b in system)
         turns.append(Turn("system", text))
     for i, m in enumerate(messages):
-        _add_message(turns, m, i)
+        _add_message(turns, m, i, images)
     tools = _tools(raw_tools, limits) if raw_tools is not None else None
     internal, parallel = _tool_choice(choice)
     if tools:
@@ -100,21 +102,21 @@ def prompt(
     return Prompt(turns, tools or None, internal, parallel)
 
 
-def _add_message(turns: list[Turn], m: a.MessageIn, i: int) -> None:
+def _add_message(turns: list[Turn], m: a.MessageIn, i: int, images: ImageReader) -> None:
     if isinstance(m.content, str):
         turns.append(Turn(m.role, m.content))
         return
     texts: list[str] = []
+    parts: list[str | ImagePart] = []
     calls: list[ToolCall] = []
     for j, block in enumerate(m.content):
         where = f"messages[{i}].content[{j}]"
         kind = block.type
         if kind == "text":
             texts.append(_need(block.text, where, "text"))
-        elif kind == "image":
-            raise RequestError(
-                "image blocks are not supported: no model served here takes images", param=where
-            )
+            parts.append(texts[-1])
+        elif kind == "image" and m.role == "user":
+            parts.append(_image(block, where, images))
         elif kind == "tool_use" and m.role == "assistant":
             call_id = _need(block.id, where, "id")
             name = _need(block.name, where, "name")
@@ -139,8 +141,24 @@ def _add_message(turns: list[Turn], m: a.MessageIn, i: int) -> None:
             turns.append(
                 Turn("assistant", "\n".join(texts) if texts else None, tool_calls=calls or None)
             )
+    elif len(parts) > len(texts):
+        turns.append(Turn("user", "\n".join(texts), parts=parts))
     elif texts or not turns or turns[-1].role != "tool":
         turns.append(Turn("user", "\n".join(texts)))
+
+
+def _image(block: a.Block, where: str, images: ImageReader) -> ImagePart:
+    """An image block: its source read (the base64 data stays a view of the body)."""
+    if not isinstance(block.source, msgspec.Raw):
+        raise RequestError("this content block needs 'source'", param=f"{where}.source")
+    source: a.ImageSource = raw_param(a.image_source_decoder, block.source, f"{where}.source")
+    if source.type == "url":
+        return images.remote(_need(source.url, where, "source.url"), where)
+    if not isinstance(source.data, msgspec.Raw):
+        raise RequestError("a base64 source needs 'data'", param=f"{where}.source.data")
+    if source.media_type is None:
+        raise RequestError("a base64 source needs 'media_type'", param=f"{where}.source.media_type")
+    return images.base64(source.data, source.media_type, where)
 
 
 def _need(value: _T | None, where: str, field: str) -> _T:

@@ -8,8 +8,8 @@ Requests are strict (an unknown field is a 400 naming it). A content block is on
 Struct with every block type's fields, checked per ``type`` by the translation, so a
 400 names the block and its type in words rather than msgspec's union message; a tool
 is kept raw until its ``type`` is read (a server tool is refused by its type). An image
-block's ``source`` stays raw: no model here takes images, and the block is refused
-without its data being decoded.
+block's ``source`` stays raw until the block is read (:class:`ImageSource`), and its
+base64 ``data`` stays raw after: a view of the body (app/chat/images.py).
 """
 
 from __future__ import annotations
@@ -67,6 +67,16 @@ class Block(Struct, kw_only=True, forbid_unknown_fields=True):
     content: str | list[ResultPart] | None = None
     is_error: bool | None = None
     cache_control: CacheControl | None = None
+
+
+class ImageSource(Struct, kw_only=True, forbid_unknown_fields=True):
+    """An image block's ``source``: ``base64`` (``media_type`` and ``data``) or
+    ``url``."""
+
+    type: Literal["base64", "url"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"] | None = None
+    data: msgspec.Raw | UnsetType = UNSET
+    url: str | None = None
 
 
 class MessageIn(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -254,3 +264,4 @@ messages_decoder = msgspec.json.Decoder(MessagesRequest)
 count_decoder = msgspec.json.Decoder(CountTokensRequest)
 tool_type_decoder = msgspec.json.Decoder(ToolKind)
 tool_decoder = msgspec.json.Decoder(ToolIn)
+image_source_decoder = msgspec.json.Decoder(ImageSource)

@@ -12,8 +12,9 @@ is one module.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from ...upstream import UpstreamStatistics
 from ..chat import ChatRequest, Choices
@@ -49,9 +50,12 @@ class Capabilities:
     (``honours``: names of ``app/chat/request.py``'s ``OPTIONAL_PARAMETERS``; the others
     are refused with a 400 naming them); its context (tokens, when known); the width of its embeddings, when fixed
     (``embedding_dimensions``: the only ``dimensions`` served); whether it embeds
-    token arrays as well as text (``token_inputs``); and whether
-    an upstream decides all of it (``relayed``: what the upstream accepts is not known
-    here)."""
+    token arrays as well as text (``token_inputs``); what a chat may carry
+    (``input_modalities``: ``text``, and ``image`` for a model that reads images); and
+    whether an upstream decides all of it (``relayed``: what the upstream accepts is not
+    known here). ``tokenizer``: ``/tokenize`` and ``/detokenize`` are served; ``rerank``:
+    how ``/v1/rerank`` scores (``cross-encoder``: a reranker reads query and document
+    together; ``bi-encoder``: the cosine of their embeddings), None when not served."""
 
     chat: bool
     embeddings: bool
@@ -60,6 +64,17 @@ class Capabilities:
     relayed: bool = False
     embedding_dimensions: int | None = None
     token_inputs: bool = False
+    input_modalities: tuple[str, ...] = ("text",)
+    tokenizer: bool = False
+    rerank: Literal["cross-encoder", "bi-encoder"] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Relevance:
+    """A rerank's scores: one per document, in the documents' order; ``tokens`` read."""
+
+    scores: list[float]
+    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +118,24 @@ class Backend(Protocol):
     async def prompt_tokens(self, chat: ChatRequest) -> int:
         """The tokens of ``chat``'s conversation as the model reads it (its chat
         template applied): a 400 naming what the model cannot take, as :meth:`chat`."""
+        ...
+
+    async def tokenize(
+        self, text: str | None, chat: ChatRequest | None, add_special: bool
+    ) -> list[int]:
+        """The token ids of ``text``, or of ``chat``'s conversation as the model reads it
+        (its chat template applied); ``add_special``: with the special tokens the model
+        puts around a text. A 400 naming ``model`` where it has no tokenizer."""
+        ...
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        """The text of ``tokens``: a 400 naming ``tokens`` for an id outside the
+        vocabulary, or ``model`` where the model has no tokenizer."""
+        ...
+
+    def rerank(self, query: str, documents: list[str], req: Request) -> Awaitable[Relevance]:
+        """Score ``documents`` against ``query``: the ticket taken now (429 before any
+        work), the work when awaited. A 400 naming ``model`` where it cannot rerank."""
         ...
 
     def capabilities(self) -> Capabilities:

@@ -201,6 +201,10 @@ class Generation:
     def text(self) -> str:
         return "".join(self.parts)
 
+    def tokens_so_far(self) -> tuple[int, int]:
+        """The prompt's tokens and the pieces received (one token or more each)."""
+        return self.prompt_tokens, self._tokens
+
     def _debit(self, n: int) -> None:
         assert self._on_tokens is not None
         self._debited += n

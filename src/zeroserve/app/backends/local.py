@@ -17,13 +17,13 @@ tokens are made (docs/architecture.md, "The edge").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
 from ...errors import CapabilityError, RequestError
-from ...models.base import GenerateRequest
+from ...models.base import GenerateRequest, Model
 from ...runtime import ModelHandle, Ticket
 from ..chat import ChatRequest, Choices, Output, QueuedChoice, Turn, admit
 from ..deadlines import openai_timeout
@@ -31,7 +31,7 @@ from ..limits import SEED_SPACE
 from ..openai import schemas as s
 from ..request import Request
 from ..response import JSON, HandlerResult, Response
-from .base import BackendStatistics, Capabilities, FrontEnd
+from .base import BackendStatistics, Capabilities, FrontEnd, Relevance
 from .generation import Generation, count_tokens
 
 _STATS = BackendStatistics()
@@ -63,6 +63,9 @@ class LocalBackend:
             honours=NOTHING_OPTIONAL,
             context_length=self.handle.model.context_length,
             embedding_dimensions=self.handle.model.embedding_dimensions,
+            tokenizer=self.handle.model.has_tokenizer(),
+            # The cosine of the embeddings: no model here reads query and document together.
+            rerank="bi-encoder" if "embed" in caps else None,
         )
 
     def statistics(self) -> BackendStatistics:
@@ -106,7 +109,7 @@ class LocalBackend:
                         code="context_length_exceeded",
                     )
         deadline = handle.deadline(chat.timeout)
-        tickets = admit(handle, len(prompts) * chat.n)
+        tickets = admit(handle, len(prompts) * chat.n, req.priority)
         edge = req.edge
         on_tokens = edge.count_tokens if edge is not None else None
         pending: list[QueuedChoice] = []
@@ -167,6 +170,63 @@ class LocalBackend:
             )
 
         return start
+
+    # -- tokens ----------------------------------------------------------------------------
+    async def tokenize(
+        self, text: str | None, chat: ChatRequest | None, add_special: bool
+    ) -> list[int]:
+        meta = self._tokenizer()
+        if chat is not None:
+            if "generate" not in self.handle.capabilities:
+                raise CapabilityError(
+                    f"model {self.name!r} has no chat template: send a prompt, not messages",
+                    param="messages",
+                )
+            assert chat.messages is not None
+            text = meta.chat_template([_turn(m, i, chat) for i, m in enumerate(chat.messages)])
+        assert text is not None
+        return meta.tokenize(text, add_special)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        meta = self._tokenizer()
+        try:
+            return meta.detokenize(tokens)
+        except ValueError as exc:
+            raise RequestError(str(exc), param="tokens") from None
+
+    def _tokenizer(self) -> Model:
+        meta = self.handle.model
+        if not meta.has_tokenizer():
+            raise CapabilityError(f"model {self.name!r} has no tokenizer", param="model")
+        return meta
+
+    # -- rerank ----------------------------------------------------------------------------
+    def rerank(self, query: str, documents: list[str], req: Request) -> Awaitable[Relevance]:
+        """The cosine of the query's embedding and each document's (a bi-encoder), the
+        texts embedded in one request, which the runtime batches like embeddings."""
+        handle = self.handle
+        if "embed" not in handle.capabilities:
+            raise CapabilityError(
+                f"model {handle.name!r} cannot rerank: it makes no embeddings", param="model"
+            )
+        deadline = handle.deadline(openai_timeout(req))
+        req.admit(handle)  # the request owns the ticket until the engine takes it
+        if req.edge is not None:
+            req.edge.model = handle.name
+        return self._rerank(req, [query, *documents], deadline)
+
+    async def _rerank(self, req: Request, texts: list[str], deadline: float) -> Relevance:
+        handle = self.handle
+        vecs = await handle.embed(req.take_ticket(), texts, deadline=deadline)
+        vecs = np.asarray(vecs, dtype=np.float32)
+        norms = np.linalg.norm(vecs, axis=1)
+        norms[norms == 0] = 1.0  # a zero vector scores 0 against anything
+        unit = vecs / norms[:, None]
+        scores = unit[1:] @ unit[0]
+        tokens = sum(count_tokens(handle.model, t) for t in texts)
+        if req.edge is not None:
+            req.edge.count_tokens(tokens)
+        return Relevance([float(x) for x in scores], tokens)
 
     # -- embeddings ------------------------------------------------------------------------
     def embeddings(self, body: s.EmbeddingRequest, req: Request) -> HandlerResult:

@@ -8,8 +8,10 @@ is its seat in the backend table.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol, runtime_checkable
 
+from ...errors import CapabilityError
 from ...models.remote import RemoteOptions
 from ...runtime import ModelHandle
 from ..chat import ChatRequest
@@ -17,7 +19,7 @@ from ..openai.schemas import EmbeddingRequest
 from ..relay import Relay, api_key
 from ..request import Request
 from ..response import HandlerResult
-from .base import BackendStatistics, Capabilities, FrontEnd
+from .base import BackendStatistics, Capabilities, FrontEnd, Relevance
 
 # The route of the raw API (``forward(req, RAW)``): the upstream's own raw path for the
 # model, the body not rewritten.
@@ -65,6 +67,25 @@ class RemoteBackend:
 
     async def prompt_tokens(self, chat: ChatRequest) -> int:
         raise AssertionError("a remote model's token counts are relayed undecoded")
+
+    async def tokenize(
+        self, text: str | None, chat: ChatRequest | None, add_special: bool
+    ) -> list[int]:
+        raise self._no_tokenizer()
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        raise self._no_tokenizer()
+
+    def _no_tokenizer(self) -> CapabilityError:
+        # vLLM and llama.cpp serve /tokenize beside /v1, not under it: an upstream's
+        # tokenizer is not reached through the base URL its model is relayed to.
+        return CapabilityError(
+            f"model {self.name!r} is relayed to an upstream; ask the upstream's /tokenize",
+            param="model",
+        )
+
+    def rerank(self, query: str, documents: list[str], req: Request) -> Awaitable[Relevance]:
+        raise AssertionError("a remote model's reranks are relayed undecoded")
 
     def capabilities(self) -> Capabilities:
         return Capabilities(chat=True, embeddings=True, relayed=True, token_inputs=True)

@@ -10,11 +10,19 @@ chat-like and embedding APIs. A model whose backend relays requests undecoded
 (``forwards``) is found from the body's ``"model"`` alone (a scan of the bytes, no
 decode), and only when such a model is served; every other request is decoded once, by
 its front end.
+
+A request for a model that is not loaded but may be loaded on demand (``Autoload``: a
+``--models-dir`` entry with autoload on, docs/architecture.md, "Models at run time") is
+answered by a task that waits for the load, within the request's deadline, and then
+dispatches as if the model had been there: the load adds the backend through
+:meth:`Backends.model_loaded`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import msgspec
 
@@ -22,12 +30,14 @@ from ... import metrics
 from ...errors import ModelNotFound
 from ...runtime import Engine, ModelHandle
 from ...upstream import UpstreamStatistics
+from ...upstream.image_fetch import ImageFetchPolicy
 from ..chat import ChatRequest
 from ..openai import schemas as s
 from ..relay._rewrite import model_spans
 from ..request import Request
-from ..response import HandlerResult, Response
+from ..response import HandlerResult, Response, StreamResponse
 from .base import Backend, BackendStatistics, FrontEnd
+from .images import with_images
 from .llamacpp import LlamaCppBackend
 from .local import LocalBackend
 from .remote import RemoteBackend
@@ -53,11 +63,26 @@ UPSTREAM_COUNTERS = (
 )
 
 
+class Autoload(Protocol):
+    """Loads a model a request names, on demand."""
+
+    def can_load(self, name: str) -> bool:
+        """Whether ``name`` is a model that is not served now but may be loaded for a
+        request (cheap: called when a request names a model not in the table)."""
+
+    async def wait_loaded(self, name: str, req: Request) -> None:
+        """Load ``name`` (or join its load) within ``req``'s deadline; raise the error
+        the request is answered with when it cannot be loaded in time."""
+
+
 class Backends:
     """The backends of an engine's models, by name."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, image_fetch: ImageFetchPolicy | None = None) -> None:
         self.engine = engine
+        self.autoload: Autoload | None = None
+        # Where chat images may be fetched from (None: remote image URLs are refused).
+        self.image_fetch = image_fetch
         self._table: dict[str, Backend] = {}
         self._forwarding = 0  # backends that relay requests undecoded
         for name in engine.names():
@@ -79,6 +104,14 @@ class Backends:
         backend = self._table.pop(name)
         self._forwarding -= backend.forwards
         await backend.aclose()
+
+    # The model manager's listener (runtime/model_manager.py, ModelListener).
+    def model_loaded(self, name: str) -> None:
+        self.add(name)
+
+    async def model_unloaded(self, name: str) -> None:
+        if name in self._table:
+            await self.remove(name)
 
     def get(self, name: str) -> Backend:
         backend = self._table.get(name)
@@ -120,7 +153,12 @@ class Backends:
         if backend is not None:
             return backend.forward(req, api.upstream_path)
         chat = api.decode(req)
-        return self.get(chat.model).chat(api, chat, req)
+        req.ask_priority(chat.priority)
+        if self._loadable(chat.model):
+            return self._after_load(
+                chat.model, req, api.upstream_path, lambda b: self._chat(b, api, chat, req)
+            )
+        return self._chat(self.get(chat.model), api, chat, req)
 
     def embeddings(
         self, req: Request, decode: Callable[[Request], s.EmbeddingRequest]
@@ -130,7 +168,18 @@ class Backends:
         if backend is not None:
             return backend.forward(req, "/embeddings")
         body = decode(req)
+        req.ask_priority(body.priority)
+        if self._loadable(body.model):
+            return self._after_load(
+                body.model, req, "/embeddings", lambda b: b.embeddings(body, req)
+            )
         return self.get(body.model).embeddings(body, req)
+
+    def relayed(self, req: Request, path: str) -> HandlerResult | None:
+        """The answer of the upstream of the body's ``"model"``, ``req`` relayed undecoded
+        to its ``path``, when that model is relayed; None otherwise."""
+        backend = self._forwarder(req)
+        return backend.forward(req, path) if backend is not None else None
 
     def count_tokens(
         self,
@@ -146,7 +195,53 @@ class Backends:
         if backend is not None:
             return backend.forward(req, path)
         chat = decode(req)
-        return _counted(self.get(chat.model), chat, answer)
+        if self._loadable(chat.model):
+            return self._after_load(chat.model, req, path, lambda b: self._count(b, chat, answer))
+        return self._count(self.get(chat.model), chat, answer)
+
+    def _chat(
+        self, backend: Backend, api: FrontEnd, chat: ChatRequest, req: Request
+    ) -> HandlerResult:
+        """``backend``'s answer to ``chat``, its images read first (a 400 naming one its
+        model cannot take)."""
+        if chat.images:
+            return with_images(
+                backend, chat, self.image_fetch, lambda: backend.chat(api, chat, req)
+            )
+        return backend.chat(api, chat, req)
+
+    def _count(
+        self, backend: Backend, chat: ChatRequest, answer: Callable[[int], Response]
+    ) -> HandlerResult:
+        """``backend``'s count of ``chat``'s prompt tokens, its images checked first."""
+        if chat.images:
+            return with_images(
+                backend, chat, self.image_fetch, lambda: _counted(backend, chat, answer)
+            )
+        return _counted(backend, chat, answer)
+
+    # -- autoload --------------------------------------------------------------------------
+    def _loadable(self, name: str) -> bool:
+        return (
+            self.autoload is not None and name not in self._table and self.autoload.can_load(name)
+        )
+
+    async def _after_load(
+        self, name: str, req: Request, path: str, then: Callable[[Backend], HandlerResult]
+    ) -> Response | StreamResponse:
+        """Wait for ``name``'s load, then serve the request on its backend (a relay's
+        undecoded, as ``_forwarder`` would have)."""
+        assert self.autoload is not None
+        await self.autoload.wait_loaded(name, req)
+        backend = self.get(name)
+        if backend.forwards:
+            req.admit(self.engine.model(name))
+            result = backend.forward(req, path)
+        else:
+            result = then(backend)
+        if inspect.isawaitable(result):
+            return await result
+        return result
 
     # -- lifecycle -------------------------------------------------------------------------
     def statistics(self) -> dict[str, BackendStatistics]:

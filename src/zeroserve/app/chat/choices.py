@@ -17,18 +17,19 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ...runtime import ModelHandle, QueueWatch, Ticket
+from ...runtime.classes import Priority
 from .output import Collected, Output, collect
 
 _T = TypeVar("_T")
 
 
-def admit(handle: ModelHandle, count: int) -> list[Ticket]:
-    """``count`` tickets of ``handle``'s queue, or none: ``Overloaded`` (429) raised,
-    the tickets already taken released."""
+def admit(handle: ModelHandle, count: int, priority: Priority) -> list[Ticket]:
+    """``count`` tickets of ``handle``'s queue, of class ``priority``, or none:
+    ``Overloaded`` (429) raised, the tickets already taken released."""
     tickets: list[Ticket] = []
     try:
         for _ in range(count):
-            tickets.append(handle.admit())
+            tickets.append(handle.admit(priority))
     except BaseException:
         for t in tickets:
             t.release()

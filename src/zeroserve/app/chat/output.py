@@ -112,6 +112,11 @@ class Output(Protocol):
         """Stop early, or clean up after the end: releases what the output owns."""
         ...
 
+    def tokens_so_far(self) -> tuple[int, int]:
+        """Its prompt's tokens and the tokens generated so far, as far as known now (a
+        stream's usage on every chunk: vLLM's ``continuous_usage_stats``)."""
+        ...
+
     def finish(self) -> Finish:
         """Why it ended and its tokens (after the end)."""
         ...

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 
 from ...errors import RequestError
+from .images import ImagePart
 
 # "function": the deprecated role of a function call's result, passed on as sent.
 # The optional parameters of a chat request, in the order a refusal names the first one a
@@ -37,6 +38,10 @@ OPTIONAL_PARAMETERS: tuple[str, ...] = (
     "tool_choice",
     "max_tool_calls",
     "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "min_tokens",
 )
 
 # A front end that spells every parameter as the chat request does.
@@ -56,13 +61,18 @@ class ToolCall(msgspec.Struct, frozen=True):
 class Turn(msgspec.Struct):
     """One turn of the conversation. ``content`` is text (an API's text parts joined
     with newlines); ``tool_calls`` are an assistant turn's calls; ``tool_call_id`` names
-    the call a ``tool`` turn answers."""
+    the call a ``tool`` turn answers; ``parts``: a turn with images, its text parts and
+    images in the order sent (``content`` then holds its text alone)."""
 
     role: Role
     content: str | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    parts: list[str | ImagePart] | None = None
+
+    def images(self) -> list[ImagePart]:
+        return [p for p in self.parts or () if isinstance(p, ImagePart)]
 
 
 class FunctionTool(msgspec.Struct, frozen=True):
@@ -99,12 +109,20 @@ class ChatRequest:
     ``n`` choices of each prompt (or of the conversation). ``logprobs``: per-token log
     probabilities, with ``top_logprobs`` alternatives each. ``timeout``: the client's own,
     in seconds (its SDK's timeout headers). ``top_k``: sample among the k likeliest
-    tokens (an optional parameter). ``report_stop``: the answer says which stop string
+    tokens (an optional parameter); ``min_p``: drop tokens less likely than this
+    fraction of the likeliest; ``repetition_penalty``: divide the logits of tokens
+    already in the prompt or answer by it (vLLM's and llama.cpp's, 1 neutral);
+    ``ignore_eos``: generate on past the end-of-sequence token, to ``max_tokens``
+    (benchmark clients' fixed output lengths); ``min_tokens``: no end-of-sequence
+    token before this many tokens (vLLM's extensions). ``continuous_usage``: a stream
+    carries the usage so far on every chunk (vLLM's
+    ``stream_options.continuous_usage_stats``). ``report_stop``: the answer says which stop string
     ended it (``Finish.stop_sequence``, Anthropic's ``stop_sequence``), so a backend whose
     model would match stop strings out of sight matches them where it can see them.
     ``continues``: the answer continues the conversation's last turn, an assistant's
     (Anthropic's prefill), rather than starting a new one; a backend that cannot refuses
     it.
+    ``images``: the conversation's images, in order (each turn's ``parts``).
     ``names``: how the client's API spells a
     parameter, for the errors that name it (a name absent is spelled as here).
     ``origin``: what the front end keeps of its own request for its answer (opaque to
@@ -124,7 +142,12 @@ class ChatRequest:
         temperature: float | None = None,
         top_p: float | None = None,
         top_k: int | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        ignore_eos: bool = False,
+        min_tokens: int | None = None,
         seed: int | None = None,
+        priority: int | None = None,
         stop: list[str] | None = None,
         presence_penalty: float | None = None,
         frequency_penalty: float | None = None,
@@ -138,6 +161,7 @@ class ChatRequest:
         max_tool_calls: int | None = None,
         stream: bool = False,
         include_usage: bool = False,
+        continuous_usage: bool = False,
         timeout: float | None = None,
         report_stop: bool = False,
         continues: bool = False,
@@ -152,7 +176,12 @@ class ChatRequest:
         self.temperature = temperature
         self.top_p = top_p
         self.top_k = top_k
+        self.min_p = min_p
+        self.repetition_penalty = repetition_penalty
+        self.ignore_eos = ignore_eos
+        self.min_tokens = min_tokens
         self.seed = seed
+        self.priority = priority  # the class it asks for (app/priorities.py); None: none
         self.stop: list[str] = stop if stop is not None else []
         self.presence_penalty = presence_penalty
         self.frequency_penalty = frequency_penalty
@@ -166,11 +195,13 @@ class ChatRequest:
         self.max_tool_calls = max_tool_calls
         self.stream = stream
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage
         self.timeout = timeout
         self.report_stop = report_stop
         self.continues = continues
         self.names: Mapping[str, str] = names if names is not None else _SPELLED_AS_HERE
         self.origin = origin
+        self.images: list[ImagePart] = [p for m in messages or () for p in m.images()]
 
     @property
     def chat(self) -> bool:
@@ -212,6 +243,14 @@ class ChatRequest:
             out.append("max_tool_calls")
         if self.top_k is not None:
             out.append("top_k")
+        if self.min_p:
+            out.append("min_p")
+        if self.repetition_penalty is not None and self.repetition_penalty != 1.0:
+            out.append("repetition_penalty")
+        if self.ignore_eos:
+            out.append("ignore_eos")
+        if self.min_tokens:
+            out.append("min_tokens")
         return out
 
     def refuse_unhonoured(self, honours: frozenset[str]) -> None:
@@ -219,6 +258,16 @@ class ChatRequest:
         for name in self.given():
             if name not in honours:
                 raise self.refuse(name)
+
+    def refuse_images(self) -> None:
+        """A 400 naming the first image, for a model that reads no images."""
+        if self.images:
+            raise RequestError(
+                "this model takes text only; it reads no images "
+                "(GET /v1/models: capabilities.input_modalities)",
+                param=self.images[0].param,
+                code="image_input_not_supported",
+            )
 
     def refuse(self, name: str, why: str = "is not supported by this model") -> RequestError:
         """The 400 for a parameter the serving backend cannot honour, naming it."""

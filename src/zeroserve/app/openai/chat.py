@@ -9,7 +9,7 @@ fields refused by name), the API limits (messages, choices, stop strings, tools,
 request's output-token budget: ``app/limits.py``), the rules between fields
 (``top_logprobs`` needs ``logprobs``; ``tool_choice`` needs ``tools`` and names only
 tools in them; a ``json_schema`` format needs its ``schema``), and what no backend here
-serves (non-text content parts, completions' ``echo``, ``suffix``, ``best_of`` > 1 and
+serves (content parts other than text and a user's images, completions' ``echo``, ``suffix``, ``best_of`` > 1 and
 token-array prompts). Nulls OpenAI allows are defaults. Whether the serving model
 honours a parameter is its backend's to say.
 """
@@ -25,6 +25,7 @@ import msgspec
 from ...errors import RequestError
 from ..chat import ChatRequest, Choices, FunctionTool, OutputFormat, ToolCall, ToolChoice, Turn
 from ..chat.choices import collect_all
+from ..chat.images import ImagePart, ImageReader
 from ..deadlines import openai_timeout
 from ..limits import ApiLimits, check_count, check_output_tokens, decoding
 from ..request import Request
@@ -140,7 +141,47 @@ def _tools(
     return tools, choice
 
 
-def _message(m: s.Message, i: int) -> Turn:
+def sampling(
+    body: s.ChatCompletionRequest | s.CompletionRequest, max_tokens: int | None
+) -> dict[str, Any]:
+    """vLLM's sampling extensions and ``stream_options`` as the chat request's keyword
+    arguments (``top_k`` -1 or 0 is every token: not given).
+
+    ``min_tokens`` is served with ``ignore_eos`` and no ``stop``, which imply it (the
+    answer runs to ``max_tokens``): no engine here can hold back its end for a number of
+    tokens and then let it come (llama.cpp's has no such field), so any other use is a
+    400 naming it, as is ``min_tokens`` above ``max_tokens`` (vLLM's rule)."""
+    if body.min_tokens:
+        if not body.ignore_eos or body.stop is not None:
+            raise RequestError(
+                "min_tokens is served only with ignore_eos: true and no stop, which make "
+                "the answer run to max_tokens",
+                param="min_tokens",
+            )
+        if max_tokens is not None and body.min_tokens > max_tokens:
+            raise RequestError("min_tokens must be at most max_tokens", param="min_tokens")
+    options = body.stream_options
+    include_usage = bool(options and options.include_usage)
+    continuous = bool(options and options.continuous_usage_stats)
+    if continuous and not include_usage:
+        raise RequestError(
+            "stream_options.continuous_usage_stats needs include_usage: true",
+            param="stream_options.continuous_usage_stats",
+        )
+    return {
+        "top_k": body.top_k if body.top_k is not None and body.top_k > 0 else None,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repetition_penalty,
+        "ignore_eos": bool(body.ignore_eos),
+        "min_tokens": body.min_tokens,
+        "include_usage": include_usage,
+        "continuous_usage": continuous,
+    }
+
+
+def turn(m: s.Message, i: int, images: ImageReader) -> Turn:
+    """Message ``i`` of a chat request as a conversation turn (text parts joined, images
+    read by ``images``)."""
     if m.function_call is not None:
         raise RequestError(
             "function_call is deprecated and not supported; use tool_calls",
@@ -155,15 +196,34 @@ def _message(m: s.Message, i: int) -> Turn:
         text = content
     else:
         texts: list[str] = []
+        parts: list[str | ImagePart] = []
         for j, part in enumerate(content):
-            if part.type != "text" or part.text is None:
+            where = f"messages[{i}].content[{j}]"
+            if part.type == "image_url" and m.role == "user":
+                url = part.image_url
+                if url is None or part.text is not None:
+                    raise RequestError(
+                        'an image part is {"type": "image_url", "image_url": {"url": ...}}',
+                        param=where,
+                    )
+                parts.append(
+                    images.url(
+                        url.url, where, detail=url.detail, detail_param=f"{where}.image_url.detail"
+                    )
+                )
+                continue
+            if part.type != "text" or part.text is None or part.image_url is not None:
                 raise RequestError(
-                    'only text content parts ({"type": "text", "text": ...}) are supported',
-                    param=f"messages[{i}].content[{j}]",
+                    'only text content parts ({"type": "text", "text": ...}), and image '
+                    "parts in user messages, are supported",
+                    param=where,
                 )
             texts.append(part.text)
+            parts.append(part.text)
         # Text parts are joined with newlines (as vLLM does) into one message text.
         text = "\n".join(texts)
+        if len(parts) > len(texts):
+            return Turn("user", text, m.name, parts=parts)
     calls = (
         [ToolCall(c.id or "", c.function.name, c.function.arguments) for c in m.tool_calls]
         if m.tool_calls
@@ -197,8 +257,15 @@ class _Answers:
                 created=created,
                 model=chat.model,
                 usage=chat.include_usage,
+                continuous=chat.continuous_usage,
             )
-            stream = ChoiceStream(chunks, choices, n=chat.n, include_usage=chat.include_usage)
+            stream = ChoiceStream(
+                chunks,
+                choices,
+                n=chat.n,
+                include_usage=chat.include_usage,
+                continuous=chat.continuous_usage,
+            )
             return StreamResponse(stream, framing="sse")
         return self._whole(choices, chat, ident, created)
 
@@ -277,16 +344,21 @@ class ChatCompletions(_Answers):
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
         tools, choice = _tools(body.tools, body.tool_choice, limits)
+        max_tokens = (
+            body.max_completion_tokens
+            if body.max_completion_tokens is not None
+            else body.max_tokens
+        )
+        images = ImageReader(limits)
         chat = ChatRequest(
             model=body.model,
-            messages=[_message(m, i) for i, m in enumerate(body.messages)],
+            messages=[turn(m, i, images) for i, m in enumerate(body.messages)],
             n=body.n or 1,
-            max_tokens=body.max_completion_tokens
-            if body.max_completion_tokens is not None
-            else body.max_tokens,
+            max_tokens=max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
+            priority=body.priority,
             stop=stops(body.stop, limits),
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
@@ -298,8 +370,8 @@ class ChatCompletions(_Answers):
             tool_choice=choice,
             parallel_tool_calls=body.parallel_tool_calls,
             stream=bool(body.stream),
-            include_usage=bool(body.stream_options and body.stream_options.include_usage),
             names=_CHAT_NAMES[body.max_completion_tokens is not None],
+            **sampling(body, max_tokens),
         )
         self._counts(chat)
         return chat
@@ -354,6 +426,7 @@ class Completions(_Answers):
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
+            priority=body.priority,
             stop=stops(body.stop, limits),
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
@@ -361,8 +434,8 @@ class Completions(_Answers):
             logprobs=body.logprobs is not None,
             top_logprobs=body.logprobs,
             stream=bool(body.stream),
-            include_usage=bool(body.stream_options and body.stream_options.include_usage),
             names=_COMPLETION_NAMES,
+            **sampling(body, body.max_tokens),
         )
         self._counts(chat)
         return chat

@@ -31,10 +31,22 @@ _MARKER = "\x00text\x00"
 class Chunks:
     """Encodes the chunks of one stream (same id/created/model on every chunk)."""
 
-    __slots__ = ("_templates", "chat", "created", "id", "model", "usage_default")
+    __slots__ = ("_templates", "chat", "continuous", "created", "id", "model", "usage_default")
 
-    def __init__(self, *, chat: bool, ident: str, created: int, model: str, usage: bool) -> None:
+    def __init__(
+        self,
+        *,
+        chat: bool,
+        ident: str,
+        created: int,
+        model: str,
+        usage: bool,
+        continuous: bool = False,
+    ) -> None:
         self.chat = chat
+        # Every chunk carries the usage so far (``usage_default``, set by the stream
+        # before each chunk), so no chunk shares a template with another.
+        self.continuous = continuous
         self.id = ident
         self.created = created
         self.model = model
@@ -62,6 +74,8 @@ class Chunks:
         """One content chunk: the encoded text between the bytes every content chunk of
         this choice shares (found once by encoding a chunk around a marker), so a token
         costs one string encode instead of building and encoding four structs."""
+        if self.continuous:
+            return self._content(index, text)
         templates = self._templates
         if index in templates:
             template = templates[index]

@@ -2,7 +2,7 @@
 (``app/apidoc.py``): the real shapes of the fields kept raw, the configurable limits, the
 only values served of fields OpenAI defines more widely, and the rules between fields.
 Each entry is checked where the request is decoded (``chat.py``, ``responses.py``), and
-the contract test (``tests/openai/test_contract.py``) holds the two together.
+the contract test (``tests/app/openai/test_contract.py``) holds the two together.
 """
 
 from __future__ import annotations
@@ -30,6 +30,45 @@ _SCHEMA: dict[str, Any] = {
     "description": "A JSON Schema object, passed to the model as it came.",
 }
 
+# vLLM's min_tokens is served with ignore_eos and no stop, which imply it (app/openai/
+# chat.py); its bound by max_tokens is stated in its description.
+_MIN_TOKENS_RULE: dict[str, Any] = {
+    "if": {
+        "required": ["min_tokens"],
+        "properties": {"min_tokens": {"type": "integer", "minimum": 1}},
+    },
+    "then": {
+        "required": ["ignore_eos"],
+        "properties": {"ignore_eos": {"const": True}, "stop": _NULL},
+    },
+}
+# stream_options.continuous_usage_stats needs include_usage (vLLM's usage on every chunk).
+_STREAM_OPTIONS = Refinement(
+    s.StreamOptions,
+    rules=(
+        {
+            "if": {
+                "required": ["continuous_usage_stats"],
+                "properties": {"continuous_usage_stats": {"const": True}},
+            },
+            "then": {
+                "required": ["include_usage"],
+                "properties": {"include_usage": {"const": True}},
+            },
+        },
+    ),
+)
+
+# An image's URL (app/chat/images.py): what its text must be, and the limits.
+_IMAGE_URL: dict[str, Any] = {
+    "type": "string",
+    "pattern": "^([dD][aA][tT][aA]:|[hH][tT][tT][pP][sS]?://)",
+    "description": "A data: URI of base64 text (data:image/png;base64,...) of a PNG, JPEG, "
+    "GIF or WebP image (as its first bytes say), at most the api limit image_bytes once "
+    "decoded (413 beyond); or an http(s) URL, fetched only from the hosts the server "
+    "allows (--allow-image-urls; refused otherwise). At most the api limit images per "
+    "request.",
+}
 _STATELESS = "this server keeps no state"
 _NOT_SERVED = "not served by any model here"
 
@@ -68,8 +107,10 @@ CHAT = (
                 },
                 "then": {"required": ["tools"], "properties": {"tools": {"type": "array"}}},
             },
+            _MIN_TOKENS_RULE,
         ),
     ),
+    _STREAM_OPTIONS,
     Refinement(
         s.Message,
         only={"function_call": _null("deprecated by OpenAI; send tool_calls")},
@@ -86,9 +127,31 @@ CHAT = (
     ),
     Refinement(
         s.ContentPart,
-        only={"type": _only({"enum": ["text"]}, "text parts; the models here read no other")},
-        rules=({"required": ["text"], "properties": {"text": {"type": "string"}}},),
+        only={
+            "type": _only(
+                {"enum": ["text", "image_url"]},
+                "text parts; image parts in user messages, for a model whose card lists "
+                "image among its input_modalities (any other refuses them by name)",
+            )
+        },
+        rules=(
+            {
+                "if": {"properties": {"type": {"const": "text"}}},
+                "then": {
+                    "required": ["text"],
+                    "properties": {"text": {"type": "string"}, "image_url": _NULL},
+                },
+            },
+            {
+                "if": {"properties": {"type": {"const": "image_url"}}},
+                "then": {
+                    "required": ["image_url"],
+                    "properties": {"text": _NULL, "image_url": {"type": "object"}},
+                },
+            },
+        ),
     ),
+    Refinement(s.ImageUrl, only={"url": _IMAGE_URL}),
     Refinement(s.FunctionDef, only={"parameters": _SCHEMA}),
     Refinement(s.JsonSchemaFormat, only={"schema": _SCHEMA}),
     Refinement(
@@ -133,7 +196,9 @@ COMPLETIONS = (
             "suffix": _null(_NOT_SERVED),
             "best_of": _only({"enum": [1, None]}, "1; " + _NOT_SERVED),
         },
+        rules=(_MIN_TOKENS_RULE,),
     ),
+    _STREAM_OPTIONS,
 )
 
 EMBEDDINGS = (Refinement(s.EmbeddingRequest, limits={"input": ("maxItems", "embedding_inputs")}),)
@@ -233,8 +298,34 @@ RESPONSES = (
     Refinement(
         r.InputPart,
         only={
-            "type": _only({"enum": ["input_text", "output_text"]}, "text parts"),
+            "type": _only(
+                {"enum": ["input_text", "output_text", "input_image"]},
+                "text parts; input_image in user messages, for a model whose card lists "
+                "image among its input_modalities",
+            ),
+            "image_url": _IMAGE_URL,
+            "file_id": _null("this server keeps no files; send image_url"),
         },
-        rules=({"required": ["text"], "properties": {"text": {"type": "string"}}},),
+        rules=(
+            {
+                "if": {"properties": {"type": {"enum": ["input_text", "output_text"]}}},
+                "then": {
+                    "required": ["text"],
+                    "properties": {
+                        "text": {"type": "string"},
+                        "image_url": _NULL,
+                        "detail": _NULL,
+                        "file_id": _NULL,
+                    },
+                },
+            },
+            {
+                "if": {"required": ["type"], "properties": {"type": {"const": "input_image"}}},
+                "then": {
+                    "required": ["image_url"],
+                    "properties": {"text": _NULL, "image_url": {"type": "string"}},
+                },
+            },
+        ),
     ),
 )

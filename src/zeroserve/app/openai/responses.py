@@ -44,6 +44,7 @@ from ..chat import (
     Turn,
 )
 from ..chat.choices import collect_all
+from ..chat.images import ImagePart, ImageReader
 from ..deadlines import openai_timeout
 from ..limits import ApiLimits, check_count, check_output_tokens
 from ..request import Request
@@ -109,8 +110,9 @@ class Responses:
         if isinstance(body.input, str):
             messages.append(Turn("user", body.input))
         else:
+            images = ImageReader(limits)
             for i, item in enumerate(body.input):
-                _add_item(messages, item, i)
+                _add_item(messages, item, i, images)
         tools = _function_tools(body.tools or [])
         choice = _tool_choice(body.tool_choice)
         internal: ToolChoice | None = None
@@ -135,6 +137,7 @@ class Responses:
             max_tokens=body.max_output_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
+            priority=body.priority,
             response_format=_response_format(fmt)
             if fmt is not None and fmt.type != "text"
             else None,
@@ -226,7 +229,7 @@ def _check_type(kind: str, i: int) -> None:
         )
 
 
-def _add_item(messages: list[Turn], item: r.InputItem, i: int) -> None:
+def _add_item(messages: list[Turn], item: r.InputItem, i: int, images: ImageReader) -> None:
     """``item`` (the ``i``-th input item) as the chat message it is part of."""
     _check_type(item.type, i)
     for field in _REQUIRED[item.type]:
@@ -236,7 +239,11 @@ def _add_item(messages: list[Turn], item: r.InputItem, i: int) -> None:
             )
     if item.type == "message":
         assert item.role is not None and item.content is not None
-        messages.append(Turn(_ROLES.get(item.role, item.role), _text(item.content, i, "content")))
+        if item.role == "user" and isinstance(item.content, list):
+            messages.append(_user_turn(item.content, i, images))
+        else:
+            text = _text(item.content, i, "content")
+            messages.append(Turn(_ROLES.get(item.role, item.role), text))
     elif item.type == "function_call":
         assert item.call_id is not None and item.name is not None and item.arguments is not None
         call = ToolCall(item.call_id, item.name, item.arguments)
@@ -251,14 +258,48 @@ def _add_item(messages: list[Turn], item: r.InputItem, i: int) -> None:
         messages.append(Turn("tool", _text(item.output, i, "output"), tool_call_id=item.call_id))
 
 
-def _text(content: str | list[r.InputPart], i: int, field: str) -> str:
+def _user_turn(content: list[r.InputPart], i: int, images: ImageReader) -> Turn:
+    """A user message whose parts may include images (``input_image``)."""
+    texts: list[str] = []
+    parts: list[str | ImagePart] = []
+    for j, part in enumerate(content):
+        if part.type != "input_image":
+            text = _text([part], i, "content", j)
+            texts.append(text)
+            parts.append(text)
+            continue
+        where = f"input[{i}].content[{j}]"
+        if part.file_id is not None:
+            raise RequestError(
+                "images by file_id are not supported (this server keeps no files); send image_url",
+                param=f"{where}.file_id",
+            )
+        if not isinstance(part.image_url, msgspec.Raw) or part.text is not None:
+            raise RequestError(
+                'an image part is {"type": "input_image", "image_url": ...}', param=where
+            )
+        parts.append(
+            images.url(part.image_url, where, detail=part.detail, detail_param=f"{where}.detail")
+        )
+    text = "\n".join(texts)
+    return Turn("user", text, parts=parts if len(parts) > len(texts) else None)
+
+
+def _text(content: str | list[r.InputPart], i: int, field: str, first: int = 0) -> str:
     if isinstance(content, str):
         return content
     texts: list[str] = []
-    for j, part in enumerate(content):
-        if part.type not in _TEXT_PARTS or part.text is None:
+    for j, part in enumerate(content, first):
+        if (
+            part.type not in _TEXT_PARTS
+            or part.text is None
+            or s.given(part.image_url)
+            or part.detail is not None
+            or part.file_id is not None
+        ):
             raise RequestError(
-                "only text content parts (input_text, output_text) are supported",
+                "only text content parts (input_text, output_text), and input_image parts "
+                "in user messages, are supported",
                 param=f"input[{i}].{field}[{j}]",
             )
         texts.append(part.text)

@@ -30,17 +30,21 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .schemas import FunctionName, MaxTokens, Temperature, TopP
+from .schemas import FunctionName, MaxTokens, PriorityClass, Temperature, TopP
 
 
 # -- requests -------------------------------------------------------------------------------
 class InputPart(Struct, kw_only=True, forbid_unknown_fields=True):
     """One content part of an input message. Text parts (``input_text``, and the
-    ``output_text`` of an earlier answer sent back) are served; any other type gets a
-    400 naming the part."""
+    ``output_text`` of an earlier answer sent back) and a user's ``input_image``
+    (``image_url``: a ``data:`` URI or an ``http(s)`` URL, kept raw: app/chat/images.py)
+    are served; any other type gets a 400 naming the part."""
 
     type: str
     text: str | None = None
+    image_url: msgspec.Raw | UnsetType = UNSET
+    detail: Literal["auto", "low", "high"] | None = None
+    file_id: str | None = None  # an uploaded file: refused (no file store here)
     annotations: list[Any] | None = None
     logprobs: list[Any] | None = None
 
@@ -158,6 +162,7 @@ class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     tool_choice: msgspec.Raw | UnsetType = UNSET
     parallel_tool_calls: bool | None = None
     max_tool_calls: Annotated[int, Meta(ge=1)] | None = None
+    priority: PriorityClass | None = None
     # Refused unless neutral (see ``refusals``).
     previous_response_id: str | None = None
     conversation: Any = None

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import time
 
+from ...errors import ModelNotFound
 from ...runtime import Engine
+from ...runtime.model_manager import ModelManager
+from ...runtime.model_state import ModelState
 from ..backends import Backends
 from ..chat.request import OPTIONAL_PARAMETERS
+from ..control.loading import load_status
 from ..limits import ApiLimits, check_count
 from ..request import Request
 from ..response import JSON, HandlerResult, Response
@@ -28,9 +32,13 @@ from .responses import Responses
 
 
 def register(
-    router: Router, engine: Engine, backends: Backends, limits: ApiLimits | None = None
+    router: Router,
+    engine: Engine,
+    backends: Backends,
+    limits: ApiLimits | None = None,
+    models: ModelManager | None = None,
 ) -> None:
-    api = _OpenAI(engine, backends, limits or ApiLimits())
+    api = _OpenAI(engine, backends, limits or ApiLimits(), models)
     add = router.add
     add(
         "GET",
@@ -96,9 +104,16 @@ def _json(obj: object) -> Response:
 
 
 class _OpenAI:
-    def __init__(self, engine: Engine, backends: Backends, limits: ApiLimits) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        backends: Backends,
+        limits: ApiLimits,
+        models: ModelManager | None = None,
+    ) -> None:
         self.engine = engine
         self.backends = backends
+        self.models = models
         self.limits = limits
         self.created = int(time.time())
         self._chat = ChatCompletions(limits)
@@ -128,15 +143,48 @@ class _OpenAI:
                 context_length=caps.context_length,
                 embedding_dimensions=caps.embedding_dimensions,
                 token_inputs=caps.token_inputs,
+                tokenizer=caps.tokenizer,
+                rerank=caps.rerank,
+                input_modalities=list(caps.input_modalities),  # type: ignore[arg-type]
             ),
         )
 
+    def _catalog_card(self, name: str) -> s.ModelCard:
+        """A catalog model's card with its ``status`` (llama.cpp router's shape): the
+        capabilities are known once it is loaded."""
+        assert self.models is not None
+        snapshot = self.models.status(name)
+        if snapshot.state is ModelState.LOADED and name in self.engine.names():
+            card = self._card(name)
+            card.status = load_status(snapshot)
+            return card
+        return s.ModelCard(
+            id=name,
+            object="model",
+            created=self.created,
+            owned_by="zeroserve",
+            description=f"not loaded ({snapshot.state.value}): a request or POST "
+            "/models/load loads it",
+            status=load_status(snapshot),
+        )
+
     def list_models(self, req: Request) -> Response:
-        cards = [self._card(name) for name in self.engine.names()]
+        if self.models is None:
+            cards = [self._card(name) for name in self.engine.names()]
+        else:
+            cards = [self._catalog_card(name) for name in self.models.entries()]
         return _json(s.ModelList(object="list", data=cards))
 
     def get_model(self, req: Request) -> Response:
-        return _json(self._card(req.params["model"]))
+        name = req.params["model"]
+        if self.models is None:
+            return _json(self._card(name))
+        if name not in self.models.entries():
+            raise ModelNotFound(
+                "the requested model is not served here; GET /v1/models lists the models",
+                param="model",
+            )
+        return _json(self._catalog_card(name))
 
     # -- the APIs ----------------------------------------------------------------------
     def chat(self, req: Request) -> HandlerResult:

@@ -22,6 +22,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ...errors import RequestError
+from ...runtime.classes import MAX_PRIORITY, MIN_PRIORITY
 from .. import limits as lim
 
 if TYPE_CHECKING:
@@ -36,6 +37,17 @@ N = Annotated[int, Meta(ge=1)]
 # Ranges that protect the code below the schema (see app/limits.py).
 MaxTokens = Annotated[int, Meta(ge=1, le=lim.MAX_TOKENS)]
 Seed = Annotated[int, Meta(ge=lim.SEED_MIN, le=lim.SEED_MAX)]
+# The request's priority class (vLLM's field: lower runs first; app/priorities.py).
+PriorityClass = Annotated[
+    int,
+    Meta(
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="The request's priority class: lower runs first (vLLM's meaning). "
+        "Waiting requests are served by class, a class rising one step per second waited; "
+        "an API key may set a default and a highest class it may ask for.",
+    ),
+]
 
 
 # -- requests -------------------------------------------------------------------------------
@@ -61,6 +73,23 @@ MAX_TOP_LOGPROBS = lim.MAX_TOP_LOGPROBS
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+# vLLM's sampling extensions (docs/architecture.md, "One chat path"): ``top_k`` -1 or 0
+# is every token (neutral); ``min_p`` a fraction of the likeliest token's probability;
+# ``repetition_penalty`` divides the logits of tokens already seen (1 neutral; bounded
+# away from 0, whose division would make them infinite); ``min_tokens`` at most
+# ``max_tokens``.
+TopK = Annotated[int, Meta(ge=-1, le=1 << 20)]  # a vocabulary is far smaller
+MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+RepetitionPenalty = Annotated[float, Meta(ge=0.01, le=10.0)]
+MinTokens = Annotated[
+    int,
+    Meta(
+        ge=0,
+        le=lim.MAX_TOKENS,
+        description="At most max_tokens. Served only with ignore_eos: true and no stop, "
+        "which make the answer run to max_tokens.",
+    ),
+]
 
 
 def given(raw: msgspec.Raw | UnsetType | None) -> TypeIs[msgspec.Raw]:
@@ -81,16 +110,27 @@ def json_object(raw: msgspec.Raw | UnsetType | None, param: str) -> msgspec.Raw 
 
 class StreamOptions(Struct, kw_only=True, forbid_unknown_fields=True):
     include_usage: bool | None = False
+    # vLLM's: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: bool | None = False
     include_obfuscation: bool | None = None  # no effect: nothing is obfuscated here
 
 
+class ImageUrl(Struct, kw_only=True, forbid_unknown_fields=True):
+    """An image part's image: ``url`` is a ``data:`` URI (base64) or an ``http(s)`` URL,
+    kept raw: a view of the body, so the image's text is never copied into a ``str``
+    (app/chat/images.py)."""
+
+    url: msgspec.Raw
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ContentPart(Struct, kw_only=True, forbid_unknown_fields=True):
-    """One part of a message's content. Text parts are served; the others are refused
-    with a 400 naming the part."""
+    """One part of a message's content. Text and image parts are served (an image to a
+    model that reads images); the others are refused with a 400 naming the part."""
 
     type: Literal["text", "image_url", "input_audio", "file", "refusal"]
     text: str | None = None
-    image_url: Any = None
+    image_url: ImageUrl | None = None
     input_audio: Any = None
     file: Any = None
     refusal: str | None = None
@@ -194,6 +234,7 @@ class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     top_p: TopP | None = None
     seed: Seed | None = None
     n: N | None = None
+    priority: PriorityClass | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
@@ -201,6 +242,12 @@ class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Bias] | None = None
+    # vLLM's sampling extensions, honoured where the serving backend can (else a 400).
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    ignore_eos: bool | None = None
+    min_tokens: MinTokens | None = None
     response_format: msgspec.Raw | UnsetType = UNSET
     tools: msgspec.Raw | UnsetType = UNSET
     tool_choice: msgspec.Raw | UnsetType = UNSET
@@ -228,6 +275,7 @@ class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     top_p: TopP | None = None
     seed: Seed | None = None
     n: N | None = None
+    priority: PriorityClass | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     echo: bool | None = False
@@ -237,6 +285,12 @@ class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Bias] | None = None
+    # vLLM's sampling extensions, honoured where the serving backend can (else a 400).
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    ignore_eos: bool | None = None
+    min_tokens: MinTokens | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -250,6 +304,7 @@ class EmbeddingRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     input: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
+    priority: PriorityClass | None = None
     user: str | None = None  # accepted, no effect
 
 
@@ -355,7 +410,13 @@ class ModelCapabilities(Struct):
     one request's context (prompt and answer), when known;
     ``embedding_dimensions``: the width of its embeddings when fixed, the only
     ``dimensions`` it serves; ``token_inputs``: whether it embeds token arrays (else
-    only text, and a token array is refused with a 400 naming ``input``)."""
+    only text, and a token array is refused with a 400 naming ``input``);
+    ``tokenizer``: whether ``/tokenize`` and ``/detokenize`` serve it; ``rerank``: how
+    ``/v1/rerank`` scores with it (``cross-encoder``: a reranker reads query and
+    document together; ``bi-encoder``: the cosine of their embeddings, a weaker
+    ranking), null when it does not rerank;
+    ``input_modalities``: what its chats may carry (``image``: image parts; a model
+    without it refuses an image with a 400 naming the part)."""
 
     chat: bool
     embeddings: bool
@@ -371,21 +432,42 @@ class ModelCapabilities(Struct):
             "tool_choice",
             "max_tool_calls",
             "top_k",
+            "min_p",
+            "repetition_penalty",
+            "ignore_eos",
+            "min_tokens",
         ]
     ]
     relayed: bool
     context_length: int | None
     embedding_dimensions: int | None
     token_inputs: bool
+    tokenizer: bool
+    rerank: Literal["cross-encoder", "bi-encoder"] | None
+    input_modalities: list[Literal["text", "image"]]
 
 
-class ModelCard(Struct):
+class ModelLoadStatus(Struct, omit_defaults=True):
+    """A catalog model's state, in llama.cpp's router shape: ``value`` is ``unloaded``,
+    ``loading``, ``loaded`` or ``unloading``; a model whose last load failed is
+    ``unloaded`` with ``failed`` true and the ``reason``."""
+
+    value: Literal["unloaded", "loading", "loaded", "unloading"]
+    failed: bool = False
+    reason: str | UnsetType = UNSET
+
+
+class ModelCard(Struct, omit_defaults=True):
+    """One model. ``capabilities`` are known once it is loaded; ``status`` is given when
+    models come and go at run time (docs/architecture.md, "Models at run time")."""
+
     id: str
     object: str
     created: int
     owned_by: str
     description: str
-    capabilities: ModelCapabilities
+    capabilities: ModelCapabilities | UnsetType = UNSET
+    status: ModelLoadStatus | UnsetType = UNSET
 
 
 class ModelList(Struct):

@@ -14,7 +14,8 @@ The shape follows OpenAI's streams:
   ``finish_reason`` (the only chunk of that choice with one);
 * completions: one chunk per text piece, then one with ``text: ""`` and the reason;
 * with ``stream_options.include_usage`` every chunk has ``"usage": null`` and a last
-  chunk with ``"choices": []`` carries the usage;
+  chunk with ``"choices": []`` carries the usage; with ``continuous_usage_stats`` too
+  (vLLM's), every chunk carries its choice's usage so far instead of ``null``;
 * then ``data: [DONE]``.
 
 Choices (``n`` > 1, or several prompts) are generated one after another (``app/chat/
@@ -54,8 +55,17 @@ class ChoiceStream:
     its choices' outputs one after another, encoded as chunks. It owns ``choices`` (the
     tickets of those not started) and releases them once, in :meth:`aclose`."""
 
-    def __init__(self, chunks: Chunks, choices: Choices, *, n: int, include_usage: bool) -> None:
+    def __init__(
+        self,
+        chunks: Chunks,
+        choices: Choices,
+        *,
+        n: int,
+        include_usage: bool,
+        continuous: bool = False,
+    ) -> None:
         self.chunks = chunks
+        self.continuous = continuous
         self.choices = choices
         self.n = n
         self.include_usage = include_usage
@@ -103,9 +113,18 @@ class ChoiceStream:
             if not pieces:
                 return []  # ``_run`` awaits the first piece of the choice started here
             self._opened = True
+            self._tell(live)
             opening = self.chunks.opening(live.index, pieces[0])
             return opening + self.chunks.contents(live.index, pieces[1:])
-        return self.chunks.contents(live.index, live.take_ready(max_items))
+        pieces = live.take_ready(max_items)
+        self._tell(live)
+        return self.chunks.contents(live.index, pieces)
+
+    def _tell(self, out: Output) -> None:
+        """With a continuous usage, the usage the next chunks carry: ``out``'s so far."""
+        if self.continuous:
+            prompt, completion = out.tokens_so_far()
+            self.chunks.usage_default = Usage(prompt, completion, prompt + completion)
 
     async def _run(self) -> AsyncGenerator[Any]:
         chunks = self.chunks
@@ -122,16 +141,25 @@ class ChoiceStream:
             index = out.index
             try:
                 if not (i == 0 and self._opened):
-                    head = chunks.opening(index, await anext(out, None))
+                    first = await anext(out, None)
+                    self._tell(out)
+                    head = chunks.opening(index, first)
                     if head:
                         yield head
                 async for piece in out:
+                    self._tell(out)
                     yield chunks.piece(index, piece)
             finally:
                 await out.aclose()
                 self._live = None
             finish = out.finish()
             finishes.append(finish)
+            if self.continuous:
+                chunks.usage_default = Usage(
+                    finish.prompt_tokens,
+                    finish.completion_tokens,
+                    finish.prompt_tokens + finish.completion_tokens,
+                )
             if i < last:
                 yield chunks.finish(index, finish.reason)
                 continue

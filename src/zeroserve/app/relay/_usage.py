@@ -13,6 +13,13 @@ counts it as soon as it is read (a stream's later, larger cumulative one: the
 difference), before the bytes after it reach the client. An object split across two reads is joined
 from a small bounded carry (copied, counted at site ``relay_usage``). An answer without a
 usage (``"usage": null``, a raw model's bytes) counts nothing.
+
+Anthropic's Messages API reports ``input_tokens`` (plus ``cache_read_input_tokens`` and
+``cache_creation_input_tokens``, not included in it) and ``output_tokens``; its stream
+reports them in ``message_start`` and then, cumulative, in ``message_delta``, which may
+carry the output alone. So the scanner keeps the largest input and the largest output
+seen, and the tokens are their sum (or a larger ``total_tokens``): for OpenAI's usage,
+reported once or repeated cumulative, that is the last one's total.
 """
 
 from __future__ import annotations
@@ -43,31 +50,35 @@ class _Usage(msgspec.Struct):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
+    input_tokens: int | None = None  # Anthropic's names from here on
+    output_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
 
 
 _decode = msgspec.json.Decoder(_Usage).decode
 
 
-def _tokens(obj: Buffer) -> int | None:
+def _usage(obj: Buffer) -> _Usage | None:
     try:
         usage = _decode(obj)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    if usage.total_tokens is not None:
-        return usage.total_tokens
-    if usage.prompt_tokens is None and usage.completion_tokens is None:
-        return None
-    return (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
+    counts = (usage.total_tokens, usage.prompt_tokens, usage.completion_tokens)
+    if counts == (None, None, None) and usage.input_tokens is None and usage.output_tokens is None:
+        return None  # no count we read (an object that only looks like a usage)
+    return usage
 
 
 class UsageScanner:
-    """Feed it every relayed buffer in order; ``tokens`` is the last usage's total."""
+    """Feed it every relayed buffer in order; ``tokens`` is the usage's total so far."""
 
-    __slots__ = ("_carry", "tokens")
+    __slots__ = ("_carry", "_input", "_output", "_total", "tokens")
 
     def __init__(self) -> None:
         self.tokens: int | None = None
         self._carry: bytes | None = None
+        self._input = self._output = self._total = 0
 
     def feed(self, buf: Buffer) -> None:
         pos = 0
@@ -88,9 +99,17 @@ class UsageScanner:
         self._scan(buf, pos)
 
     def _record(self, buf: Buffer, m: re.Match[bytes]) -> None:
-        n = _tokens(buf[m.start(1) : m.end(1)])
-        if n is not None:
-            self.tokens = n
+        usage = _usage(buf[m.start(1) : m.end(1)])
+        if usage is None:
+            return
+        given = (usage.prompt_tokens or 0) + (usage.input_tokens or 0)
+        given += (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+        self._input = max(self._input, given)
+        self._output = max(
+            self._output, (usage.completion_tokens or 0) + (usage.output_tokens or 0)
+        )
+        self._total = max(self._total, usage.total_tokens or 0)
+        self.tokens = max(self._total, self._input + self._output)
 
     def _scan(self, buf: Buffer, pos: int) -> None:
         end = pos

@@ -177,6 +177,24 @@ class MiniLMEmbedder(Model):
             raise RuntimeError("MiniLMEmbedder.load() was not called")
         return len(self._counter.encode(text).ids)
 
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        """WordPiece ids of ``text`` (with [CLS] and [SEP] when ``add_special_tokens``),
+        before truncation."""
+        if self._counter is None:
+            raise RuntimeError("MiniLMEmbedder.load() was not called")
+        ids: list[int] = self._counter.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        if self._counter is None:
+            raise RuntimeError("MiniLMEmbedder.load() was not called")
+        size = int(self._counter.get_vocab_size(with_added_tokens=True))
+        bad = next((t for t in tokens if not 0 <= t < size), None)
+        if bad is not None:
+            raise ValueError(f"token {bad} is outside the vocabulary (0..{size - 1})")
+        text: str = self._counter.decode(list(tokens), skip_special_tokens=False)
+        return text
+
     def check_dimensions(self, dimensions: int | None) -> int:
         """The output width for a requested ``dimensions``.
 

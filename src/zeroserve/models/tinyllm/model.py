@@ -160,6 +160,27 @@ class TinyLlamaModel(Model):
         """Tokens of ``text`` as the model reads it (special tokens count as one each)."""
         return len(self._encode(text))
 
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Tokens of ``text``; with ``add_special_tokens``, the ``<|endoftext|>`` that
+        ``generate`` puts before every prompt (a document boundary) first."""
+        ids = self._encode(text)
+        return [self._eos(), *ids] if add_special_tokens else ids
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        self._encode("")  # the tokenizer, loaded once
+        size = int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+        bad = next((t for t in tokens if not 0 <= t < size), None)
+        if bad is not None:
+            raise ValueError(f"token {bad} is outside the vocabulary (0..{size - 1})")
+        text: str = self._tokenizer.decode(list(tokens), skip_special_tokens=False)
+        return text
+
+    def _eos(self) -> int:
+        if self.eos_id < 0:  # the metadata instance of a process model: read once
+            config = json.loads((self.path / "config.json").read_text())
+            self.eos_id = int(config["eos_token_id"])
+        return self.eos_id
+
     def chat_template(self, messages: Sequence[Mapping[str, str]]) -> str:
         """Render chat messages to a prompt; the format is in the class docstring."""
         parts: list[str] = []

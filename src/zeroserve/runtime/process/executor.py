@@ -17,10 +17,15 @@ inputs and outputs stay in the arena (see :mod:`..worker.link`), copies counted 
   their leases are released, the process is reaped, ``ready()`` is false, and a new
   worker is spawned (back-off doubling from ``restart_backoff_s``).
 * Hung work: every call carries its deadline (loop time). A call past its deadline keeps
-  its worker out of scheduling (``acquire`` skips it; with none left, ``has_capacity()``
-  is false and admission answers 503); a call still running ``hang_grace_s`` past it
-  means the worker is hung: it is killed, which takes the crash path above (the other
-  calls on it get 503), and counted in ``reclaimed``.
+  its worker out of scheduling (``acquire`` skips it); a call still running
+  ``hang_grace_s`` past it, or past the moment its requests abandoned it (a client's
+  disconnect), means the worker is hung: it is killed, which takes the crash path above
+  (the other calls on it get 503), and counted in ``reclaimed``
+  (docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md).
+* Capacity: a worker being respawned, or killed for hanging, takes no work. With no
+  worker left to take it, ``has_capacity()`` is false and admission answers 503 at the
+  head (``unavailable``: "restarting", or the hung answer) instead of queueing requests
+  into a model that cannot serve them.
 
 Invariants
 ----------
@@ -41,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from ... import errors
 from ...errors import ModelLoadError, WorkerError
 from ...models.base import GenerateRequest
+from .. import contract
 from ..arena import Arena
 from ..channel import Channel
 from ..contract import Executor, Producer
@@ -303,8 +309,8 @@ class ProcessExecutor(Executor):
         w.hung = True
         self.reclaimed += 1
         log.warning(
-            "model %r: worker %d (pid %d) ran a %s call %.1f s past its deadline; killing "
-            "and restarting it",
+            "model %r: worker %d (pid %d) ran a %s call %.1f s past its deadline or its "
+            "abandonment; killing and restarting it",
             self.spec.name,
             w.index,
             w.pid,
@@ -315,7 +321,19 @@ class ProcessExecutor(Executor):
 
     def has_capacity(self) -> bool:
         now = loop_now()
-        return any(w is None or w.usable(now) for w in self.workers)
+        return any(w is not None and w.usable(now) for w in self.workers)
+
+    def unavailable(self) -> errors.ZeroserveError | None:
+        """While no worker can take work because some are being restarted (crashed, or
+        killed for hung work): "N of M workers restarting" (503, ``Retry-After``). When
+        every worker is running work past its deadline instead, None (the hung answer)."""
+        restarting = sum(1 for w in self.workers if w is None or w.hung or not w.ready)
+        if restarting == 0 or self.has_capacity():
+            return None
+        return contract.restarting(
+            f"model {self.spec.name!r} has no worker to take this request: {restarting} of "
+            f"{len(self.workers)} workers restarting; retry later"
+        )
 
     # -- slots -----------------------------------------------------------------------------
     def _notify(self) -> None:

@@ -17,7 +17,9 @@ Strategy
   second only hides a Ray round trip behind the model's work on the first.
 * Health-checked: the executor serves while every actor is up; Ray restarts a dead one
   (``max_restarts``) and the supervisor's recovery takes it back. A call abandoned by its
-  caller is watched for hanging (``Supervisor.watch_call``).
+  caller is watched for hanging from then on (``Supervisor.watch_call``). The fleet has
+  capacity while an actor is up and (linked) not running a call past its deadline; with
+  none, admission answers 503 ("restarting", or the hung answer) at the head.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ import numpy as np
 from ... import errors
 from ...errors import ModelLoadError
 from ...models.base import GenerateRequest
+from .. import contract
 from ..arena import Arena, Lease
 from ..channel import Channel
 from ..contract import Producer
 from ..results import InferResult, WorkerStatistics
 from ..worker import wire
+from ..worker.link import loop_now
 from . import actor as a
 from . import marshal
 from .producer import RayProducer
@@ -165,6 +169,20 @@ class ActorFleet:
     def probed(self) -> None:
         """Nothing to read: the actors' health is their calls' and the recovery's."""
 
+    def has_capacity(self) -> bool:
+        now = loop_now()
+        return any(w.usable(now) for w in self.roster.handles)
+
+    def unavailable(self) -> errors.ZeroserveError | None:
+        handles = self.roster.handles
+        down = sum(1 for w in handles if not w.ready)
+        if down == 0 or self.has_capacity():
+            return None  # every actor runs work past its deadline: the hung answer
+        return contract.restarting(
+            f"model {self.roster.spec.name!r} has no worker to take this request: {down} of "
+            f"{len(handles)} Ray actors restarting; retry later"
+        )
+
     # -- scaled ----------------------------------------------------------------------------
     async def acquire(self) -> RayWorkerHandle:
         w = await self.roster.pick(stream=False)
@@ -183,8 +201,9 @@ class ActorFleet:
     # -- addressed -------------------------------------------------------------------------
     async def call(self, w: RayWorkerHandle, ref: Any, deadline_at: float | None = None) -> Any:
         """Await one Ray call on ``w``; cancelling the caller cancels the actor's task.
-        ``deadline_at`` (loop time): a call still running ``hang_grace_s`` past it, the
-        caller gone, is hung (``Supervisor.watch_call``)."""
+        A call its caller abandoned (``deadline_at``, loop time, or a disconnect) and still
+        running ``hang_grace_s`` after min(deadline, abandonment) is hung
+        (``Supervisor.watch_call``)."""
         import ray
 
         fut = asyncio.ensure_future(ref)
@@ -197,7 +216,7 @@ class ActorFleet:
                 ray.cancel(ref)
             except Exception:
                 pass
-            if deadline_at is not None and not fut.done():
+            if not fut.done():
                 self.supervisor.watch_call(w, fut, deadline_at)
             raise
         except BaseException as exc:

@@ -27,6 +27,8 @@ Invariants
 * Everything here runs on the event-loop thread; Ray's blocking calls go to threads.
 * While the cluster is unreachable the executor has no capacity and is not ready
   (``ClusterUnavailable`` at admission); work on a link goes on while its actor lives.
+* While no worker can take work (every one restarting, or running hung work: the fleet's
+  ``has_capacity``) the executor is not ready and admission answers 503 at the head.
 """
 
 from __future__ import annotations
@@ -75,6 +77,16 @@ class Fleet(Protocol):
 
     def serving(self) -> bool:
         """Whether the workers serve (the executor's readiness, beside the cluster's)."""
+        ...
+
+    def has_capacity(self) -> bool:
+        """Whether a worker can take a new request now or soon (the cluster being up):
+        false while every one is down (restarting) or running hung work."""
+        ...
+
+    def unavailable(self) -> errors.ZeroserveError | None:
+        """Why no worker can take a request, while ``has_capacity`` is false and the
+        reason is not hung work (workers restarting); None otherwise."""
         ...
 
     def probed(self) -> None:
@@ -152,14 +164,22 @@ class RayExecutor(Executor):
         self.roster.notify()
 
     def has_capacity(self) -> bool:
-        return self.roster.cluster_up
+        return self.roster.cluster_up and self.fleet.has_capacity()
 
     def unavailable(self) -> errors.ZeroserveError | None:
-        return None if self.roster.cluster_up else self.roster.unreachable()
+        if not self.roster.cluster_up:
+            return self.roster.unreachable()
+        return self.fleet.unavailable()
 
     def ready(self) -> bool:
         roster = self.roster
-        return self._started and not roster.closing and roster.cluster_up and self.fleet.serving()
+        return (
+            self._started
+            and not roster.closing
+            and roster.cluster_up
+            and self.fleet.serving()
+            and self.fleet.has_capacity()
+        )
 
     async def aclose(self) -> None:
         roster = self.roster

@@ -16,13 +16,15 @@ Strategy
   ``LinkOwner``.
 * Hung calls: an actor's call whose thread is still running keeps its Ray task pending
   (``RayWorker._call``), even once the caller gave up. A batch or embedding call still
-  pending ``hang_grace_s`` past its deadline marks its actor down, which is killed for Ray
-  to restart (the fault path above; counted ``reclaimed``, logged with the model's name).
-  A stream is watched the same way once its consumer is gone (aborted: deadline or
-  disconnect): the actor's stream ends only when its step in progress returned
+  pending ``hang_grace_s`` after its caller gave up (its deadline, or a disconnect before
+  it: the grace starts at min(deadline, now)) marks its actor down, which is killed for
+  Ray to restart (the fault path above; counted ``reclaimed``, logged with the model's
+  name). A stream is watched the same way once its consumer is gone (aborted: deadline
+  or disconnect): the actor's stream ends only when its step in progress returned
   (``RayWorker.generate``), so a stream whose Ray generator has not finished
-  ``hang_grace_s`` past the stream's deadline has a step that does not return, and its
-  actor is reclaimed alike. A hung call on a link is found by the link's hang timer.
+  ``hang_grace_s`` after it was abandoned has a step that does not return, and its actor
+  is reclaimed alike. A hung call on a link is found by the link's hang timer
+  (docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md).
 * A lost cluster: a watch task probes the GCS and this node's raylet
   (``cluster.reachable``, every ``cluster.PROBE_INTERVAL_S``). While they are gone the
   executor is not ready and has no capacity, so admission answers ``ClusterUnavailable``
@@ -294,11 +296,14 @@ class Supervisor:
             self.reclaim(w, call.kind)
 
     # -- hung work -------------------------------------------------------------------------
-    def watch_call(self, w: RayWorkerHandle, fut: asyncio.Future[Any], deadline_at: float) -> None:
-        """Watch a call its caller abandoned: still running ``hang_grace_s`` past
-        ``deadline_at``, its actor is reclaimed (``reclaim``)."""
+    def watch_call(
+        self, w: RayWorkerHandle, fut: asyncio.Future[Any], deadline_at: float | None
+    ) -> None:
+        """Watch a call its caller abandoned now: still running ``hang_grace_s`` after
+        min(``deadline_at``, now), its actor is reclaimed (``reclaim``)."""
         loop = asyncio.get_running_loop()
-        timer = loop.call_at(deadline_at + self.roster.options.hang_grace_s, self._hung, w, fut)
+        when = _abandoned_at(deadline_at, loop.time()) + self.roster.options.hang_grace_s
+        timer = loop.call_at(when, self._hung, w, fut)
 
         def ended(f: asyncio.Future[Any]) -> None:
             timer.cancel()
@@ -312,12 +317,13 @@ class Supervisor:
             self.reclaim(w, "call")
 
     def watch_stream(self, p: WatchedStream) -> None:
-        """Watch a stream whose consumer is gone (``p`` aborted): its actor's stream
-        still running ``hang_grace_s`` past the stream's deadline is hung."""
+        """Watch a stream whose consumer is gone now (``p`` aborted): its actor's stream
+        still running ``hang_grace_s`` after min(the stream's deadline, now) is hung. A
+        stream without a deadline (a Serve deployment's) is not watched."""
         if p.deadline_at is None or p.task.done():
             return
         loop = asyncio.get_running_loop()
-        when = p.deadline_at + self.roster.options.hang_grace_s
+        when = _abandoned_at(p.deadline_at, loop.time()) + self.roster.options.hang_grace_s
         timer = loop.call_at(when, self._stream_hung, p)
         p.task.add_done_callback(lambda _: timer.cancel())
 
@@ -329,13 +335,14 @@ class Supervisor:
 
     def reclaim(self, w: RayWorkerHandle, what: str) -> None:
         """A ``what`` ("call", "stream") on ``w`` is still running ``hang_grace_s`` past
-        its deadline: kill its actor for Ray to restart, and wait for the restart."""
+        its deadline or its abandonment: kill its actor for Ray to restart, and wait for
+        the restart."""
         roster = self.roster
         if not w.ready or roster.closing or not roster.cluster_up:
             return  # its actor is already down (recovering) or going
         log.warning(
-            "model %r: a %s on Ray actor %d is still running %.1f s past its deadline; "
-            "killing the actor for Ray to restart",
+            "model %r: a %s on Ray actor %d is still running %.1f s past its deadline or "
+            "its abandonment; killing the actor for Ray to restart",
             roster.spec.name,
             what,
             w.pid,
@@ -346,3 +353,8 @@ class Supervisor:
         roster.notify()
         self.kill(w)
         self.start_recovery(w)
+
+
+def _abandoned_at(deadline_at: float | None, now: float) -> float:
+    """When abandoned work's grace starts: now, or its deadline if that passed already."""
+    return now if deadline_at is None else min(deadline_at, now)

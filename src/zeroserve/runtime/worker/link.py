@@ -23,7 +23,10 @@ Strategy
   (``coalesce``). A ``Pieces`` frame carries several pieces, each one credit.
 * Hung work: every call carries its deadline (loop time); one still in flight
   ``hang_grace_s`` past it is reported to the owner (``LinkOwner.hung``), which kills the
-  worker; the link's EOF then fails its calls.
+  worker; the link's EOF then fails its calls. A call abandoned earlier (its round trip
+  cancelled, its stream aborted, its consumer gone: ``abandon``) is sent an ``Abort``
+  and its grace starts then, at min(deadline, now)
+  (docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md).
 
 Invariants
 ----------
@@ -159,11 +162,7 @@ class LinkStream:
         self.call = call
 
     def abort(self) -> None:
-        call, link = self.call, self.link
-        if not call.abandoned:
-            call.abandoned = True
-            if call.id in link.calls:
-                link.send(p.Abort(call.id))
+        self.link.abandon(self.call)
 
 
 class WorkerLink:
@@ -317,19 +316,31 @@ class WorkerLink:
             try:
                 channel.send_nowait(piece)
             except WouldBlock:
-                self._abandon(call)
+                self.abandon(call)
                 channel.abort(WorkerError("worker sent a piece beyond its credit"))
                 return
             except errors.ZeroserveError:
-                self._abandon(call)  # consumer gone, or coalesce cap passed
+                self.abandon(call)  # consumer gone, or coalesce cap passed
                 return
         if channel.policy == "coalesce":
             self._return_credit(call, len(msg.items))
 
-    def _abandon(self, call: Call) -> None:
-        if not call.abandoned:
-            call.abandoned = True
-            self.send(p.Abort(call.id))
+    def abandon(self, call: Call) -> None:
+        """``call``'s requests are gone (its round trip cancelled, its stream aborted, its
+        consumer gone mid-pieces): tell the worker to stop it, and give it
+        ``hang_grace_s`` from now (from its deadline, if that passed already) to end
+        before its worker counts as hung. The worker is not taken out of scheduling
+        meanwhile: an abort the worker honours at once would otherwise cost every stream a
+        client stops its worker until the ``End``
+        (docs/decisions/0025-abandoned-work-grace-starts-at-abandonment.md)."""
+        if call.abandoned:
+            return
+        call.abandoned = True
+        if call.id not in self.calls:
+            return  # it ended already
+        self.send(p.Abort(call.id))
+        now = asyncio.get_running_loop().time()
+        self._watch(call, now if call.deadline_at is None else min(call.deadline_at, now))
 
     def _return_credit(self, call: Call, n: int) -> None:
         if call.abandoned or call.id not in self.calls:
@@ -387,9 +398,15 @@ class WorkerLink:
         """Put ``call`` in flight here, watched for hanging past its deadline."""
         self.calls[call.id] = call
         if call.deadline_at is not None:
-            loop = asyncio.get_running_loop()
-            when = call.deadline_at + self.owner.options.hang_grace_s
-            call.hang_timer = loop.call_at(when, self._hung, call)
+            self._watch(call, call.deadline_at)
+
+    def _watch(self, call: Call, since: float) -> None:
+        """``call`` is hung if it is still in flight ``hang_grace_s`` after ``since``
+        (loop time): its deadline, or the moment it was abandoned."""
+        if call.hang_timer is not None:
+            call.hang_timer.cancel()
+        when = since + self.owner.options.hang_grace_s
+        call.hang_timer = asyncio.get_running_loop().call_at(when, self._hung, call)
 
     def _hung(self, call: Call) -> None:
         if call.id in self.calls and not self.hung:
@@ -405,9 +422,7 @@ class WorkerLink:
         try:
             return await call.future
         except asyncio.CancelledError:
-            if call.id in self.calls and not call.abandoned:
-                call.abandoned = True
-                self.send(p.Abort(call.id))
+            self.abandon(call)
             raise
 
     async def infer(

@@ -14,30 +14,38 @@ Checks before a slot is taken: ``max_tokens`` at or beyond a slot's context, and
 prompt that cannot fit (``context_length_exceeded``). The prompt's UTF-8 bytes plus the
 template's overhead bound its tokens (byte-level BPE), so a prompt that fits by bytes
 needs no tokenizer; otherwise the engine's own template and tokenizer count it exactly
-(the model's side port).
+(the model's side port). An image's tokens are the projector's to say, and neither
+bound knows them: a chat with images goes to the engine, which refuses a prompt beyond
+the slot's context itself (a 400 naming ``messages``), and a token count of one is
+refused. Images reach a model started with a projector (``mmproj``), as PNG, JPEG or
+GIF (the engine decodes no WebP), at the projector's own resolution (``detail`` other
+than ``auto`` is refused).
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .... import metrics
 from ....errors import CapabilityError, RequestError
 from ....runtime import ModelHandle, Ticket
 from ...chat import ChatRequest, Choices, Output, QueuedChoice, admit
+from ...chat.images import WEBP
 from ...chat.request import OPTIONAL_PARAMETERS
 from ...deadlines import openai_timeout
 from ...openai import schemas as s
 from ...request import Request
 from ...response import JSON, HandlerResult, Response, StreamResponse
-from ..base import BackendStatistics, Capabilities, FrontEnd
+from ..base import BackendStatistics, Capabilities, FrontEnd, Relevance
 from . import wire
 from .embeddings import chunks as embedding_chunks
 from .embeddings import merge as merge_embeddings
 from .output import EngineOutput, engine_error
 from .requests import Requests, requests
+from .rerank import chunks as rerank_chunks
+from .rerank import scores as rerank_scores
 
 # Seconds to get an exact token count from the engine's tokenizer (loopback, no model
 # work: milliseconds; a second means the engine is wedged).
@@ -55,6 +63,7 @@ class LlamaCppEngine(Protocol):
     alias: str
     system_prompt: str | None
     native_tools: bool
+    vision: bool
     embedding: bool
     timeout: float
 
@@ -72,6 +81,23 @@ class LlamaCppEngine(Protocol):
     async def prompt_tokens(
         self, messages: Sequence[Mapping[str, Any]] | None, prompt: str | None, timeout: float
     ) -> int: ...
+
+    n_vocab: int
+
+    @property
+    def reranks(self) -> bool: ...
+
+    async def side_tokenize(
+        self,
+        messages: Sequence[Mapping[str, Any]] | None,
+        prompt: str | None,
+        add_special: bool,
+        timeout: float,
+    ) -> list[int]: ...
+
+    async def side_detokenize(self, tokens: Sequence[int], timeout: float) -> str: ...
+
+    def rerank_call(self, payload: bytes) -> bytes: ...
 
 
 class LlamaCppBackend:
@@ -99,6 +125,9 @@ class LlamaCppBackend:
             honours=HONOURS,
             context_length=self.engine.context_length,
             token_inputs=self.engine.embedding,  # the engine embeds token arrays too
+            tokenizer=True,
+            rerank="cross-encoder" if self.engine.reranks else None,
+            input_modalities=("text", "image") if self.engine.vision else ("text",),
         )
 
     def statistics(self) -> BackendStatistics:
@@ -119,6 +148,8 @@ class LlamaCppBackend:
     def chat(self, api: FrontEnd, chat: ChatRequest, req: Request) -> HandlerResult:
         engine = self.engine
         chat.refuse_unhonoured(HONOURS)
+        if chat.images:
+            _check_images(chat)
         planned = requests(chat, engine)
         deadline = self._deadline(chat.timeout)
         ctx = engine.context_length
@@ -130,7 +161,7 @@ class LlamaCppBackend:
                 param=param,
                 code="context_length_exceeded",
             )
-        if planned.bound + want < ctx:
+        if planned.bound + want < ctx or chat.images:
             return self._start(api, chat, req, planned, deadline)
         return self._counted(api, chat, req, planned, deadline)
 
@@ -138,9 +169,67 @@ class LlamaCppBackend:
         """Counted by the engine's own template and tokenizer (its side port), the
         conversation as the engine would be sent it (a tool plan's system turn too)."""
         chat.refuse_unhonoured(HONOURS)
+        if chat.images:
+            raise RequestError(
+                "this model's engine cannot count an image's tokens apart from running it; "
+                "count the text alone",
+                param=chat.images[0].param,
+            )
         planned = requests(chat, self.engine)
         timeout = max(min(TOKENIZE_TIMEOUT_S, self.engine.timeout), 0.001)
         return await self.engine.prompt_tokens(planned.messages, None, timeout)
+
+    # -- tokens ----------------------------------------------------------------------------
+    async def tokenize(
+        self, text: str | None, chat: ChatRequest | None, add_special: bool
+    ) -> list[int]:
+        """By the engine's own tokenizer and chat template (its side port); a
+        conversation as the engine would be sent it (its default system prompt too)."""
+        messages = requests(chat, self.engine).messages if chat is not None else None
+        return await self.engine.side_tokenize(messages, text, add_special, self._side_timeout())
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        size = self.engine.n_vocab
+        bad = next((t for t in tokens if not 0 <= t < size), None)
+        if bad is not None:
+            raise RequestError(
+                f"token {bad} is outside the vocabulary (0..{size - 1})", param="tokens"
+            )
+        return await self.engine.side_detokenize(tokens, self._side_timeout())
+
+    def _side_timeout(self) -> float:
+        return max(min(TOKENIZE_TIMEOUT_S, self.engine.timeout), 0.001)
+
+    # -- rerank ----------------------------------------------------------------------------
+    def rerank(self, query: str, documents: list[str], req: Request) -> Awaitable[Relevance]:
+        if not self.engine.reranks:
+            raise CapabilityError(
+                f"model {self.name!r} is not a reranker; serve a reranker GGUF with the "
+                "options embedding=true&pooling=rank",
+                param="model",
+            )
+        parts = rerank_chunks(query, documents)
+        for _, payload in parts:
+            metrics.count_copy("engine_body", len(payload))
+        deadline = self._deadline(openai_timeout(req))
+        ticket = self.handle.admit()  # Overloaded: 429
+        return self._rerank(req, parts, ticket, deadline)
+
+    async def _rerank(
+        self, req: Request, parts: list[tuple[int, bytes]], ticket: Ticket, deadline: float
+    ) -> Relevance:
+        def call(payload: bytes) -> Callable[[], bytes]:
+            return _engine_call(self.engine.rerank_call, payload, "documents")
+
+        sizes = [n for n, _ in parts]
+        answers = await self.handle.slots.run(
+            ticket, [call(p) for _, p in parts], deadline=deadline, items=sizes
+        )
+        relevance = rerank_scores(list(answers), sizes)
+        if req.edge is not None:  # an API key's token quota
+            req.edge.model = self.name
+            req.edge.count_tokens(relevance.tokens)
+        return relevance
 
     async def _counted(
         self, api: FrontEnd, chat: ChatRequest, req: Request, planned: Requests, deadline: float
@@ -172,7 +261,7 @@ class LlamaCppBackend:
         bodies, tool_plan, error_param = planned.bodies, planned.plan, planned.error_param
         for body in bodies:
             metrics.count_copy("engine_body", len(body))
-        tickets = admit(handle, len(bodies))
+        tickets = admit(handle, len(bodies), req.priority)
         edge = req.edge
         on_tokens = edge.count_tokens if edge is not None else None
         call = self.engine.chat_call if chat.chat else self.engine.completion_call
@@ -213,7 +302,7 @@ class LlamaCppBackend:
         for _, payload in parts:
             metrics.count_copy("engine_body", len(payload))
         deadline = self._deadline(openai_timeout(req))
-        ticket = self.handle.admit()  # Overloaded: 429
+        ticket = self.handle.admit(req.priority)  # Overloaded: 429
         return self._embed(req, parts, ticket, deadline, body.dimensions)
 
     async def _embed(
@@ -224,21 +313,8 @@ class LlamaCppBackend:
         deadline: float,
         dimensions: int | None,
     ) -> Response:
-        engine = self.engine
-
         def call(payload: bytes) -> Callable[[], bytes]:
-            def run() -> bytes:
-                try:
-                    answer = engine.embed_call(payload)
-                except ValueError as exc:  # the engine refused the input before computing
-                    raise RequestError(
-                        f"the engine refused the input: {exc}", param="input"
-                    ) from None
-                if answer.startswith(_ERROR_PREFIX):
-                    raise engine_error(answer)
-                return answer
-
-            return run
+            return _engine_call(self.engine.embed_call, payload, "input")
 
         answers = await self.handle.slots.run(
             ticket, [call(p) for _, p in parts], deadline=deadline, items=[n for n, _ in parts]
@@ -257,6 +333,41 @@ class LlamaCppBackend:
             req.edge.model = self.name
             req.edge.count_tokens(wire.usage_decoder.decode(answer).usage.prompt_tokens)
         return Response(200, [answer], content_type=JSON)
+
+
+def _engine_call(
+    method: Callable[[bytes], bytes], payload: bytes, param: str
+) -> Callable[[], bytes]:
+    """One blocking engine call for a slot thread: an input the engine refuses before
+    computing is a 400 naming ``param``; an error answer is its HTTP error."""
+
+    def run() -> bytes:
+        try:
+            answer = method(payload)
+        except ValueError as exc:
+            raise RequestError(f"the engine refused the input: {exc}", param=param) from None
+        if answer.startswith(_ERROR_PREFIX):
+            raise engine_error(answer)
+        return answer
+
+    return run
+
+
+def _check_images(chat: ChatRequest) -> None:
+    """A 400 naming the first image the engine cannot read as asked."""
+    for image in chat.images:
+        if image.media_type == WEBP:
+            raise RequestError(
+                "this model's engine reads PNG, JPEG and GIF images, not WebP",
+                param=image.param,
+                code="invalid_image",
+            )
+        if image.detail not in (None, "auto"):
+            raise RequestError(
+                "this model reads every image at its projector's own resolution; "
+                "only detail 'auto' is honoured",
+                param=image.detail_param,
+            )
 
 
 def _dimension(vector: list[float] | str) -> int:

@@ -152,6 +152,17 @@ class EngineOutput:
                 cached_tokens=timings.cache_n,
             )
 
+    def tokens_so_far(self) -> tuple[int, int]:
+        """From the engine's latest timings (on every chunk when the request asked for
+        ``timings_per_token``, as a continuous usage does), else its final usage."""
+        u = self._usage
+        if u is not None:
+            return u.prompt_tokens, u.completion_tokens
+        t = self._timings
+        if t is None:
+            return 0, 0
+        return t.cache_n + t.prompt_n, t.predicted_n
+
     def finish(self) -> Finish:
         u = self._usage or wire.EngineUsage()
         details = u.prompt_tokens_details

@@ -72,7 +72,11 @@ def requests(chat: ChatRequest, engine: PromptEngine) -> Requests:
         extra = _tool_fields(chat, planned if isinstance(planned, NativeTools) else None)
     bound = TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
     for m in messages:
-        bound += len(str(m.get("content") or "").encode())
+        content = m.get("content") or ""
+        if isinstance(content, list):  # parts: the text ones (images: see backend.py)
+            bound += sum(len(p.get("text", "").encode()) for p in content)
+        else:
+            bound += len(str(content).encode())
         for c in m.get("tool_calls") or ():
             f = c["function"]
             bound += len(f["name"].encode()) + len(f["arguments"].encode())

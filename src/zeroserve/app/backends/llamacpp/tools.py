@@ -419,6 +419,9 @@ class PlannedOutput:
     async def aclose(self) -> None:
         await self._inner.aclose()
 
+    def tokens_so_far(self) -> tuple[int, int]:
+        return self._inner.tokens_so_far()
+
     def finish(self) -> Finish:
         f = self._inner.finish()
         return Finish(

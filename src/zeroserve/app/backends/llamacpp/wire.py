@@ -9,22 +9,36 @@ stop the slot: docs/architecture.md, "The llama.cpp backend"), one choice per re
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import msgspec
 from msgspec import Struct
 
+from .... import metrics
 from ...chat import ChatRequest, FunctionTool, OutputFormat, Turn
+from ...chat.images import ImagePart
 
 _encode = msgspec.json.encode
 _STREAMED = {"include_usage": True}
+# What stands for an image's URL in an engine request until :func:`splice_images` puts
+# the image's data: URI there: random per process, so no client's text can forge one.
+IMAGE_MARK = "zeroserve-image-" + secrets.token_hex(16)
+_IMAGE_MARK_JSON = _encode(IMAGE_MARK)
 
 
 # -- requests ------------------------------------------------------------------------------
 def message(m: Turn) -> dict[str, Any]:
     """One conversation turn as the engine's chat templates take it."""
     out: dict[str, Any] = {"role": m.role}
-    if m.content is not None or not m.tool_calls:  # a call's turn may have no text
+    if m.parts is not None:  # text and images, in order (images: marks, spliced later)
+        out["content"] = [
+            {"type": "text", "text": p}
+            if isinstance(p, str)
+            else {"type": "image_url", "image_url": {"url": IMAGE_MARK}}
+            for p in m.parts
+        ]
+    elif m.content is not None or not m.tool_calls:  # a call's turn may have no text
         out["content"] = m.content or ""
     if m.name is not None:
         out["name"] = m.name
@@ -60,13 +74,22 @@ def response_format(fmt: OutputFormat) -> dict[str, Any]:
 
 
 def sampling(chat: ChatRequest, seed: int | None) -> dict[str, Any]:
-    """The sampling fields of one engine request (``seed``: this choice's)."""
+    """The sampling fields of one engine request (``seed``: this choice's), as the
+    engine spells them (``repeat_penalty``; ``ignore_eos`` biases every end-of-generation
+    token away). ``min_tokens`` has no engine field: it is served only with ``ignore_eos``,
+    which implies it (``app/openai/chat.py``)."""
     out: dict[str, Any] = {"stream": True, "stream_options": _STREAMED}
+    if chat.ignore_eos:
+        out["ignore_eos"] = True
+    if chat.continuous_usage:  # each chunk's timings count the tokens so far
+        out["timings_per_token"] = True
     for key, value in (
         ("max_tokens", chat.max_tokens),
         ("temperature", chat.temperature),
         ("top_p", chat.top_p),
         ("top_k", chat.top_k),
+        ("min_p", chat.min_p),
+        ("repeat_penalty", chat.repetition_penalty),
         ("seed", seed),
         ("presence_penalty", chat.presence_penalty),
         ("frequency_penalty", chat.frequency_penalty),
@@ -100,7 +123,35 @@ def chat_body(
         if chat.top_logprobs is not None:
             body["top_logprobs"] = chat.top_logprobs
     body.update(extra)
-    return _encode(body)
+    encoded = _encode(body)
+    return splice_images(encoded, chat.images) if chat.images else encoded
+
+
+def splice_images(body: bytes, images: list[ImagePart]) -> bytes:
+    """``body`` with each image mark, in order, replaced by that image's ``data:`` URI.
+
+    The engine takes images only as base64 ``data:`` URIs in its JSON
+    (docs/decisions/0032-images-stay-base64.md): each image's base64 text goes from the
+    request body's view straight into this one join, its only copy (counted with the
+    body, ``engine_body``). The rest of the body is copied a second time by the join
+    (``engine_body_splice``): text, a few KiB beside an image's megabytes."""
+    view = memoryview(body)
+    pieces: list[bytes | memoryview] = []
+    pos = 0
+    mark = len(_IMAGE_MARK_JSON)
+    for image in images:
+        at = body.find(_IMAGE_MARK_JSON, pos)
+        assert at >= 0, "every image of the request has its mark, in order"
+        pieces += (
+            view[pos:at],
+            b'"data:' + image.media_type.encode() + b";base64,",
+            image.base64_text(),
+            b'"',
+        )
+        pos = at + mark
+    pieces.append(view[pos:])
+    metrics.count_copy("engine_body_splice", len(body) - mark * len(images))
+    return b"".join(pieces)
 
 
 def completion_body(chat: ChatRequest, alias: str, prompt: str, seed: int | None) -> bytes:

@@ -29,8 +29,12 @@ executor's workers are
   again): the executor is ready while the deployment is healthy (``HEALTHY``, or
   scaling) with a replica running. A replica that dies fails the calls in flight on it
   (503; a stream is cut with an error event); Serve replaces it and ``/ready`` answers
-  503 meanwhile. Hung calls are not reclaimed here: Serve's health checks replace a
-  replica, and restarts are Serve's (``restarts`` and ``crashes`` stay 0).
+  503 meanwhile. Admission refuses (503 "restarting", ``Retry-After``) only when the
+  last successful read showed no running replica and ``min_replicas`` > 0: with
+  ``min_replicas=0`` a request reaching the handle is what scales the deployment up from
+  zero, and a failed read proves nothing. Hung calls are not reclaimed here: a hung
+  call keeps its replica's thread and Serve's health checks, run on the replica's event
+  loop, do not see it; restarts are Serve's (``restarts`` and ``crashes`` stay 0).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import numpy as np
 from .... import errors, metrics
 from ....errors import ClusterUnavailable, ModelLoadError, WorkerError
 from ....models.base import GenerateRequest
+from ... import contract
 from ...arena import Lease
 from ...channel import Channel
 from ...contract import Producer
@@ -174,6 +179,8 @@ class ServeFleet:
         # The deployment's health (see the module doc): serve.run returned, so it is
         # running when the executor starts; then as ``serve.status()`` reports it.
         self.health = DeploymentHealth(True, 1, 1)
+        # Replicas running at the last read that answered (a failed read keeps it).
+        self.running = 1
         self._reading: asyncio.Future[DeploymentHealth] | None = None
         self._next_read = 0.0
 
@@ -259,6 +266,8 @@ class ServeFleet:
         exc = reading.exception()
         # Serve's controller did not answer: the deployment is not known to serve.
         health = MISSING if exc is not None else reading.result()
+        if exc is None:
+            self.running = health.running
         if health.serving != self.health.serving:
             log.warning(
                 "model %r: the Serve deployment %s (%d of %d replicas running)%s",
@@ -270,6 +279,17 @@ class ServeFleet:
             )
         self.health = health
         self.roster.notify()
+
+    def has_capacity(self) -> bool:
+        return self.autoscaling.min_replicas == 0 or self.running > 0
+
+    def unavailable(self) -> errors.ZeroserveError | None:
+        if self.has_capacity():
+            return None
+        return contract.restarting(
+            f"model {self.roster.spec.name!r} has no worker to take this request: its Serve "
+            "deployment has no running replica (Serve is replacing them); retry later"
+        )
 
     # -- scaled ----------------------------------------------------------------------------
     async def acquire(self) -> RayWorkerHandle:
