@@ -11,9 +11,10 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types import Batch
 
-from tests.batch.batch_models import GATE_ENV
-from tests.support import ServerProcess
+from tests.support import wait_until
+from tests.support.models.batch import GATE_ENV
 
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
@@ -32,8 +33,19 @@ def completion_lines(n: int, model: str, prefix: str = "line") -> list[dict[str,
     ]
 
 
-def client(server: ServerProcess, key: str = "none") -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+def completed(c: openai.OpenAI, batch_id: str) -> int:
+    counts = c.batches.retrieve(batch_id).request_counts
+    return counts.completed if counts is not None else 0
+
+
+def gated_batch(c: openai.OpenAI, gate: Gate, lines: int, done: int) -> tuple[str, Batch]:
+    """Upload ``lines`` completions of the gated model, start their batch and let ``done`` of
+    them finish; return (input file id, batch) once the batch counts them completed."""
+    fid = upload(c, jsonl(completion_lines(lines, "gated")))
+    batch = c.batches.create(input_file_id=fid, endpoint="/v1/completions", completion_window="24h")
+    gate.open(done)
+    wait_until(lambda: completed(c, batch.id) == done, 30, f"{done} lines done", interval=0.05)
+    return fid, batch
 
 
 def upload(c: openai.OpenAI, data: bytes, name: str = "in.jsonl") -> str:

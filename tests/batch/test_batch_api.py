@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.batch.conftest import client, completion_lines, jsonl, results, upload
+from tests.batch.conftest import completion_lines, jsonl, results, upload
 from tests.support import ServerProcess, start_server, wait_until
 
 ALICE, BOB = "sk-alice-0123456789abcdef", "sk-bob-0123456789abcdef"
@@ -50,7 +50,7 @@ def _finished(c: openai.OpenAI, batch_id: str) -> Any:
 
 
 def test_the_sdk_runs_a_batch_of_each_endpoint(server: ServerProcess) -> None:
-    c = client(server, ALICE)
+    c = server.client(ALICE)
     bodies: dict[str, dict[str, Any]] = {
         "/v1/chat/completions": {
             "model": "echo",
@@ -95,7 +95,7 @@ def test_the_sdk_runs_a_batch_of_each_endpoint(server: ServerProcess) -> None:
 
 
 def test_a_bad_line_fails_alone_into_the_error_file(server: ServerProcess) -> None:
-    c = client(server, ALICE)
+    c = server.client(ALICE)
     lines: list[Any] = [
         *completion_lines(2, "echo", "good"),
         {"custom_id": "wrong-url", "method": "POST", "url": "/v1/embeddings", "body": {}},
@@ -133,7 +133,7 @@ def test_a_bad_line_fails_alone_into_the_error_file(server: ServerProcess) -> No
 
 
 def test_hostile_uploads_are_refused_before_work_starts(server: ServerProcess) -> None:
-    c = client(server, ALICE)
+    c = server.client(ALICE)
     with pytest.raises(openai.BadRequestError, match="not JSONL: line 2"):
         upload(c, b'{"custom_id": "a"}\nthis is not json\n')
     with pytest.raises(openai.BadRequestError, match="line 1 is longer than 4096 bytes"):
@@ -186,7 +186,7 @@ def test_hostile_uploads_are_refused_before_work_starts(server: ServerProcess) -
 
 
 def test_files_and_batches_belong_to_their_key(server: ServerProcess) -> None:
-    alice, bob = client(server, ALICE), client(server, BOB)
+    alice, bob = server.client(ALICE), server.client(BOB)
     fid = upload(alice, jsonl(completion_lines(1, "echo")))
     batch = alice.batches.create(
         input_file_id=fid, endpoint="/v1/completions", completion_window="24h"
@@ -206,7 +206,7 @@ def test_files_and_batches_belong_to_their_key(server: ServerProcess) -> None:
     assert batch.id not in [b.id for b in bob.batches.list()]
     assert fid not in [f.id for f in bob.files.list()]
     with pytest.raises(openai.AuthenticationError):
-        client(server, "sk-wrong").batches.retrieve(batch.id)
+        server.client("sk-wrong").batches.retrieve(batch.id)
     _finished(alice, batch.id)
     assert alice.files.delete(fid).deleted
     with pytest.raises(openai.NotFoundError):
@@ -214,7 +214,7 @@ def test_files_and_batches_belong_to_their_key(server: ServerProcess) -> None:
 
 
 def test_list_pages_with_after_and_limit(server: ServerProcess) -> None:
-    c = client(server, BOB)
+    c = server.client(BOB)
     fid = upload(c, jsonl(completion_lines(1, "echo")))
     made = [
         c.batches.create(input_file_id=fid, endpoint="/v1/completions", completion_window="24h").id
@@ -235,7 +235,7 @@ def test_lines_count_against_the_keys_quota(server: ServerProcess) -> None:
         prefix = f'zeroserve_api_key_tokens_total{{key="{key}"}} '
         return float(next(x for x in text.splitlines() if x.startswith(prefix)).split()[-1])
 
-    c = client(server, ALICE)
+    c = server.client(ALICE)
     fid = upload(c, jsonl(completion_lines(5, "echo")))
     before = tokens_of("alice"), tokens_of("bob")
     batch = c.batches.create(input_file_id=fid, endpoint="/v1/completions", completion_window="24h")
@@ -264,7 +264,7 @@ def test_a_line_for_a_remote_model_is_relayed(tmp_path: Path) -> None:
             "--data-dir", str(tmp_path / "data"),
         )  # fmt: skip
         try:
-            c = client(gateway)
+            c = gateway.client()
             lines = [
                 {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
                  "body": {"model": "gw", "messages": [{"role": "user", "content": f"w{i}"}],

@@ -10,10 +10,10 @@ import httpx
 import openai
 import pytest
 
-from tests.batch.conftest import Gate, client, completion_lines, jsonl, results, upload
+from tests.batch.conftest import Gate, completion_lines, gated_batch, jsonl, results, upload
 from tests.support import start_server, wait_until
 
-MODEL = "gated=tests.batch.batch_models:PipeGated"
+MODEL = "gated=tests.support.models.batch:PipeGated"
 
 
 def test_cancel_keeps_what_finished_and_reports_the_rest(tmp_path: Path, gate: Gate) -> None:
@@ -25,18 +25,8 @@ def test_cancel_keeps_what_finished_and_reports_the_rest(tmp_path: Path, gate: G
     }
     server = start_server("--model", MODEL, "--data-dir", str(tmp_path / "data"), env=env)
     try:
-        c = client(server)
-        fid = upload(c, jsonl(completion_lines(5, "gated")))
-        batch = c.batches.create(
-            input_file_id=fid, endpoint="/v1/completions", completion_window="24h"
-        )
-        gate.open(1)
-        wait_until(
-            lambda: c.batches.retrieve(batch.id).request_counts.completed == 1,  # type: ignore[union-attr]
-            30,
-            "one line done",
-            interval=0.05,
-        )
+        c = server.client()
+        fid, batch = gated_batch(c, gate, 5, 1)
         # The key's one open batch: a second is refused before any work.
         with pytest.raises(openai.RateLimitError, match="batches that have not ended"):
             c.batches.create(input_file_id=fid, endpoint="/v1/completions", completion_window="24h")
@@ -73,7 +63,7 @@ def test_no_space_left_refuses_an_upload_at_its_head(tmp_path: Path) -> None:
     server = start_server("--model", "echo", "--data-dir", str(tmp_path / "data"), env=env)
     try:
         with pytest.raises(openai.APIStatusError) as refused:
-            upload(client(server), jsonl(completion_lines(1, "echo")))
+            upload(server.client(), jsonl(completion_lines(1, "echo")))
         assert refused.value.status_code == 507
         assert refused.value.body["code"] == "insufficient_storage"  # type: ignore[index]
         assert httpx.get(server.url + "/v1/files").json()["data"] == []

@@ -1,7 +1,7 @@
 """A batch survives its server: killed with SIGKILL in the middle of a batch, the server
 resumes it after a restart on the same ``--data-dir``; every ``custom_id`` is in the output
 once, and no line that had finished runs again (docs/architecture.md, "The Batch API").
-The gated model (``batch_models.PipeGated``) finishes one generation per byte the test
+The gated model (``tests.support.models.batch.PipeGated``) finishes one generation per byte the test
 writes, so the test decides how far the batch is when it kills the server."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from tests.batch.conftest import Gate, client, completion_lines, jsonl, results, upload
+from tests.batch.conftest import Gate, gated_batch, results
 from tests.support import start_server, wait_until
 
-MODEL = "gated=tests.batch.batch_models:PipeGated"
+MODEL = "gated=tests.support.models.batch:PipeGated"
 LINES = 6
 
 
@@ -24,18 +24,8 @@ def test_sigkill_mid_batch_resumes_without_running_a_finished_line(
     args = ("--model", MODEL, "--data-dir", str(data))
     server = start_server(*args, env=gate.env)
     try:
-        c = client(server)
-        fid = upload(c, jsonl(completion_lines(LINES, "gated")))
-        batch = c.batches.create(
-            input_file_id=fid, endpoint="/v1/completions", completion_window="24h"
-        )
-        gate.open(2)
-        wait_until(
-            lambda: c.batches.retrieve(batch.id).request_counts.completed == 2,  # type: ignore[union-attr]
-            30,
-            "two lines done",
-            interval=0.05,
-        )
+        c = server.client()
+        _, batch = gated_batch(c, gate, LINES, 2)
         # A third line is running (blocked at the gate) when the server dies.
         wait_until(lambda: len(gate.log("started")) >= 3, 30, "third started", interval=0.05)
         finished_before = gate.log("finished")
@@ -45,7 +35,7 @@ def test_sigkill_mid_batch_resumes_without_running_a_finished_line(
 
     server = start_server(*args, env=gate.env)
     try:
-        c = client(server)
+        c = server.client()
         assert c.batches.retrieve(batch.id).status == "in_progress"
         gate.open(LINES - 2)
         wait_until(

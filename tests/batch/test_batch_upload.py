@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.batch.conftest import client, upload
+from tests.batch.conftest import upload
 from tests.support import start_server
 
 ARENA = 2 * 1024 * 1024
@@ -39,7 +39,7 @@ def test_an_upload_larger_than_the_arena_is_stored_as_it_arrives(tmp_path: Path)
         "--model", "echo", "--data-dir", str(tmp_path / "data"), "--arena-bytes", str(ARENA)
     )
     try:
-        c = client(server)
+        c = server.client()
         fid = upload(c, data)  # Content-Length, multipart, as the SDK sends it
         assert c.files.content(fid).content == data
         boundary = "zeroserve-test-boundary"

@@ -12,10 +12,8 @@ means the reclaim came from the disconnect.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ import httpx
 import pytest
 
 from tests.support import ServerProcess, start_server, wait_until
+from tests.support.observe import assert_restarting, model_metric, release_fifo
 
 MODEL = "hang"
 GRACE_S = 0.5
@@ -46,23 +45,11 @@ class Hung:
         return self.marks.read_text().split().count(event)
 
     def reclaimed(self) -> float:
-        text = httpx.get(f"{self.server.url}/metrics", timeout=WAIT_S).text
-        m = re.search(rf'^zeroserve_workers_reclaimed_total\{{name="{MODEL}"\}} (\S+)$', text, re.M)
-        return float(m.group(1)) if m else 0.0
+        return model_metric(self.server.url, "zeroserve_workers_reclaimed_total", MODEL)
 
     def release(self) -> bool:
         """Let the held respawn load; False while no worker reads the FIFO yet."""
-        try:
-            fd = os.open(self.hold, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                return False
-            raise
-        try:
-            os.write(fd, b"x")
-        finally:
-            os.close(fd)
-        return True
+        return release_fifo(self.hold)
 
 
 @pytest.fixture(scope="module")
@@ -99,17 +86,7 @@ def reclaimed_then_served(hung: Hung, before: float, loads: int) -> None:
     url = hung.server.url
     wait_until(lambda: hung.reclaimed() == before + 1, WAIT_S, "the worker reclaimed")
     wait_until(lambda: hung.events("load") == loads + 1, WAIT_S, "the respawn loading")
-    r = httpx.get(f"{url}/ready", timeout=WAIT_S)
-    assert r.status_code == 503
-    models = r.json()["detail"]["models"]
-    assert models[MODEL]["ready"] is False
-    assert "1 of 1 workers restarting" in models[MODEL]["reason"]
-    assert models["echo"]["ready"] is True
-    r = httpx.post(f"{url}/v1/raw/{MODEL}", content=b"ok", timeout=WAIT_S)
-    assert r.status_code == 503, r.text
-    assert int(r.headers["retry-after"]) >= 1
-    assert r.json()["error"]["code"] == "worker_failed"
-    assert httpx.post(f"{url}/v1/raw/echo", content=b"fine", timeout=WAIT_S).content == b"fine"
+    assert_restarting(url, MODEL, "1 of 1 workers restarting")
     wait_until(hung.release, WAIT_S, "the respawn reading its hold")
     wait_until(
         lambda: httpx.get(f"{url}/ready", timeout=WAIT_S).status_code == 200,

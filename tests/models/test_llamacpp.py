@@ -60,6 +60,21 @@ WEATHER_TOOL = {
         "parameters": CITY_SCHEMA,
     },
 }
+# An earlier turn's call of the weather tool, and its result.
+WEATHER_ROUND_TRIP: list[dict[str, Any]] = [
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+]
 # ``brief``'s request deadline: one second on a quiet machine, scaled, so that on a busy one
 # its answer still begins (the stream's head) before the deadline ends it.
 BRIEF_S = scaled(1.0)
@@ -90,7 +105,7 @@ def test_the_engines_threads_run_below_the_event_loop(llm: ServerProcess) -> Non
 
 @pytest.fixture
 def client(llm: ServerProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=llm.url + "/v1", api_key="unused", max_retries=0) as c:
+    with llm.client() as c:
         yield c
 
 
@@ -175,7 +190,7 @@ def test_system_prompt_option_sets_a_models_default(client: openai.OpenAI) -> No
 
 
 def test_stream_names_the_served_model_never_the_file(llm: ServerProcess) -> None:
-    with openai.OpenAI(base_url=llm.url + "/v1", api_key="unused", max_retries=0) as c:
+    with llm.client() as c:
         chunks = list(
             c.chat.completions.create(
                 model="smollm2",
@@ -202,7 +217,7 @@ def test_stream_names_the_served_model_never_the_file(llm: ServerProcess) -> Non
 
 def test_async_completions(llm: ServerProcess) -> None:
     async def go() -> str:
-        async with openai.AsyncOpenAI(base_url=llm.url + "/v1", api_key="x", max_retries=0) as c:
+        async with llm.async_client() as c:
             r = await c.completions.create(
                 model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0
             )
@@ -540,18 +555,7 @@ def test_auto_tools_rewrites_earlier_calls(client: openai.OpenAI) -> None:
         tools=[WEATHER_TOOL],  # type: ignore[list-item]
         messages=[
             PARIS_TOOL,
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+            *WEATHER_ROUND_TRIP,
         ],
     )
     (choice,) = r.choices
@@ -565,18 +569,7 @@ def test_tool_role_messages_are_accepted(client: openai.OpenAI) -> None:
         temperature=0,
         messages=[
             WEATHER,
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+            *WEATHER_ROUND_TRIP,
         ],
     )
     assert r.choices[0].finish_reason in ("stop", "length")

@@ -40,7 +40,7 @@ def llm() -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def client(llm: ServerProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=llm.url + "/v1", api_key="unused", max_retries=0) as c:
+    with llm.client() as c:
         yield c
 
 

@@ -11,7 +11,6 @@ only see the slot free because the answer was stopped.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import socket
 import threading
@@ -24,6 +23,7 @@ import pytest
 
 from tests.edge.servers import LogSink, ManualClock
 from tests.support import ServerProcess, ServerThread, scaled, start_server, wait_until
+from tests.support.observe import model_metric
 from tests.support.smollm2 import require_llamacpp
 from zeroserve.edge import AccessLog, Edge, EdgeOptions
 from zeroserve.edge.keys import ApiKey, KeyLimits
@@ -75,9 +75,7 @@ def _engine_answer(call: Any, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _metric(url: str, name: str, model: str = "one") -> float:
-    text = httpx.get(url + "/metrics").text
-    m = re.search(rf'^{name}\{{name="{model}"\}} (\S+)$', text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return model_metric(url, name, model)
 
 
 def _poll(url: str, name: str, want: float) -> None:
@@ -139,7 +137,7 @@ def test_whole_answers_match_the_engines_own(llm: ServerProcess, engine: Any) ->
         "top_logprobs": 2,
     }
     completion = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
-    with openai.OpenAI(base_url=llm.url + "/v1", api_key="unused", max_retries=0) as client:
+    with llm.client() as client:
         ours_chat = client.chat.completions.create(model="one", **chat).model_dump()  # type: ignore[call-overload]
         ours_text = client.completions.create(model="one", logprobs=1, **completion).model_dump()
     theirs_chat = _engine_answer(

@@ -74,7 +74,6 @@ def test_embed_shapes_norms_and_determinism(folder: Path) -> None:
 
 
 def test_served_behind_v1_embeddings(folder: Path) -> None:
-    import openai
 
     from tests.support import ServerThread
     from zeroserve.runtime import ModelConfig
@@ -84,7 +83,7 @@ def test_served_behind_v1_embeddings(folder: Path) -> None:
     }
     srv = ServerThread(configs).start()
     try:
-        with openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0) as c:
+        with srv.client() as c:
             r = c.embeddings.create(model="st", input=["a cat", "a dog"])
             f = c.embeddings.create(model="st", input=["a cat", "a dog"], encoding_format="float")
     finally:

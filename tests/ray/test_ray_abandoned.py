@@ -11,7 +11,6 @@ model answers again. Every wait is far below the deadline.
 
 from __future__ import annotations
 
-import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from tests.ray.cluster import RayCluster
 from tests.support import ServerProcess, start_server, wait_until
+from tests.support.observe import assert_restarting, model_metric
 
 pytest.importorskip("ray")
 
@@ -64,9 +64,7 @@ def server(ray_cluster: RayCluster, files: Path) -> Iterator[ServerProcess]:
 
 
 def reclaimed(server: ServerProcess, model: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=WAIT_S).text
-    m = re.search(rf'^zeroserve_workers_reclaimed_total\{{name="{model}"\}} (\S+)$', text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return model_metric(server.url, "zeroserve_workers_reclaimed_total", model)
 
 
 def request(model: str, stream: bool) -> bytes:
@@ -95,19 +93,7 @@ def test_actor_whose_client_left_is_reclaimed(
         wait_until(started.exists, WAIT_S, "the work to reach the actor's wait")
     # The client is gone; the request's deadline is 300 s away.
     wait_until(lambda: reclaimed(server, model) == before + 1, WAIT_S, "the actor reclaimed")
-    r = httpx.get(f"{server.url}/ready", timeout=WAIT_S)
-    assert r.status_code == 503
-    models = r.json()["detail"]["models"]
-    assert models[model]["ready"] is False
-    assert "1 of 1 Ray actors restarting" in models[model]["reason"]
-    assert models["echo"]["ready"] is True
-    r = httpx.post(f"{server.url}/v1/raw/{model}", content=b"ok", timeout=WAIT_S)
-    assert r.status_code == 503, r.text
-    assert int(r.headers["retry-after"]) >= 1
-    assert r.json()["error"]["code"] == "worker_failed"
-    assert httpx.post(f"{server.url}/v1/raw/echo", content=b"fine", timeout=WAIT_S).content == (
-        b"fine"
-    )
+    assert_restarting(server.url, model, "1 of 1 Ray actors restarting")
     release.touch()  # the restarted actor's calls return
     hold.unlink()
     wait_until(

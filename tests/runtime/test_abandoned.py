@@ -11,7 +11,6 @@ with ``Retry-After`` and a reason.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import threading
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 from tests.runtime.helpers import counter, engine
 from tests.support import await_until
 from tests.support.models.hanging import HangingAsync, HangingThread, HangingWorker
+from tests.support.observe import release_fifo
 from zeroserve import errors
 from zeroserve.models.base import GenerateRequest
 from zeroserve.runtime import ManualClock, WorkerStatistics
@@ -47,21 +47,6 @@ def fifo(tmp_path: Path, name: str) -> str:
     path = str(tmp_path / f"{name}-hold")
     os.mkfifo(path)
     return path
-
-
-def release(path: str) -> bool:
-    """Let a respawned worker held at its load go on; False while none reads the FIFO."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # no reader yet: the respawn has not reached load
-            return False
-        raise
-    try:
-        os.write(fd, b"x")
-    finally:
-        os.close(fd)
-    return True
 
 
 def hanging_worker(
@@ -105,7 +90,7 @@ async def held_then_served(eng: Engine, name: str, starts: Any, hold: str) -> No
     assert (info.value.status, info.value.code) == (503, "worker_failed")
     assert (b"retry-after", b"1") in info.value.headers
     assert h.statistics().queue.in_flight == in_flight  # refused at the head: not queued
-    await await_until(lambda: now(release(hold)), WAIT_S, "the respawn reading its hold")
+    await await_until(lambda: now(release_fifo(hold)), WAIT_S, "the respawn reading its hold")
     await await_until(lambda: now(eng.ready()), WAIT_S, "the respawned worker ready")
     assert eng.status().models[name].reason is None
     r = await h.infer(h.admit(), {"x": np.arange(3)})

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-import openai
 import uvloop
 
+from tests.support.clients import OpenAIClients
 from tests.support.timing import scaled
 from zeroserve.app import App
 from zeroserve.edge import Edge
@@ -39,7 +39,7 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
 }
 
 
-class ServerThread:
+class ServerThread(OpenAIClients):
     """One real server on ``127.0.0.1:<free port>`` in a thread with its own loop.
 
     ``options`` are the server's (TLS, timeouts); ``limits`` is a shorthand for
@@ -151,9 +151,3 @@ class ServerThread:
             self.call_soon(shutdown_now)
         self._thread.join(scaled(STOP_TIMEOUT_S))
         assert not self._thread.is_alive(), "server did not stop"
-
-    def client(self, api_key: str = "unused", **kw: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kw)
-
-    def async_client(self, api_key: str = "unused", **kw: Any) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kw)

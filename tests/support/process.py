@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.clients import OpenAIClients
 from tests.support.timing import scaled
 
 # The repository root: relative paths in a server's arguments, and the test model modules
@@ -31,7 +32,7 @@ STOP_TIMEOUT_S = 30.0
 
 
 @dataclass
-class ServerProcess:
+class ServerProcess(OpenAIClients):
     """A started server: its process (leader of its own process group) and address."""
 
     proc: subprocess.Popen[str]

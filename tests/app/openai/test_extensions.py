@@ -59,7 +59,7 @@ def gateway(llm: ServerProcess) -> Iterator[ServerProcess]:
 
 
 def _client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return server.client(timeout=120)
 
 
 def _guidellm_body() -> dict[str, Any]:

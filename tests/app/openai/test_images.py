@@ -95,7 +95,7 @@ def copied(http: httpx.Client, site: str) -> float:
 
 # -- capabilities ----------------------------------------------------------------------------
 def test_models_say_which_read_images(vision: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=vision.url + "/v1", api_key="x")
+    client = vision.client()
     cards = {m.id: m.model_extra["capabilities"] for m in client.models.list()}  # type: ignore[index]
     assert cards["eye"]["input_modalities"] == ["text", "image"]
     assert cards["smollm2"]["input_modalities"] == ["text"]
@@ -127,7 +127,7 @@ def test_a_model_without_images_refuses_one_by_name(http: httpx.Client, model: s
 
 # -- answers ---------------------------------------------------------------------------------
 def test_chat_with_an_image_answers_and_counts_its_tokens(vision: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=vision.url + "/v1", api_key="x")
+    client = vision.client()
 
     def ask(*parts: dict[str, Any]) -> openai.types.chat.ChatCompletion:
         return client.chat.completions.create(
@@ -152,7 +152,7 @@ def test_chat_with_an_image_answers_and_counts_its_tokens(vision: ServerProcess)
 
 
 def test_a_streamed_chat_with_an_image(vision: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=vision.url + "/v1", api_key="x")
+    client = vision.client()
     stream = client.chat.completions.create(
         model="eye",
         messages=user(image_part(uri(RED))),  # type: ignore[arg-type]
@@ -166,7 +166,7 @@ def test_a_streamed_chat_with_an_image(vision: ServerProcess) -> None:
 
 
 def test_responses_input_image(vision: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=vision.url + "/v1", api_key="x")
+    client = vision.client()
 
     def ask(*parts: dict[str, Any]) -> Any:
         return client.responses.create(
@@ -393,7 +393,7 @@ def fetching(projector: Path) -> Iterator[ServerProcess]:
 
 
 def test_a_remote_image_is_fetched_and_read(fetching: ServerProcess, images: str) -> None:
-    client = openai.OpenAI(base_url=fetching.url + "/v1", api_key="x")
+    client = fetching.client()
     messages: Any = user(image_part(images + "/cat.png"))
     answer = client.chat.completions.create(model="eye", messages=messages, max_tokens=2)
     text = client.chat.completions.create(model="eye", messages=user(), max_tokens=2)  # type: ignore[arg-type]

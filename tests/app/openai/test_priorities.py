@@ -79,7 +79,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThr
 
 
 def _client(srv: ServerThread, key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
+    return srv.async_client(key)
 
 
 def _queued(srv: ServerThread) -> int:

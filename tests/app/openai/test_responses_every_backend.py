@@ -31,7 +31,7 @@ def gateway(upstream: ServerProcess) -> Iterator[ServerProcess]:
 
 
 def _client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return server.client()
 
 
 @pytest.mark.parametrize("model", ["tinyllm", "smollm2", "far"])

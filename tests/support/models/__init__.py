@@ -9,7 +9,9 @@ workers and Ray actors load them as ``tests.support.models.<module>:<Class>``):
 * ``raw``: raw-body models of the server tests (reverse, embed-only, lines, fails to load);
 * ``kserve``: a V2 probe that reports zero-copy inputs, and a file-gated identity;
 * ``onnx_graphs``: small ONNX graphs built in the test, with their numpy references;
-* ``ray_actors``: models for the Ray suite, observed through files.
+* ``ray_actors``: models for the Ray suite, observed through files;
+* ``hanging``: work that hangs until released or killed, for the abandoned-work suites;
+* ``batch``: a generation gated by a FIFO, across restarts, for the Batch API suite.
 
 The model sets the in-thread servers of several suites share are here too.
 """
