@@ -111,7 +111,7 @@ def merge_classes(
     return out
 
 
-class _Counts:
+class _ClassCounts:
     """One class's counts in one queue (mutated in place: one lookup per operation)."""
 
     __slots__ = ("started", "waited_s", "waiting")
@@ -124,7 +124,7 @@ class _Counts:
 
 # A waiting item: (rank, sequence, its class's counts, arrival, item). Tuples compare in
 # C, and the sequence is unique, so the comparison never reaches the counts or the item.
-_Entry = tuple[float, int, _Counts, float, T]
+_Entry = tuple[float, int, _ClassCounts, float, T]
 
 
 class ClassQueue(Generic[T]):
@@ -140,7 +140,7 @@ class ClassQueue(Generic[T]):
         self._aging_s = aging_s
         self._entries: list[_Entry[T]] = []
         self._seq = itertools.count()
-        self._counts: dict[Priority, _Counts] = {}
+        self._counts: dict[Priority, _ClassCounts] = {}
 
     @property
     def aging_s(self) -> float:
@@ -167,7 +167,7 @@ class ClassQueue(Generic[T]):
         when = self._clock() if arrived is None else arrived
         counts = self._counts.get(priority)
         if counts is None:
-            counts = self._counts[priority] = _Counts()
+            counts = self._counts[priority] = _ClassCounts()
         counts.waiting += 1
         entry = (when + priority * self._aging_s, next(self._seq), counts, when, item)
         entries = self._entries
