@@ -1,9 +1,5 @@
 """Fixtures every suite may use: the event-loop kinds, and a real ``echo`` server process.
-
-The launchers live in ``tests.support``. ``ROOT``, ``ServerProcess``, ``serve_argv`` and
-``start_server`` are re-exported here for one release, so a test written against the old
-``from tests.support import ...`` still runs; new tests import them from ``tests.support``.
-"""
+The launchers and helpers are ``tests.support``'s; import them from there."""
 
 from __future__ import annotations
 
@@ -12,9 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import ROOT, ServerProcess, scaled, serve_argv, slowdown, start_server
-
-__all__ = ["ROOT", "ServerProcess", "serve_argv", "start_server"]
+from tests.support import ServerProcess, scaled, slowdown, start_server
 
 
 @pytest.fixture(scope="session", params=["uvloop", "asyncio"])
