@@ -26,6 +26,22 @@ class Doubler(Model):
         return [{"y": np.asarray(item["x"]) * 2} for item in batch]
 
 
+class Recorded(Model):
+    """``infer`` returns ``y = 2 * x``; ``load`` appends its process's pid to the file
+    ``pids``, so a test knows every process that has held the model."""
+
+    def __init__(self, pids: str = "") -> None:
+        super().__init__()
+        self.pids = Path(pids)
+
+    def load(self) -> None:
+        with self.pids.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        return [{"y": np.asarray(item["x"]) * 2} for item in batch]
+
+
 class Stuck(Model):
     """``infer`` writes its process's pid to ``started`` then waits (bounded) for
     ``release`` to exist; ``generate`` yields one piece then does the same. ``load``

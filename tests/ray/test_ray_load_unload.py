@@ -1,0 +1,128 @@
+"""Ray models come and go at run time (docs/architecture.md, "Models at run time"): a
+``--models-dir`` entry with ``executor = "ray"`` or ``"ray-serve"`` is loaded and unloaded
+through llama.cpp router's routes on the real two-node cluster, twice; it answers while
+loaded, and after each unload every process that held it (its actors, its Serve replicas)
+is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.ray.cluster import RayCluster
+from tests.support import ServerProcess, scaled, start_server, wait_until
+
+pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SERVER_START_TIMEOUT_S = 180.0
+# A Ray load places actors (or a Serve deployment) on the cluster: seconds on a quiet machine.
+LOAD_WAIT_S = 120.0
+PLACEMENTS = {
+    "near-actors": {"executor": "ray", "num_cpus": 0, "resources": '{"node_a":0.1}'},
+    "near-serve": {"executor": "ray-serve", "num_cpus": 0, "resources": '{"node_a":0.1}'},
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ray-models")
+    for name, placement in PLACEMENTS.items():
+        folder = root / name
+        folder.mkdir()
+        options = {**placement, "pids": str(root / f"{name}.pids")}
+        lines = [f"{key} = {json.dumps(value)}" for key, value in options.items()]
+        spec = 'spec = "tests.support.models.ray_actors:Recorded"'
+        (folder / "model.toml").write_text("\n".join([spec, "[options]", *lines]) + "\n")
+    return root
+
+
+def _serve(ray_cluster: RayCluster, models: Path) -> ServerProcess:
+    return start_server(
+        "--models-dir",
+        str(models),
+        "--model",
+        "echo",
+        env=ray_cluster.env(),
+        timeout=SERVER_START_TIMEOUT_S,
+    )
+
+
+def _state(server: ServerProcess, name: str) -> str:
+    r = httpx.get(server.url + "/models", timeout=scaled(LOAD_WAIT_S))
+    assert r.status_code == 200
+    states = {m["id"]: m["status"]["value"] for m in r.json()["data"]}
+    return str(states[name])
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited and not yet reaped, does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _pids(models: Path, name: str) -> set[int]:
+    path = models / f"{name}.pids"
+    return {int(line) for line in path.read_text().split()} if path.exists() else set()
+
+
+def _doubles(server: ServerProcess, name: str) -> None:
+    body = {"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    r = httpx.post(f"{server.url}/v2/models/{name}/infer", json=body, timeout=scaled(LOAD_WAIT_S))
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["outputs"]
+    assert (out["name"], out["data"]) == ("y", [2.0, 4.0, 6.0])
+
+
+@pytest.mark.parametrize("name", list(PLACEMENTS))
+def test_a_ray_model_loads_serves_and_its_unload_leaves_no_process(
+    ray_cluster: RayCluster, models: Path, name: str
+) -> None:
+    server = _serve(ray_cluster, models)
+    try:
+        _load_and_unload_twice(server, models, name)
+    finally:
+        status = server.stop()
+    # Known and not fixed: a server that loaded a Ray model at run time (its connection to
+    # the cluster made after start, off the main thread) does not exit 0 on SIGTERM (killed
+    # by the signal; a ray-serve one can abort inside Ray while Serve deletes its app); one
+    # that loads it at start drains and exits 0 (test_ray_executor.py, test_ray_serve.py).
+    if status != 0:
+        pytest.xfail(f"SIGTERM after a run-time Ray load: exit {status}")
+    assert status == 0
+
+
+def _load_and_unload_twice(server: ServerProcess, models: Path, name: str) -> None:
+    assert _state(server, name) == "unloaded"
+    held: set[int] = set()
+    for _ in range(2):
+        r = httpx.post(
+            server.url + "/models/load", json={"model": name}, timeout=scaled(LOAD_WAIT_S)
+        )
+        assert r.status_code == 200, r.text
+        assert _state(server, name) == "loaded"
+        _doubles(server, name)
+        new = _pids(models, name) - held
+        assert new and all(_alive(pid) for pid in new), new  # a fresh actor or replica
+        held |= new
+        assert os.getpid() not in held  # Ray's processes, not the test's or the server's
+        r = httpx.post(
+            server.url + "/models/unload", json={"model": name}, timeout=scaled(LOAD_WAIT_S)
+        )
+        assert r.status_code == 200, r.text
+        wait_until(lambda: _state(server, name) == "unloaded", LOAD_WAIT_S, f"{name} unloaded")
+        wait_until(
+            lambda pids=frozenset(held): not any(_alive(pid) for pid in pids),
+            LOAD_WAIT_S,
+            f"every process that held {name} gone",
+        )
+    echo = httpx.post(f"{server.url}/v1/raw/echo", content=b"still", timeout=scaled(LOAD_WAIT_S))
+    assert echo.content == b"still"  # the other model served throughout
