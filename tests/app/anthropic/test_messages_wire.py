@@ -104,7 +104,7 @@ def test_a_tool_call_streams_its_input_as_json_deltas(local: ServerThread) -> No
     events = _stream(local.url, body)
     kinds = _kinds(events)
     assert kinds[:3] == ["message_start", "content_block_start", "ping"]
-    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"], events[-1]
     block = events[1][1]["content_block"]
     assert block["type"] == "tool_use" and block["name"] == "get_weather"
     assert block["input"] == {} and block["id"]
