@@ -81,15 +81,19 @@ typecheck: install-test
 # process: its tests share one two-node cluster.
 TEST_WORKERS ?= 2
 # Every wait in the tests is a quiet-machine bound times ZEROSERVE_TEST_SLOWDOWN (tests/support;
-# docs/decisions/0027-test-slowdown-factor.md): 1 by default, so a hang on a quiet machine
-# fails fast; on a busy machine or a shared CI runner, `make test ZEROSERVE_TEST_SLOWDOWN=3`.
-ZEROSERVE_TEST_SLOWDOWN ?= 1
-export ZEROSERVE_TEST_SLOWDOWN
-PYTEST_PAR = $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --ignore=tests/ray
+# docs/decisions/0048-slowdown-from-load.md). Given (`make test ZEROSERVE_TEST_SLOWDOWN=3`, or
+# in the environment), it is taken as it is; otherwise it is read once, as the suite starts,
+# from the machine's load (tests/support/timing.py, `machine_slowdown`: 1 on a quiet machine, 2 with one
+# busy process per core beside it) and printed, so a failing run can be repeated with it.
+ifeq ($(origin ZEROSERVE_TEST_SLOWDOWN),undefined)
+ZEROSERVE_TEST_SLOWDOWN = $(eval ZEROSERVE_TEST_SLOWDOWN := $$(shell $(PY) -c 'from tests.support.timing import machine_slowdown as m; print(f"{m():g}")'))$(ZEROSERVE_TEST_SLOWDOWN)
+endif
+PYTEST_PAR = ZEROSERVE_TEST_SLOWDOWN=$(ZEROSERVE_TEST_SLOWDOWN) $(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --ignore=tests/ray
 BUILT = $$(test -f src/zeroserve/_compiled.json && echo compiled || echo pure)
 pytest: install-test compiled
+	@echo "pytest: ZEROSERVE_TEST_SLOWDOWN=$(ZEROSERVE_TEST_SLOWDOWN) (load $$(cut -d' ' -f1 /proc/loadavg 2>/dev/null) on $$(nproc) cores)"
 	ZEROSERVE_TEST_BUILD=$(BUILT) $(PYTEST_PAR)
-	ZEROSERVE_TEST_BUILD=$(BUILT) tools/loopback-netns $(VENV)/bin/pytest -q -p no:cacheprovider tests/ray
+	ZEROSERVE_TEST_BUILD=$(BUILT) ZEROSERVE_TEST_SLOWDOWN=$(ZEROSERVE_TEST_SLOWDOWN) tools/loopback-netns $(VENV)/bin/pytest -q -p no:cacheprovider tests/ray
 	@if [ "$(BUILT)" = compiled ]; then \
 	  echo "pytest: the non-Ray suite again on the pure-Python sources (ZEROSERVE_PURE=1)"; \
 	  ZEROSERVE_PURE=1 ZEROSERVE_TEST_BUILD=pure $(PYTEST_PAR); \

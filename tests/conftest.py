@@ -34,6 +34,11 @@ def pytest_configure(config: pytest.Config) -> None:
             config.option.timeout = scaled(float(ini))
 
 
+def pytest_report_header() -> str:
+    # The factor this run's bounds were scaled by: a failure is repeated with the same one.
+    return f"ZEROSERVE_TEST_SLOWDOWN={slowdown():g}"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if slowdown() == 1:
         return

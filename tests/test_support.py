@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from tests.support import SLOWDOWN_VARIABLE, await_until, scaled, slowdown, wait_until
+from tests.support.timing import LOAD_SLOWDOWN_CAP, machine_slowdown, slowdown_for_load
 
 
 def test_scaled_multiplies_by_the_suite_factor(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,3 +46,30 @@ def test_await_until_polls_a_coroutine() -> None:
         return next(counter) >= 2
 
     assert asyncio.run(await_until(reached, 5.0, "the counter")) is True
+
+
+@pytest.mark.parametrize(
+    ("load", "cpus", "factor"),
+    [
+        (0.0, 2, 1.0),  # a quiet machine: the bounds as written
+        (0.05, 2, 1.1),  # rounded up to a tenth
+        (2.0, 2, 2.0),  # one busy process per core: half the time each
+        (5.0, 2, 3.5),
+        (100.0, 2, 8.0),  # capped: past it the runner says the factor itself
+    ],
+)
+def test_the_factor_from_the_load_is_the_share_of_the_cores_lost(
+    load: float, cpus: int, factor: float
+) -> None:
+    assert slowdown_for_load(load, cpus) == factor
+
+
+@pytest.mark.parametrize(("load", "cpus"), [(-1.0, 2), (float("nan"), 2), (1.0, 0)])
+def test_a_load_that_cannot_be_read_is_refused(load: float, cpus: int) -> None:
+    with pytest.raises(ValueError, match="no slowdown"):
+        slowdown_for_load(load, cpus)
+
+
+def test_the_machine_factor_is_a_valid_factor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SLOWDOWN_VARIABLE, f"{machine_slowdown():g}")
+    assert 1.0 <= slowdown() <= LOAD_SLOWDOWN_CAP

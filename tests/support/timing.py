@@ -2,17 +2,23 @@
 
 Every wait for a good outcome is a poll with a deadline, and every deadline is scaled by one
 factor the suite sets: ``ZEROSERVE_TEST_SLOWDOWN`` (default 1; a busy machine sets more).
+``make test`` sets it from the machine's load when the runner gives none
+(``machine_slowdown``; docs/decisions/0048-slowdown-from-load.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 SLOWDOWN_VARIABLE = "ZEROSERVE_TEST_SLOWDOWN"
+# The factor read from the load is at most this: past it a bound is so long that a hang
+# would hold the run for many minutes, and the runner should say the factor itself.
+LOAD_SLOWDOWN_CAP = 8.0
 T = TypeVar("T")
 
 
@@ -26,6 +32,24 @@ def slowdown() -> float:
     if not factor >= 1:
         raise ValueError(f"{SLOWDOWN_VARIABLE} must be >= 1, got {raw!r}")
     return factor
+
+
+def slowdown_for_load(load: float, cpus: int) -> float:
+    """The factor for a machine whose run queue already holds ``load`` on ``cpus`` cores.
+
+    The suite's processes share the cores with that load, so each gets about
+    ``cpus / (cpus + load)`` of the time it would get alone: the factor is the inverse,
+    rounded up to a tenth and kept within 1 and ``LOAD_SLOWDOWN_CAP``.
+    """
+    if cpus < 1 or not load >= 0:
+        raise ValueError(f"no slowdown for a load of {load!r} on {cpus!r} cores")
+    factor = math.ceil(10 * (cpus + load) / cpus) / 10
+    return min(max(factor, 1.0), LOAD_SLOWDOWN_CAP)
+
+
+def machine_slowdown() -> float:
+    """The factor for this machine now, from its one-minute load average."""
+    return slowdown_for_load(os.getloadavg()[0], os.cpu_count() or 1)
 
 
 def scaled(seconds: float) -> float:

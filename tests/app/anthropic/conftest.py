@@ -19,9 +19,11 @@ from collections.abc import Iterator
 import pytest
 
 from tests.app.anthropic.messages_suite import KEY, SMALL_BODY_BYTES
-from tests.support import ServerProcess, ServerThread, start_server
+from tests.support import ServerProcess, ServerThread, scaled, start_server
 from tests.support.models import default_configs
 from tests.support.smollm2 import require_llamacpp, smollm2_config
+from zeroserve.runtime import RuntimeOptions
+from zeroserve.runtime.options import DEFAULT_DEADLINE_S
 
 require_llamacpp()
 
@@ -34,7 +36,10 @@ def local() -> Iterator[ServerThread]:
         if name in ("echo", "tinyllm", "endless", "failing")
     }
     configs["smollm2"] = smollm2_config()
-    srv = ServerThread(configs).start()
+    # The default request deadline bounds smollm2's answers here: a quiet-machine figure,
+    # scaled (the niced decode threads are the first to slow on a busy machine).
+    runtime = RuntimeOptions(default_deadline_s=scaled(DEFAULT_DEADLINE_S))
+    srv = ServerThread(configs, runtime=runtime).start()
     yield srv
     srv.stop()
 

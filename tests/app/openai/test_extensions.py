@@ -24,7 +24,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support import ROOT, ServerProcess, start_server
+from tests.support import ROOT, ServerProcess, scaled, start_server
 from zeroserve.app.chat.request import OPTIONAL_PARAMETERS
 from zeroserve.app.openai.schemas import ModelCapabilities
 
@@ -59,7 +59,7 @@ def gateway(llm: ServerProcess) -> Iterator[ServerProcess]:
 
 
 def _client(server: ServerProcess) -> openai.OpenAI:
-    return server.client(timeout=120)
+    return server.client(timeout=scaled(120))
 
 
 def _guidellm_body() -> dict[str, Any]:
@@ -134,7 +134,7 @@ def test_completions_stream_carries_usage_on_every_chunk(llm: ServerProcess) -> 
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         },
-        timeout=60,
+        timeout=scaled(60),
     ) as r:
         assert r.status_code == 200
         events = [
@@ -154,7 +154,7 @@ def test_each_extension_is_honoured_by_the_engine_and_refused_by_generate(
         r = httpx.post(
             llm.url + "/v1/chat/completions",
             json={"model": model, "messages": FRANCE, "max_tokens": 2, name: EXTENSIONS[name]},
-            timeout=60,
+            timeout=scaled(60),
         )
         assert r.status_code == status, (model, r.text)
         if status == 400:
@@ -180,7 +180,7 @@ def test_what_cannot_be_served_is_a_400_naming_it(
     r = httpx.post(
         llm.url + "/v1/chat/completions",
         json={"model": "smollm2", "messages": FRANCE, "max_tokens": 4, **extra},
-        timeout=60,
+        timeout=scaled(60),
     )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
@@ -199,7 +199,7 @@ def test_neutral_values_are_served_everywhere(llm: ServerProcess) -> None:
     r = httpx.post(
         llm.url + "/v1/chat/completions",
         json={"model": "tinyllm", "messages": FRANCE, "max_tokens": 2, **neutral},
-        timeout=60,
+        timeout=scaled(60),
     )
     assert r.status_code == 200, r.text
 
@@ -217,8 +217,9 @@ def test_the_card_lists_them_and_the_two_lists_agree(llm: ServerProcess) -> None
 def test_zeroserve_bench_with_ignore_eos_gets_exact_lengths(llm: ServerProcess) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "zeroserve", "bench", llm.url, "--model", "smollm2",
-         "-c", "2", "-n", "4", "--max-tokens", str(FIXED), "--ignore-eos", "--json"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+         "-c", "2", "-n", "4", "--max-tokens", str(FIXED), "--ignore-eos", "--json",
+         "--timeout", str(scaled(60))],
+        capture_output=True, text=True, timeout=scaled(300), cwd=ROOT, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
