@@ -259,16 +259,20 @@ def _section(
         f"requests/s (median of {len(rates['batch'])}).",
     ]
     worst_low = max((max(lo.ttft_ms) for _, lo in aging if lo.ttft_ms), default=math.nan)
-    high_total = [h.ttft_ms for h, _ in aging]
-    longest_high = max((max(v) for v in high_total if v), default=math.nan)
-    # A class-0 request's whole time is at most its first token plus its other tokens;
-    # the first token's worst is the bound's "work ahead" from the client's side.
-    bound_ms = LOW * AGING_S * 1000 + longest_high
+    longest_high = max((max(h.ttft_ms) for h, _ in aging if h.ttft_ms), default=math.nan)
+    gap = max((max(h.itl_ms) for h, _ in aging if h.itl_ms), default=math.nan)
+    # The bound, from the client's side: passed over for LOW x aging_s at most; then the
+    # work ahead of it is class-0 requests that arrived before, which all start within the
+    # longest class-0 wait, and the slot it gets frees when one of them ends, within one
+    # generation (MAX_TOKENS - 1 gaps, each at most the longest gap measured).
+    generation = (MAX_TOKENS - 1) * gap
+    bound_ms = LOW * AGING_S * 1000 + longest_high + generation
     lows = sum(len(lo.ttft_ms) for _, lo in aging)
     out.append(
         f"Aging: {lows} class-{LOW} streams, worst first token {num(worst_low)} ms; "
-        f"pass-over bound {LOW * AGING_S:.0f} s + the longest class-0 wait "
-        f"({num(longest_high)} ms) = {num(bound_ms)} ms. {failures} failed streams in all."
+        f"bound: passed over for {LOW * AGING_S:.0f} s + the longest class-0 wait "
+        f"({num(longest_high)} ms) + one class-0 generation ({MAX_TOKENS - 1} x the longest "
+        f"gap, {num(generation)} ms) = {num(bound_ms)} ms. {failures} failed streams in all."
     )
     alone = _p99(ttft.get("classes, alone", []))
     beside = _p99(ttft.get("classes, with batch", []))
