@@ -345,7 +345,11 @@ def load_config(
             raise ConfigError(f"invalid configuration: key 'batch.{key}': must be positive")
     if cfg.data_dir is not None and cfg.workers > 1:
         # One runner owns a data directory's batches (docs/architecture.md, "The Batch API").
-        raise ConfigError("invalid configuration: key 'data_dir': needs workers = 1")
+        raise ConfigError(
+            "invalid configuration: key 'data_dir': needs workers = 1 (one process runs a "
+            "data directory's batches: each worker's runner would run every line again; "
+            "serve the Files and Batch APIs with --workers 1)"
+        )
     if not 0 <= cfg.loop_rt_priority <= MAX_RT_PRIORITY:
         raise ConfigError(
             f"invalid configuration: key 'loop_rt_priority': must be 0 to {MAX_RT_PRIORITY}"

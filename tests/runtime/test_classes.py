@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.runtime.helpers import CTX, counter, engine, until
-from tests.support.models.engine import Turnstile
+from tests.support.models.engine import Turnstile, TurnstileEmbedder
 from zeroserve import metrics
 from zeroserve.runtime import ManualClock, SlotPool
 from zeroserve.runtime.admission import Admission
@@ -166,6 +166,59 @@ def test_a_batcher_serves_a_high_class_before_earlier_low_class_requests(
             msgspec.json.encode(metrics.snapshot())  # /v1/stats: the same, as JSON
 
     run(main())
+
+
+# -- the executor's slot, contended by a model's infer and embed batchers ---------------
+
+
+def _slot_takers(eng: Any, name: str) -> int:
+    """Batchers waiting for the model's executor slot now (runtime/waiters.py)."""
+    ex = eng._models[name].executor
+    waiters = ex._waiters if hasattr(ex, "_waiters") else ex._slots._waiters
+    return len(waiters)
+
+
+async def _contend_for_the_slot(executor: str, arena: Any, **options: Any) -> list[int]:
+    """One worker, two batchers: while call 1 holds the worker, the embed batcher asks
+    for the slot for a class-5 request (2), then the infer batcher for a class-0 one
+    (3). The order the three calls ran in."""
+    order, seen, passed = CTX.Array("i", 8), counter(), counter()
+    opts = {"order": order, "seen": seen, "passed": passed}
+    cfg = {"factory": TurnstileEmbedder, "options": opts, "workers": 1, "max_batch_size": 1}
+    clock = ManualClock()
+    async with engine(executor, {"te": cfg}, arena=arena, clock=clock, **options) as eng:
+        h = eng.model("te")
+        first = asyncio.ensure_future(h.infer(h.admit(5), {"x": np.array([1])}))
+        await until(lambda: seen.value == 1, "the first call holds the worker")
+        clock.advance(0.1)
+        low = asyncio.ensure_future(h.embed(h.admit(5), ["2"]))
+        await until(lambda: _slot_takers(eng, "te") == 1, "the embed batcher waits")
+        clock.advance(0.1)
+        high = asyncio.ensure_future(h.infer(h.admit(0), {"x": np.array([3])}))
+        await until(lambda: _slot_takers(eng, "te") == 2, "both batchers wait")
+        for n in range(1, 4):  # let call n end; the next one starts
+            passed.value = n
+            await until(lambda n=n: seen.value >= min(n + 1, 3), f"call {n + 1} started")
+        for r in (await first, await high):
+            r.release()
+        assert (await low).shape == (1, 2)
+        assert _slot_takers(eng, "te") == 0
+        return list(order[:3])
+
+
+def test_the_executor_slot_goes_to_the_batcher_with_the_best_class(
+    run: Any, executor: str, arena: Any
+) -> None:
+    """The class-0 request runs before the class-5 one whose batcher asked first (first
+    come, first served ran the embedding first: the next test)."""
+    assert run(_contend_for_the_slot(executor, arena)) == [1, 3, 2]
+
+
+def test_with_classes_off_the_executor_slot_is_first_come_first_served(
+    run: Any, arena: Any
+) -> None:
+    """``priority_aging_s = 0``: the batcher that asked first gets the slot."""
+    assert run(_contend_for_the_slot("thread", arena, priority_aging_s=0.0)) == [1, 2, 3]
 
 
 # -- an engine's slots ----------------------------------------------------------------------

@@ -39,10 +39,12 @@ class RouteDoc:
     """What ``/openapi.json`` says of a route: its summary, the msgspec types of its
     request and answer (a tuple: one of several shapes), whether it streams (``True``:
     SSE events of the answer's own kind; or the types of its events' data), and the
-    refinements of its types' schemas."""
+    refinements of its types' schemas. ``body``: the request body by media type (OpenAPI's
+    ``content``) when it is not the JSON of ``request``; ``{}``: the route takes none."""
 
     summary: str
     request: Any = None
     response: Any = None
     stream: bool | tuple[Any, ...] = False
     refinements: tuple[Refinement, ...] = ()
+    body: Mapping[str, Any] | None = None

@@ -94,7 +94,8 @@ class BatcherStatistics:
 class Batcher(Generic[S]):
     """Forms batches of :class:`Pending` requests and runs them on executor slots.
 
-    ``acquire`` waits for a free slot; ``run(slot, batch)`` executes the batch and resolves
+    ``acquire(priority, arrived)`` waits for a free slot, ranked by the best queued request
+    (runtime/waiters.py); ``run(slot, batch)`` executes the batch and resolves
     its requests; the batcher calls ``release(slot)`` when the run ends (even cancelled).
     """
 
@@ -104,7 +105,7 @@ class Batcher(Generic[S]):
         max_batch_size: int,
         max_delay_s: float,
         clock: Clock,
-        acquire: Callable[[], Awaitable[S]],
+        acquire: Callable[[Priority, float], Awaitable[S]],
         release: Callable[[S], None],
         run: Callable[[S, list[Pending]], Coroutine[Any, Any, None]],
         name: str = "",
@@ -219,7 +220,8 @@ class Batcher(Generic[S]):
         while True:
             while self._prune() == 0:
                 await self._wait(None)
-            slot = await self._acquire()
+            head = self._queue.peek()  # the slot wait is by its best request's class
+            slot = await self._acquire(head.priority, head.arrived)
             try:
                 if self._prune() == 0:  # all cancelled or expired while we waited
                     self._release(slot)

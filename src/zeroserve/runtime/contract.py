@@ -18,6 +18,7 @@ from ..errors import WorkerError, ZeroserveError
 from ..models.base import GenerateRequest
 from .arena import Arena
 from .channel import Channel
+from .classes import Priority
 from .options import ResolvedModel
 from .results import InferResult, WorkerStatistics
 
@@ -59,8 +60,11 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def ready(self) -> bool: ...
 
+    # A slot for a batch of the model's infer or embed batcher, whose best request is of
+    # class ``priority`` and waiting since ``arrived`` (the batcher's clock): waits for a
+    # slot are served by class with aging (runtime/waiters.py).
     @abc.abstractmethod
-    async def acquire(self) -> Any: ...
+    async def acquire(self, priority: Priority, arrived: float) -> Any: ...
 
     @abc.abstractmethod
     def release(self, slot: Any) -> None: ...

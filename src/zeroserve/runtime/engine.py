@@ -248,7 +248,13 @@ class Engine:
     def _executor(self, spec: ResolvedModel, meta: Model) -> Executor:
         opts = self.options
         if spec.executor == "inline":
-            return InlineExecutor(spec, self.arena, model=meta, yield_every=opts.inline_yield_every)
+            return InlineExecutor(
+                spec,
+                self.arena,
+                model=meta,
+                yield_every=opts.inline_yield_every,
+                aging_s=opts.priority_aging_s,
+            )
         if spec.executor == "thread":
             return ThreadExecutor(
                 spec,
@@ -256,6 +262,7 @@ class Engine:
                 model=meta,
                 yield_every=opts.inline_yield_every,
                 hang_grace_s=opts.hang_grace_s,
+                aging_s=opts.priority_aging_s,
             )
         if spec.executor == "ray":
             from .ray import RayExecutor  # Ray is an optional extra: imported only when used

@@ -47,12 +47,14 @@ from ..errors import ModelLoadError, RequestError, WouldBlock
 from ..models.base import GenerateRequest, Model
 from .arena import Arena
 from .channel import Channel
+from .classes import DEFAULT_AGING_S, Priority
 from .contract import Executor, Producer
 from .model_calls import check_outputs, make_model, maybe_await, model_failure, output_leases
 from .options import DEFAULT_HANG_GRACE_S, DEFAULT_YIELD_EVERY, ResolvedModel
 from .priority import call_lowered, lower_thread
 from .results import InferResult, WorkerStatistics
 from .stepping import ThreadStepper
+from .waiters import RankedSemaphore
 
 log = logging.getLogger("zeroserve.runtime")
 
@@ -166,13 +168,14 @@ class InProcessExecutor(Executor):
         model: Model | None = None,
         yield_every: int = DEFAULT_YIELD_EVERY,
         hang_grace_s: float = DEFAULT_HANG_GRACE_S,
+        aging_s: float = DEFAULT_AGING_S,
     ) -> None:
         super().__init__(spec, arena)
         self.model: Model | None = model
         self.pool: ThreadPoolExecutor | None = None
         self.yield_every = max(1, yield_every)
         self.hang_grace_s = hang_grace_s
-        self._slots = asyncio.Semaphore(spec.workers)
+        self._slots = RankedSemaphore(spec.workers, aging_s)  # taken by class
         # Pool threads (thread executor): ``workers`` for batches plus the stream threads.
         self._threads = spec.workers
         self._busy = 0
@@ -236,8 +239,8 @@ class InProcessExecutor(Executor):
         return await maybe_await(await asyncio.wrap_future(running))
 
     # -- batches -------------------------------------------------------------------------
-    async def acquire(self) -> _Slot:
-        await self._slots.acquire()
+    async def acquire(self, priority: Priority, arrived: float) -> _Slot:
+        await self._slots.acquire(priority, arrived)
         self._busy += 1
         return _Slot()
 
@@ -558,10 +561,10 @@ class ThreadExecutor(InProcessExecutor):
         model: Model | None = None,
         yield_every: int = DEFAULT_YIELD_EVERY,
         hang_grace_s: float = DEFAULT_HANG_GRACE_S,
+        aging_s: float = DEFAULT_AGING_S,
     ) -> None:
-        super().__init__(
-            spec, arena, model=model, yield_every=yield_every, hang_grace_s=hang_grace_s
-        )
+        super().__init__(spec, arena, model=model, yield_every=yield_every, aging_s=aging_s)
+        self.hang_grace_s = hang_grace_s
         # Slots bound concurrent batches to ``workers``; the extra threads serve stream
         # steps (one short ``next()`` each) so streams never queue behind a long batch.
         self._threads = spec.workers + STREAM_THREADS

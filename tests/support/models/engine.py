@@ -154,3 +154,13 @@ class Turnstile(Model):
         while self.passed.value < mine:
             await asyncio.sleep(0.001)
         return [dict(x) for x in batch]
+
+
+class TurnstileEmbedder(Turnstile):
+    """A :class:`Turnstile` that also embeds: ``embed`` records ``int(text)`` for each
+    text in the same ``order`` and waits for ``passed`` the same way, so its infer and
+    embed batchers contend for the one worker in an order the test reads."""
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        await self.infer([{"x": np.array([int(t)])} for t in texts])
+        return np.zeros((len(texts), 2), dtype=np.float32)

@@ -33,6 +33,32 @@ FORM_OVERHEAD_BYTES = 64 * 1024
 LIST_MAX, LIST_DEFAULT = 100, 20
 # How long a key over its open batches is told to wait, seconds.
 OPEN_BATCHES_RETRY_S = 60.0
+# POST /v1/files as /openapi.json documents it: the form the openai SDK sends.
+UPLOAD_BODY = {
+    "multipart/form-data": {
+        "schema": {
+            "type": "object",
+            "required": ["purpose", "file"],
+            "properties": {
+                "purpose": {
+                    "type": "string",
+                    "enum": ["batch"],
+                    "description": "the only purpose served",
+                },
+                "file": {
+                    "type": "string",
+                    "format": "binary",
+                    "description": (
+                        "JSONL: one batch request object per line ({custom_id, method: POST, "
+                        "url, body}); the server's batch limits bound its bytes, its lines "
+                        "and each line's bytes (a 400 or 413 naming file)"
+                    ),
+                },
+            },
+        },
+        "encoding": {"file": {"contentType": "application/jsonl, application/octet-stream"}},
+    }
+}
 
 
 class BatchApi:
@@ -54,6 +80,7 @@ class BatchApi:
                 "Upload a batch input file (multipart/form-data: purpose=batch, file: JSONL)",
                 None,
                 s.FileObject,
+                body=UPLOAD_BODY,
             ),
         )
         add("GET", "/v1/files", self.list_files, doc=RouteDoc("List your files", None, s.FileList))
@@ -94,7 +121,7 @@ class BatchApi:
             doc=RouteDoc("Describe one batch", None, s.BatchObject),
         )
         add("POST", "/v1/batches/{batch_id}/cancel", self.cancel_batch,
-            doc=RouteDoc("Cancel a batch", None, s.BatchObject))  # fmt: skip
+            doc=RouteDoc("Cancel a batch", None, s.BatchObject, body={}))  # fmt: skip
 
     def start(self) -> None:
         self.runner.start()

@@ -1,5 +1,5 @@
-"""The batch runner: one task on the event loop that validates new batches, runs their
-lines, and ends them (docs/architecture.md, "The Batch API").
+"""The batch runner: one task on the event loop that validates new batches (each in a
+thread), runs their lines, and ends them (docs/architecture.md, "The Batch API").
 
 How a line runs
 ---------------
@@ -96,6 +96,7 @@ class BatchRunner:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lines: set[asyncio.Task[None]] = set()
+        self._validating: dict[str, asyncio.Task[None]] = {}  # batch -> its validation
         self._flight: dict[str, dict[int, str]] = {}  # batch -> {line index: model}
         self._per_model: Counter[str] = Counter()  # lines started, per model
         self._admitted: Counter[str] = Counter()  # of which admitted (holding tickets)
@@ -112,7 +113,7 @@ class BatchRunner:
 
     async def aclose(self) -> None:
         """Stop: lines in flight are cancelled and stay pending (run after a restart)."""
-        tasks = [t for t in (self._task, *self._lines) if t is not None]
+        tasks = [t for t in (self._task, *self._lines, *self._validating.values()) if t]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -140,9 +141,10 @@ class BatchRunner:
         for batch in store.open_batches():
             bid = batch.id
             flying = self._flight.get(bid)
+            if bid in self._validating:
+                continue  # its thread is still inserting its lines
             if batch.status == "validating":
-                self._validate(batch)
-                self.wake()
+                self._start_validating(batch)
             elif batch.status == "cancelling":
                 if not flying:
                     self._end(batch, "cancelled")
@@ -285,33 +287,41 @@ class BatchRunner:
             edge.release_quota(ctx)
 
     # -- validating and ending -------------------------------------------------------------
-    def _validate(self, batch: s.BatchObject) -> None:
+    def _start_validating(self, batch: s.BatchObject) -> None:
+        """Validate ``batch`` in a thread (reading, checking and inserting 50,000 lines
+        takes about a second of CPU: on the loop it would stall every request)."""
+        bid = batch.id
+        if bid in self._validating:
+            return
+        task = asyncio.get_running_loop().create_task(self._validate(batch))
+        self._validating[bid] = task
+        task.add_done_callback(lambda _: self._validated(bid))
+
+    def _validated(self, bid: str) -> None:
+        self._validating.pop(bid, None)
+        self.wake()
+
+    async def _validate(self, batch: s.BatchObject) -> None:
         """Check every line of the input file: a bad line fails alone (its error is its
         result); duplicate ``custom_id`` values fail the batch (the output could not
         tell their answers apart)."""
-        seen: set[str] = set()
-        lines: list[NewLine] = []
-        path = self.store.path(batch.input_file_id)
-        for number, raw in _file_lines(path):
-            line = _check_line(raw, batch.endpoint)
-            cid = line.custom_id
-            if cid is not None:
-                if cid in seen:
-                    self.store.fail(
-                        batch.id,
-                        [
-                            s.BatchError(
-                                code="duplicate_custom_id",
-                                message=f"line {number} repeats an earlier line's custom_id",
-                                param="custom_id",
-                                line=number,
-                            )
-                        ],
+        try:
+            await asyncio.to_thread(self.store.start, batch.id, _checked_lines(self.store, batch))
+        except _DuplicateId as dup:
+            self.store.fail(
+                batch.id,
+                [
+                    s.BatchError(
+                        code="duplicate_custom_id",
+                        message=f"line {dup.line} repeats an earlier line's custom_id",
+                        param="custom_id",
+                        line=dup.line,
                     )
-                    return
-                seen.add(cid)
-            lines.append(line)
-        self.store.start(batch.id, lines)
+                ],
+            )
+        except Exception:
+            log.exception("validating batch %s failed; retrying in a second", batch.id)
+            await asyncio.sleep(1.0)  # a back-off, then the next pass validates it again
 
     def _end(self, batch: s.BatchObject, status: str) -> None:
         """Write the output and error files from the lines' results, then end the batch.
@@ -356,6 +366,25 @@ def _model_of(body: bytes) -> str:
     except msgspec.DecodeError:
         return ""
     return model if isinstance(model, str) else ""
+
+
+class _DuplicateId(Exception):
+    def __init__(self, line: int) -> None:
+        self.line = line
+
+
+def _checked_lines(store: BatchStore, batch: s.BatchObject) -> Iterator[NewLine]:
+    """The input file's lines, checked (runs in the validating thread); raises
+    ``_DuplicateId`` at a repeated ``custom_id``."""
+    seen: set[str] = set()
+    for number, raw in _file_lines(store.path(batch.input_file_id)):
+        line = _check_line(raw, batch.endpoint)
+        cid = line.custom_id
+        if cid is not None:
+            if cid in seen:
+                raise _DuplicateId(number)
+            seen.add(cid)
+        yield line
 
 
 def _file_lines(path: os.PathLike[str]) -> Iterator[tuple[int, bytes]]:

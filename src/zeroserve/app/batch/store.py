@@ -6,8 +6,9 @@ Invariants
 * A file is on disk under its id before its row is committed (written to ``*.part``,
   then renamed): a row always names a whole file. A file without a row (the process died
   between the rename and the commit) is removed at start.
-* A batch's lines are inserted, all at once, in the transaction that moves it from
-  ``validating`` to ``in_progress``. A line's result is committed in the same statement
+* A batch's lines are inserted (off the loop, in chunks) before the transaction that
+  moves it from ``validating`` to ``in_progress``; nothing reads them before that, and a
+  batch validated again replaces them. A line's result is committed in the same statement
   that marks it done, so after a crash (SIGKILL included) a line is either done, with
   its one result, or pending, and run again: every ``custom_id`` ends up once in the
   output, and nothing finished runs again.
@@ -16,7 +17,8 @@ Invariants
 
 Every call is short and synchronous (a statement or one small transaction, in WAL mode
 with ``synchronous=NORMAL``: a commit survives the process being killed, though not a
-power cut); the runner and the routes call it from the event loop: a line's commit costs
+power cut), except ``start``, which a thread runs; the runner and the routes call it
+from the event loop: a line's commit costs
 it about 50 us, where ``FULL``'s fsync would stall it for milliseconds
 (docs/decisions/0038-batch-line-commits.md).
 """
@@ -66,6 +68,17 @@ _BATCH_COLUMNS = (
     "cancelling_at, cancelled_at, output_file_id, error_file_id, errors, metadata, "
     "total, completed, failed"
 )
+_DB_NAME = "batches.sqlite3"
+# Lines per transaction of a validated batch's insert (``BatchStore.start``): about 15 ms
+# of the write lock each on the development machine, the longest the loop's own
+# statements wait behind it.
+START_CHUNK = 1000
+# How long a statement waits for another connection's write lock before failing, seconds.
+_BUSY_S = 30.0
+_INSERT_LINE = (
+    "INSERT INTO lines (batch_id, idx, custom_id, body, done, ok, result) "
+    "VALUES (?, ?, ?, ?, ?, 0, ?)"
+)
 _errors_decoder = msgspec.json.Decoder(s.BatchErrors)
 _metadata_decoder = msgspec.json.Decoder(dict[str, str])
 # A batch line as the store keeps it before it runs: (index, custom_id, body bytes).
@@ -101,6 +114,18 @@ class NewLine:
     result: bytes | None = None
 
 
+def _insert_lines(
+    db: sqlite3.Connection, rows: list[tuple[str, int, str | None, bytes | None, int, bytes | None]]
+) -> None:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.executemany(_INSERT_LINE, rows)
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
 def _new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
@@ -113,7 +138,7 @@ class BatchStore:
         self.files_dir = data_dir / "files"
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self._clock = clock
-        self._db = sqlite3.connect(data_dir / "batches.sqlite3", isolation_level=None)
+        self._db = sqlite3.connect(data_dir / _DB_NAME, isolation_level=None, timeout=_BUSY_S)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
@@ -299,29 +324,53 @@ class BatchStore:
             (self.now(), s.encoder.encode(s.BatchErrors(data=errors)).decode(), bid),
         )
 
-    def start(self, bid: str, lines: Iterable[NewLine]) -> None:
-        """Validated: insert the lines and move to ``in_progress``, in one transaction."""
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
+    def start(self, bid: str, lines: Iterable[NewLine], chunk: int = START_CHUNK) -> None:
+        """Validated: insert the lines, then move to ``in_progress``. Called off the event
+        loop (a thread) with a connection of its own: the lines go in ``chunk`` at a time,
+        each chunk a short transaction (so the loop's own statements wait at most one
+        chunk for the write lock), and the runner sees none of them until the last
+        transaction moves the batch on. A crash before then leaves a ``validating`` batch
+        that is validated again from the start (its lines are replaced). ``lines`` may
+        raise (a duplicate ``custom_id``): the lines inserted are removed."""
+        db = sqlite3.connect(self.data_dir / _DB_NAME, isolation_level=None, timeout=_BUSY_S)
         try:
+            db.execute("DELETE FROM lines WHERE batch_id = ?", (bid,))
             total = 0
-            for i, line in enumerate(lines):
-                done = line.result is not None
+            rows: list[tuple[str, int, str | None, bytes | None, int, bytes | None]] = []
+            try:
+                for line in lines:
+                    rows.append(
+                        (
+                            bid,
+                            total,
+                            line.custom_id,
+                            line.body,
+                            int(line.result is not None),
+                            line.result,
+                        )
+                    )
+                    total += 1
+                    if len(rows) >= chunk:
+                        _insert_lines(db, rows)
+                        rows = []
+            except BaseException:
+                db.execute("DELETE FROM lines WHERE batch_id = ?", (bid,))
+                raise
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if rows:
+                    db.executemany(_INSERT_LINE, rows)
                 db.execute(
-                    "INSERT INTO lines (batch_id, idx, custom_id, body, done, ok, result) "
-                    "VALUES (?, ?, ?, ?, ?, 0, ?)",
-                    (bid, i, line.custom_id, line.body, int(done), line.result),
+                    "UPDATE batches SET status = CASE status WHEN 'validating' THEN "
+                    "'in_progress' ELSE status END, in_progress_at = ?, total = ? WHERE id = ?",
+                    (self.now(), total, bid),
                 )
-                total += 1
-            db.execute(
-                "UPDATE batches SET status = CASE status WHEN 'validating' THEN 'in_progress' "
-                "ELSE status END, in_progress_at = ?, total = ? WHERE id = ?",
-                (self.now(), total, bid),
-            )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        finally:
+            db.close()
 
     def pending(self, bid: str, limit: int, skip: frozenset[int] | set[int]) -> list[PendingLine]:
         """Up to ``limit`` lines not done and not in ``skip`` (in flight), in order."""

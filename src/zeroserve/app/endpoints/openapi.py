@@ -105,7 +105,10 @@ def build(router: Router, limits: ApiLimits | None = None) -> dict[str, Any]:
                 {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
                 for p in params
             ]
-        if req_t is not None:
+        if doc.body is not None:
+            if doc.body:
+                op["requestBody"] = {"required": True, "content": dict(doc.body)}
+        elif req_t is not None:
             op["requestBody"] = {
                 "required": True,
                 "content": {"application/json": {"schema": by_type[req_t]}},

@@ -49,6 +49,7 @@ from ...models.base import GenerateRequest
 from .. import contract
 from ..arena import Arena
 from ..channel import Channel
+from ..classes import Priority
 from ..contract import Executor, Producer
 from ..results import InferResult, WorkerStatistics
 from ..waiters import Waiters
@@ -144,7 +145,7 @@ class ProcessExecutor(Executor):
         self.options = options
         self.ctx = multiprocessing.get_context("spawn")
         self.workers: list[WorkerProcess | None] = [None] * spec.workers
-        self._waiters = Waiters()
+        self._waiters = Waiters(options.priority_aging_s)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._started = False
@@ -342,16 +343,19 @@ class ProcessExecutor(Executor):
     async def _wait(self) -> None:
         await self._waiters.wait()
 
-    async def acquire(self) -> WorkerProcess:
-        while True:
-            if self._closing:
-                raise errors.Closed("the engine is shutting down")
-            now = asyncio.get_running_loop().time()
-            for w in self.workers:
-                if w is not None and w.usable(now) and not w.busy:
-                    w.busy = True
-                    return w
-            await self._wait()
+    async def acquire(self, priority: Priority, arrived: float) -> WorkerProcess:
+        return await self._waiters.take(self._free_worker, priority, arrived)
+
+    def _free_worker(self) -> WorkerProcess | None:
+        """A usable idle worker, now marked busy (None: none)."""
+        if self._closing:
+            raise errors.Closed("the engine is shutting down")
+        now = asyncio.get_running_loop().time()
+        for w in self.workers:
+            if w is not None and w.usable(now) and not w.busy:
+                w.busy = True
+                return w
+        return None
 
     def release(self, slot: Any) -> None:
         # A batch abandoned by its requests (deadline, disconnect) may still be running in

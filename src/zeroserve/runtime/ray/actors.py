@@ -38,6 +38,7 @@ from ...models.base import GenerateRequest
 from .. import contract
 from ..arena import Arena, Lease
 from ..channel import Channel
+from ..classes import Priority
 from ..contract import Producer
 from ..results import InferResult, WorkerStatistics
 from ..worker import wire
@@ -184,9 +185,13 @@ class ActorFleet:
         )
 
     # -- scaled ----------------------------------------------------------------------------
-    async def acquire(self) -> RayWorkerHandle:
-        w = await self.roster.pick(stream=False)
-        w.batches += 1
+    async def acquire(self, priority: Priority, arrived: float) -> RayWorkerHandle:
+        return await self.roster.take(self._take_batch, priority, arrived)
+
+    def _take_batch(self) -> RayWorkerHandle | None:
+        w = self.roster.batch_worker()
+        if w is not None:
+            w.batches += 1
         return w
 
     def release(self, w: RayWorkerHandle) -> None:

@@ -44,6 +44,7 @@ from ...errors import ModelLoadError, WorkerError
 from ...models.base import GenerateRequest
 from ..arena import Arena
 from ..channel import Channel
+from ..classes import Priority
 from ..contract import Executor, Producer
 from ..inproc import validate_inputs
 from ..results import InferResult, WorkerStatistics
@@ -93,7 +94,7 @@ class Fleet(Protocol):
         """The cluster answered the supervisor's probe."""
         ...
 
-    async def acquire(self) -> RayWorkerHandle: ...
+    async def acquire(self, priority: Priority, arrived: float) -> RayWorkerHandle: ...
 
     def release(self, w: RayWorkerHandle) -> None: ...
 
@@ -194,8 +195,8 @@ class RayExecutor(Executor):
             await asyncio.get_running_loop().run_in_executor(None, cluster.disconnect)
 
     # -- slots -----------------------------------------------------------------------------
-    async def acquire(self) -> RayWorkerHandle:
-        return await self.fleet.acquire()
+    async def acquire(self, priority: Priority, arrived: float) -> RayWorkerHandle:
+        return await self.fleet.acquire(priority, arrived)
 
     def release(self, slot: Any) -> None:
         w: RayWorkerHandle = slot

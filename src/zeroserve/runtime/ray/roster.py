@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ... import errors
 from ...errors import ClusterUnavailable
+from ..classes import Priority
 from ..waiters import Waiters
 from ..worker.link import WorkerLink, loop_now
 from . import cluster
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from ..arena import Arena
@@ -124,7 +128,7 @@ class Roster:
         # Whether the cluster answered the last probe (the supervisor's cluster watch).
         self.cluster_up = True
         self.streams: set[OpenStream] = set()
-        self._waiters = Waiters()
+        self._waiters = Waiters(options.priority_aging_s)
 
     def notify(self) -> None:
         """Wake the tasks waiting for a worker: each re-checks."""
@@ -140,14 +144,29 @@ class Roster:
         )
 
     async def pick(self, *, stream: bool) -> RayWorkerHandle:
-        """A worker for a stream or (taking no slot: the caller does) a batch."""
+        """A worker for a stream (any usable one: a stream takes no slot, so its wait is
+        not ordered) or a batch (taking no slot: the caller does; see ``take``)."""
         while True:
-            if self.closing:
-                raise errors.Closed("the engine is shutting down")
-            if not self.cluster_up:
-                raise self.unreachable()
-            now = loop_now()
-            ready = [w for w in self.handles if w.usable(now) and (stream or w.batches < w.depth)]
-            if ready:
-                return min(ready, key=RayWorkerHandle.rank)
+            w = self._usable(stream=stream)
+            if w is not None:
+                return w
             await self.wait()
+
+    async def take(self, attempt: Callable[[], T | None], priority: Priority, arrived: float) -> T:
+        """``attempt()``'s slot, waiting by class with the other takers
+        (runtime/waiters.py)."""
+        return await self._waiters.take(attempt, priority, arrived)
+
+    def batch_worker(self) -> RayWorkerHandle | None:
+        """The best worker with room for a batch (None: none); raises when closing or
+        the cluster is unreachable."""
+        return self._usable(stream=False)
+
+    def _usable(self, *, stream: bool) -> RayWorkerHandle | None:
+        if self.closing:
+            raise errors.Closed("the engine is shutting down")
+        if not self.cluster_up:
+            raise self.unreachable()
+        now = loop_now()
+        ready = [w for w in self.handles if w.usable(now) and (stream or w.batches < w.depth)]
+        return min(ready, key=RayWorkerHandle.rank) if ready else None

@@ -55,6 +55,7 @@ from ....models.base import GenerateRequest
 from ... import contract
 from ...arena import Lease
 from ...channel import Channel
+from ...classes import Priority
 from ...contract import Producer
 from ...results import InferResult, WorkerStatistics
 from .. import actor as a
@@ -292,17 +293,19 @@ class ServeFleet:
         )
 
     # -- scaled ----------------------------------------------------------------------------
-    async def acquire(self) -> RayWorkerHandle:
+    async def acquire(self, priority: Priority, arrived: float) -> RayWorkerHandle:
+        return await self.roster.take(self._take_batch, priority, arrived)
+
+    def _take_batch(self) -> RayWorkerHandle | None:
         roster = self.roster
-        while True:
-            if roster.closing:
-                raise errors.Closed("the engine is shutting down")
-            if not roster.cluster_up:
-                raise roster.unreachable()
-            if roster.handles and self.in_flight < self.capacity:
-                self.in_flight += 1
-                return roster.handles[0]
-            await roster.wait()
+        if roster.closing:
+            raise errors.Closed("the engine is shutting down")
+        if not roster.cluster_up:
+            raise roster.unreachable()
+        if roster.handles and self.in_flight < self.capacity:
+            self.in_flight += 1
+            return roster.handles[0]
+        return None
 
     def release(self, w: RayWorkerHandle) -> None:
         self.in_flight -= 1
