@@ -38,6 +38,7 @@ from ..models.loader import ModelRef
 from .admission import DEFAULT_RETRY_AFTER_S
 from .clock import Timer, call_at
 from .engine import Engine
+from .load_reasons import public_reason
 from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
 from .options import ModelConfig
 
@@ -373,11 +374,13 @@ class ModelManager:
                 await self._engine.load(name, config_for(entry.ref))
                 await self._announce(name)
             except Exception as exc:
-                machine.to(ModelState.FAILED, str(exc))
-                cause = exc.cause if isinstance(exc, ModelLoadError) else str(exc)
+                full = exc.cause if isinstance(exc, ModelLoadError) else str(exc)
+                log.warning("model %r failed to load: %s", name, full)
+                cause = public_reason(full)  # the client's: no server path
+                machine.to(ModelState.FAILED, f"model {name!r} failed to load: {cause}")
                 self._failed_at[name] = (self._engine.clock(), cause)
                 self._counts_of(name).failed_loads += 1
-                raise
+                raise ModelLoadError(name, cause) from None
             except BaseException:
                 machine.to(ModelState.FAILED, "the load was cancelled")
                 self._failed_at[name] = (self._engine.clock(), "the load was cancelled")

@@ -122,6 +122,20 @@ class BrokenLoad(Model):
         return list(batch)
 
 
+class MissingWeights(Model):
+    """``load`` fails as a missing file does: the error names the server path ``path``."""
+
+    def __init__(self, path: str = "/srv/private/models/weights.bin") -> None:
+        super().__init__()
+        self.path = path
+
+    def load(self) -> None:
+        raise FileNotFoundError(f"[Errno 2] No such file or directory: {self.path!r}")
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        return list(batch)
+
+
 class Finisher(Model):
     """Yields the prompt's words and returns why it stopped, like a real LLM's generate."""
 
