@@ -136,6 +136,21 @@ class MissingWeights(Model):
         return list(batch)
 
 
+class Ballast(Model):
+    """Holds ``mib`` MiB of written memory from ``load`` until the model is dropped."""
+
+    def __init__(self, mib: int = 64) -> None:
+        super().__init__()
+        self.mib = int(mib)
+        self.ballast: np.ndarray[Any, Any] | None = None
+
+    def load(self) -> None:
+        self.ballast = np.ones(self.mib << 20, dtype=np.uint8)  # every page touched
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        return list(batch)
+
+
 class Finisher(Model):
     """Yields the prompt's words and returns why it stopped, like a real LLM's generate."""
 

@@ -232,7 +232,13 @@ class Backends:
         """Wait for ``name``'s load, then serve the request on its backend (a relay's
         undecoded, as ``_forwarder`` would have)."""
         assert self.autoload is not None
-        await self.autoload.wait_loaded(name, req)
+        edge = req.edge
+        since = edge.load_waiting() if edge is not None else 0.0
+        try:
+            await self.autoload.wait_loaded(name, req)
+        finally:
+            if edge is not None:
+                edge.load_waited(since)
         backend = self.get(name)
         if backend.forwards:
             req.admit(self.engine.model(name))
