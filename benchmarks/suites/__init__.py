@@ -19,6 +19,7 @@ from . import (
     gateway,
     llamacpp,
     messages,
+    models,
     p64,
     ray,
     rerank,
@@ -44,6 +45,7 @@ SUITES: dict[str, Suite] = {
     "llamacpp": llamacpp.llamacpp,  # smollm2 streams, vs llama.cpp's server and FastAPI
     "messages": messages.messages,  # smollm2 streams: Anthropic Messages vs chat completions
     "rerank": rerank.rerank,  # /v1/rerank of 64 documents vs embeddings + a client cosine
+    "models": models.models,  # models at run time: cold start, swap under load, memory
     "gateway": gateway.gateway,  # the remote: relay, vs direct and LiteLLM
     "W5": w5.w5,  # slow reader: bounded memory
     "W6": w6.w6,  # disconnect: the model stops

@@ -22,8 +22,8 @@ def test_runtime_suites_are_registered() -> None:
 
 
 def test_catalog_names_every_suite_once_per_module() -> None:
-    """The catalog is explicit: W1-W8, P64, RAY, EDGE, the default model, rerank and the gateway, each a
-    function of its own module under benchmarks/suites/."""
+    """The catalog is explicit: W1-W8, P64, RAY, EDGE, the default model, rerank, models at
+    run time and the gateway, each a function of its own module under benchmarks/suites/."""
     assert list(SUITES) == [
         "W1",
         "W2",
@@ -33,6 +33,7 @@ def test_catalog_names_every_suite_once_per_module() -> None:
         "llamacpp",
         "messages",
         "rerank",
+        "models",
         "gateway",
         "W5",
         "W6",

@@ -23,6 +23,7 @@ read from the GGUF header's metadata (``{arch}.block_count``, ``.embedding_lengt
 ``.attention.head_count``, ``.attention.head_count_kv``, ``.attention.key_length``,
 ``.attention.value_length``). Any other model has no estimate (0) until it is measured.
 After a load, the measured cost replaces the estimate for that model's next load.
+Measured against llama.cpp's own load: docs/decisions/0040-model-memory-measured-and-loads-wait-for-room.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 cost (``model_memory.LoadMeter``) once loaded; while it loads, the cost it is expected
 to have (``need``: its last measured cost, else its estimate). A load that does not fit
 and finds nothing to evict (every other model busy or pinned) ``wait``s until ``wake``:
-a model went idle, was unloaded, or a load ended.
+a model went idle, was unloaded, or a load ended
+(docs/decisions/0040-model-memory-measured-and-loads-wait-for-room.md).
 """
 
 from __future__ import annotations
