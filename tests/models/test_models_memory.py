@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import scaled, start_server
+from tests.support import scaled, start_server, wait_until
 
 pytest.importorskip("xllamacpp")
 
@@ -80,3 +80,39 @@ def test_the_flag_takes_units_and_refuses_what_is_not_a_size() -> None:
     assert parser.parse_args(["serve", "--models-memory", "8g"]).models_memory == 8 << 30
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--models-memory", "lots"])
+
+
+def test_a_requests_keep_alive_is_ollamas(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    (models / "twin").mkdir(parents=True)
+    (models / "twin" / "model.toml").write_text('spec = "echo"\n')
+    server = start_server("--models-dir", str(models), "--model", "echo", "--keep-alive", "1h")
+    url = server.url
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+    def state() -> str:
+        listed = httpx.get(url + "/models").json()["data"]
+        return str({m["id"]: m["status"]["value"] for m in listed}["twin"])
+
+    try:
+        with httpx.Client(base_url=url, timeout=scaled(LOAD_WAIT_S)) as http:
+            r = http.post("/v1/embeddings", json={"model": "twin", "input": "x", "keep_alive": 0})
+            assert r.status_code == 200  # loaded for it, unloaded once idle
+            wait_until(lambda: state() == "unloaded", 30, "the keep_alive 0 unload")
+            r = http.post(
+                "/v1/chat/completions", json={**chat, "model": "twin", "keep_alive": "-1"}
+            )
+            assert r.status_code == 200 and state() == "loaded"
+            r = http.post("/v1/messages", json={**chat, "model": "twin", "keep_alive": "90s"})
+            assert r.status_code == 200
+            r = http.post(
+                "/v1/chat/completions", json={**chat, "model": "twin", "keep_alive": "5 minutes"}
+            )
+            assert r.status_code == 400 and r.json()["error"]["param"] == "keep_alive"
+            r = http.post(
+                "/v1/chat/completions", json={**chat, "model": "echo", "keep_alive": "5m"}
+            )
+            assert r.status_code == 400 and r.json()["error"]["param"] == "keep_alive"
+            assert "'echo' is pinned" in r.json()["error"]["message"]
+    finally:
+        assert server.stop() == 0

@@ -12,7 +12,7 @@ import pytest
 
 from tests.runtime.helpers import engine, until
 from tests.support.models.engine import Echo
-from zeroserve.errors import Overloaded
+from zeroserve.errors import Overloaded, RequestError
 from zeroserve.models.catalog import CatalogEntry
 from zeroserve.models.loader import ModelRef
 from zeroserve.runtime import ManualClock, ModelLoadError
@@ -165,5 +165,44 @@ def test_a_model_larger_than_the_memory_cap_fails_with_the_reason(run: Any, aren
             with pytest.raises(ModelLoadError, match="more than --models-memory"):
                 await mgr.load("a")
             assert mgr.status("a").state is ModelState.FAILED and eng.names() == []
+
+    run(main())
+
+
+def test_the_idle_period_keeps_the_longest_keep_alive_its_requests_asked(
+    run: Any, arena: Any
+) -> None:
+    clock = ManualClock()
+    catalog = {"echo": _entry("echo", "Echo", "inline")}
+    catalog["kept"] = CatalogEntry(ref=_entry("kept", "Echo", "inline").ref, origin="t", pin=True)
+
+    async def main() -> None:
+        async with engine("inline", {}, arena=arena, clock=clock) as eng:
+            mgr = ModelManager(eng, catalog, keep_alive_s=300.0)
+            await mgr.load("echo")
+            h = eng.model("echo")
+
+            async def request(keep_alive: float | None) -> None:
+                if keep_alive is not None:
+                    mgr.ask_keep_alive("echo", keep_alive)
+                (await h.infer(h.admit(), {"x": np.arange(1)})).release()
+
+            await request(30.0)
+            await request(600.0)  # busy period: 30 s and 600 s asked: 600 s wins
+            clock.advance(599.0)
+            assert mgr.idle_models() == []
+            clock.advance(1.0)
+            assert mgr.idle_models() == ["echo"]
+            await request(None)  # a new busy period asking nothing: the default again
+            clock.advance(300.0)
+            assert mgr.idle_models() == ["echo"]
+            await request(-1.0)  # negative: kept until unloaded by hand
+            clock.advance(1e9)
+            assert mgr.idle_models() == []
+            await request(0.0)
+            assert await mgr.unload_idle() == ["echo"]  # idle since now: 0 s is enough
+            with pytest.raises(RequestError, match="'kept' is pinned") as info:
+                mgr.ask_keep_alive("kept", 10.0)
+            assert info.value.param == "keep_alive"
 
     run(main())

@@ -26,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from .. import metrics
-from ..errors import ModelLoadError, ModelNotFound, Overloaded
+from ..errors import ModelLoadError, ModelNotFound, Overloaded, RequestError
 from ..models.catalog import CatalogEntry
 from ..models.loader import ModelRef
 from .admission import DEFAULT_RETRY_AFTER_S
@@ -131,7 +132,9 @@ class ModelManager:
         self._keep_alive_s = keep_alive_s
         self._models_max = models_max
         self.room = Room(models_max, models_memory)
-        engine.idle_listener = self.room.wake
+        engine.idle_listener = self._went_idle
+        self._asked: dict[str, float] = {}  # name -> longest keep_alive asked while busy
+        self._idle_keep: dict[str, float] = {}  # name -> keep_alive of this idle period
         self._callers: dict[str, int] = {}  # name -> callers awaiting its load
         self._room_wait: set[str] = set()  # loads waiting for room now
         self._engine_loads: set[str] = set()  # loads the engine runs now (not dropped)
@@ -345,7 +348,39 @@ class ModelManager:
         if self._machines[name].state is not ModelState.LOADED or self._entries[name].pin:
             return False
         since = self._engine.idle_since(name)
-        return since is not None and self._engine.clock() - since >= self._keep_alive_s
+        keep = self._idle_keep.get(name, self._keep_alive_s)
+        return since is not None and self._engine.clock() - since >= keep
+
+    def ask_keep_alive(self, name: str, seconds: float) -> None:
+        """A request for ``name`` asks that it stay loaded ``seconds`` once idle (``inf``:
+        until unloaded by hand). The idle period that follows the model's busy period uses
+        the longest keep_alive its requests asked (none asked: ``keep_alive_s``).
+        ``RequestError`` (400) for a pinned model: it stays loaded whatever is asked. A
+        name not in the catalog is left to the request's own 404."""
+        entry = self._entries.get(name)
+        if entry is None:
+            return
+        if entry.pin:
+            raise RequestError(
+                f"model {name!r} is pinned (a --model, or pin = true): it stays loaded, "
+                "whatever keep_alive asks",
+                param="keep_alive",
+            )
+        seconds = math.inf if seconds < 0 else seconds  # Ollama: negative is forever
+        self._asked[name] = max(self._asked.get(name, seconds), seconds)
+
+    def _went_idle(self, name: str) -> None:
+        """The engine's idle listener: room may have come, and ``name``'s idle period
+        takes the keep_alive its busy period asked for (0: unloaded at once)."""
+        self.room.wake()
+        asked = self._asked.pop(name, None)
+        if asked is None:
+            self._idle_keep.pop(name, None)
+            return
+        self._idle_keep[name] = asked
+        idle_reap = self._reaping is None or self._reaping.done()
+        if asked == 0 and self._timer is not None and idle_reap:
+            self._reaping = asyncio.ensure_future(self._reap())
 
     async def _make_room(self, name: str, need: int) -> None:
         """Unload least recently used idle, unpinned models until ``name`` (``need``
@@ -467,6 +502,7 @@ class ModelManager:
             machine.to(ModelState.UNLOADED)
             self._counts_of(name).unloads += 1
             self.room.counted.pop(name, None)
+            self._idle_keep.pop(name, None)
             self.room.wake()
         if self.listener is not None:
             await self.listener.model_unloaded(name)
