@@ -19,6 +19,7 @@ from . import (
     gateway,
     llamacpp,
     messages,
+    models,
     p64,
     priorities,
     ray,
@@ -46,6 +47,7 @@ SUITES: dict[str, Suite] = {
     "messages": messages.messages,  # smollm2 streams: Anthropic Messages vs chat completions
     "rerank": rerank.rerank,  # /v1/rerank of 64 documents vs embeddings + a client cosine
     "priorities": priorities.priorities,  # smollm2: p99 beside a batch, batch rate, aging
+    "models": models.models,  # models at run time: cold start, swap under load, memory
     "gateway": gateway.gateway,  # the remote: relay, vs direct and LiteLLM
     "W5": w5.w5,  # slow reader: bounded memory
     "W6": w6.w6,  # disconnect: the model stops

@@ -22,8 +22,9 @@ def test_runtime_suites_are_registered() -> None:
 
 
 def test_catalog_names_every_suite_once_per_module() -> None:
-    """The catalog is explicit: W1-W8, P64, RAY, EDGE, the default model, rerank, priorities and the gateway, each a
-    function of its own module under benchmarks/suites/."""
+    """The catalog is explicit: W1-W8, P64, RAY, EDGE, the default model, rerank, priorities,
+    models at run time and the gateway, each a function of its own module under
+    benchmarks/suites/."""
     assert list(SUITES) == [
         "W1",
         "W2",
@@ -34,6 +35,7 @@ def test_catalog_names_every_suite_once_per_module() -> None:
         "messages",
         "rerank",
         "priorities",
+        "models",
         "gateway",
         "W5",
         "W6",

@@ -171,7 +171,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="at most N models loaded at once: a load over it first unloads the least "
-        "recently used idle, unpinned model, else answers 503 (default: no cap)",
+        "recently used idle, unpinned model, else waits (within the request's deadline) "
+        "for one to go idle (default: no cap)",
+    )
+    run_time.add_argument(
+        "--models-memory",
+        type=_size,
+        metavar="BYTES",
+        help="at most this much memory for the loaded models together, as each load "
+        "measured it (a GGUF's file size plus KV cache before its first load): bytes, or "
+        "with a unit: 512M, 8G; over it, as with --models-max (default: no cap)",
     )
     run_time.add_argument(
         "--autoload",
@@ -316,6 +325,25 @@ def _duration(text: str) -> float:
     return seconds
 
 
+_SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """Bytes from ``1073741824``, ``512M``, ``8G`` (binary units; ``K``, ``M``, ``G``,
+    ``T``, any case, an optional trailing ``B`` or ``iB``)."""
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    number, unit = (raw[:-1], raw[-1]) if raw[-1:] in _SIZE_UNITS else (raw, "")
+    try:
+        size = float(number) * _SIZE_UNITS.get(unit, 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: bytes, or a number with K, M, G or T"
+        ) from None
+    if not 1 <= size < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be at least 1 byte")
+    return int(size)
+
+
 def _cache_command(args: argparse.Namespace) -> int:
     from .models.cache import cached_models
     from .models.pull import pull
@@ -394,6 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             models_dir=args.models_dir,
             keep_alive_s=args.keep_alive,
             models_max=args.models_max,
+            models_memory=args.models_memory,
             autoload=args.autoload,
             data_dir=args.data_dir,
         )
@@ -460,6 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 models_dir=Path(cfg.models_dir) if cfg.models_dir is not None else None,
                 keep_alive_s=cfg.keep_alive_s,
                 models_max=cfg.models_max,
+                models_memory=cfg.models_memory,
                 autoload=cfg.autoloads,
             ),
             batch=cfg.batch_options(),

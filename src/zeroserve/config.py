@@ -14,6 +14,7 @@ TOML layout (every key optional)::
                                 # NAME/model.toml); no default models with it
     keep_alive_s = 300          # unload a --models-dir model idle this long
     models_max = 4              # at most this many --models-dir models loaded at once
+    models_memory = 8589934592  # at most this many bytes of loaded models (measured)
     autoload = true             # a request loads the --models-dir model it names
     log_level = "info"
     ui = true                   # the playground and dashboard page at /
@@ -243,6 +244,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models_dir: str | None = None
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
     models_max: int | None = None
+    models_memory: int | None = None  # bytes (docs/models.md, "Memory")
     autoload: bool | None = None  # None: on with models_dir
     log_level: str = "info"
     ui: bool = True
@@ -358,6 +360,8 @@ def load_config(
         raise ConfigError("invalid configuration: key 'keep_alive_s': must be >= 0 seconds")
     if cfg.models_max is not None and cfg.models_max < 1:
         raise ConfigError("invalid configuration: key 'models_max': must be at least 1")
+    if cfg.models_memory is not None and cfg.models_memory < 1:
+        raise ConfigError("invalid configuration: key 'models_memory': must be at least 1 byte")
     if cfg.models_dir is not None and cfg.workers > 1:
         raise ConfigError(
             "invalid configuration: key 'models_dir': needs workers = 1 (each HTTP process "

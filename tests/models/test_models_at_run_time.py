@@ -100,7 +100,7 @@ def test_the_catalog_is_listed_and_concurrent_requests_share_one_load(
 
 
 def test_a_corrupt_file_fails_with_its_reason_while_the_others_serve(
-    server: ServerProcess,
+    server: ServerProcess, models_dir: Path
 ) -> None:
     client = _client(server)
     with pytest.raises(openai.APIStatusError) as info:
@@ -108,13 +108,15 @@ def test_a_corrupt_file_fails_with_its_reason_while_the_others_serve(
     err = info.value
     assert err.status_code == 503 and float(err.response.headers["retry-after"]) >= 1
     assert "not a GGUF file" in err.message and "'bad' could not be loaded" in err.message
+    # The reason names the file, never where the server keeps it (the log has the path).
+    assert str(models_dir) not in err.message and "bad.gguf" in err.message
     # Within the retry backoff the reason comes back at once, without a second load.
     with pytest.raises(openai.APIStatusError, match="not a GGUF file"):
         client.chat.completions.create(model="bad", messages=CHAT, max_tokens=2)
     assert _metric(server, 'zeroserve_model_failed_loads_total{name="bad"}') == 1.0
     status = _states(server)["bad"]
     assert status["value"] == "unloaded" and status["failed"] is True
-    assert "not a GGUF file" in status["reason"]
+    assert "not a GGUF file" in status["reason"] and str(models_dir) not in status["reason"]
     answer = client.chat.completions.create(model="twin", messages=CHAT, max_tokens=2)
     assert answer.choices[0].message.content
     assert client.embeddings.create(model="echo", input="still here").data
@@ -142,6 +144,7 @@ def test_the_router_routes_load_and_unload_catalog_models_only(server: ServerPro
     r = httpx.post(url + "/models/load", json={"model": "bad"}, timeout=scaled(LOAD_WAIT_S))
     assert r.status_code == 500 and r.json()["error"]["code"] == "model_load_failed"
     assert "not a GGUF file" in r.json()["error"]["message"]
+    assert "/models/bad.gguf" not in r.json()["error"]["message"]
     assert _states(server)["echo"] == {"value": "loaded"}
 
 

@@ -175,12 +175,14 @@ def test_over_models_max_the_least_recently_used_idle_unpinned_model_goes_first(
             await mgr.unload("third")
             await mgr.load("kept")  # pinned: never evicted
             busy = eng.model("echo").admit()  # in flight: not idle, not evicted
-            with pytest.raises(Overloaded, match="none is idle and unpinned") as info:
-                await mgr.load("extra")
+            waiting = asyncio.ensure_future(mgr.load("extra"))  # waits for room
+            await until(lambda: mgr.memory().waiting == 1, "the load to wait for room")
+            with pytest.raises(Overloaded, match="found no room to load in time") as info:
+                await mgr.load("extra", timeout=0)  # a caller whose deadline has come
             assert info.value.status == 503
             assert mgr.status("extra").state is ModelState.UNLOADED
             busy.release()
-            await mgr.load("extra")  # echo is idle again: it makes room
+            await waiting  # echo is idle again: it makes room then
             assert sorted(eng.names()) == ["extra", "kept"] and mgr.evictions == 2
 
     run(main())

@@ -56,6 +56,7 @@ class App:
         self.models = models
         if models is not None:  # docs/architecture.md, "Models at run time"
             models.listener = self.backends
+            self.backends.keep_alive = models.ask_keep_alive
             if autoload:
                 self.backends.autoload = control.ManagerAutoload(models, engine)
         ops.register(self.router, engine, self.readiness, metrics_view)

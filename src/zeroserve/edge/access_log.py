@@ -45,6 +45,7 @@ class AccessRecord(msgspec.Struct, omit_defaults=True):
     key: str | None = None
     ttft_s: float | None = None
     tokens: int | None = None
+    load_wait_s: float | None = None  # the wait for the model's load (autoload), if any
 
 
 class AccessLog:

@@ -51,6 +51,7 @@ class EdgeContext:
         "failed",
         "headers",
         "key",
+        "load_wait_s",
         "model",
         "preflight",
         "quota",
@@ -80,6 +81,8 @@ class EdgeContext:
         self.model: str | None = None
         self.tokens = 0
         self.ttft_s: float | None = None
+        # How long the request waited for its model to load (autoload), if it did.
+        self.load_wait_s: float | None = None
         self.trace: RequestTrace | None = None  # spans, when tracing is on
         # Whether the tokens are used (a key's quota, the access log, a span): work done
         # only to count them (reading a relayed answer's usage) is skipped otherwise.
@@ -99,6 +102,20 @@ class EdgeContext:
         self.ttft_s = self._clock() - self.started
         if self.trace is not None:
             self.trace.enter("stream")
+
+    def load_waiting(self) -> float:
+        """The request waits for its model's load: the trace's ``model_load`` phase
+        begins. Returns when, for ``load_waited``."""
+        if self.trace is not None:
+            self.trace.enter("model_load")
+        return self._clock()
+
+    def load_waited(self, since: float) -> None:
+        """The wait that began at ``since`` ended (loaded or not): its length goes to the
+        access log and the trace, and the request's execution goes on."""
+        self.load_wait_s = self._clock() - since
+        if self.trace is not None:
+            self.trace.enter("execution")
 
     def upstream_headers(self) -> Headers:
         """What a gateway upstream is told: this request's id and trace context."""
@@ -267,6 +284,7 @@ class Edge:
                     "zeroserve.model": ctx.model,
                     "zeroserve.api_key": ctx.key_name,
                     "zeroserve.tokens": ctx.tokens or None,
+                    "zeroserve.load_wait_s": ctx.load_wait_s,
                 },
             )
         log = self.access_log
@@ -286,6 +304,7 @@ class Edge:
                     key=ctx.key_name,
                     ttft_s=None if ctx.ttft_s is None else round(ctx.ttft_s, 6),
                     tokens=ctx.tokens or None,
+                    load_wait_s=None if ctx.load_wait_s is None else round(ctx.load_wait_s, 6),
                 )
             )
 

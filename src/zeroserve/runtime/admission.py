@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -149,6 +150,8 @@ class Admission:
         self._closed_reason: str | None = None
         # When the last ticket was released (or the admission made): idle since then.
         self._idle_since = clock()
+        # Called each time the last ticket is released (the model manager's room waits).
+        self.on_idle: Callable[[], None] | None = None
 
     def close(self, reason: str) -> None:
         """Admit nothing more (503 with ``reason``); tickets held run to their end."""
@@ -180,6 +183,8 @@ class Admission:
             self._idle_since = self._clock()
             if self._idle is not None:
                 self._idle.set()
+            if self.on_idle is not None:
+                self.on_idle()
 
     @property
     def idle_since(self) -> float | None:

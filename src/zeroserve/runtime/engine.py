@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from .. import metrics
 from ..errors import ModelLoadError, ModelNotFound
@@ -99,6 +100,9 @@ class Engine:
         self._handles: dict[str, ModelHandle] = {}
         self._started = False
         self._closed = False
+        # Hears the name of each model whose last request or stream just ended (the
+        # model manager: a load waiting for room looks again).
+        self.idle_listener: Callable[[str], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -134,6 +138,7 @@ class Engine:
         for rt in runtimes:
             rt.start_slots()
             rt.start_batchers()
+            rt.admission.on_idle = partial(self._went_idle, rt.spec.name)
             self._models[rt.spec.name] = rt
             self._handles[rt.spec.name] = ModelHandle(rt)
         self._started = True
@@ -168,6 +173,7 @@ class Engine:
             raise
         rt.start_slots()
         rt.start_batchers()
+        rt.admission.on_idle = partial(self._went_idle, name)
         self.configs[name] = cfg
         self._models[name] = rt
         self._handles[name] = ModelHandle(rt)
@@ -292,6 +298,18 @@ class Engine:
         """When loaded model ``name`` last had nothing in flight and no stream open (on
         the engine's clock); None while it has."""
         return self._models[name].admission.idle_since
+
+    def worker_pids(self, name: str) -> list[int]:
+        """The worker processes of loaded model ``name`` (``process`` executors; none for
+        models that run in this process or on Ray)."""
+        executor = self._models[name].executor
+        if not isinstance(executor, ProcessExecutor):
+            return []
+        return [w.pid for w in executor.workers if w is not None]
+
+    def _went_idle(self, name: str) -> None:
+        if self.idle_listener is not None:
+            self.idle_listener(name)
 
     def names(self) -> list[str]:
         return list(self._models)

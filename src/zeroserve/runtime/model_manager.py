@@ -26,18 +26,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from .. import metrics
-from ..errors import ModelLoadError, ModelNotFound, Overloaded
+from ..errors import ModelLoadError, ModelNotFound, Overloaded, RequestError
 from ..models.catalog import CatalogEntry
 from ..models.loader import ModelRef
 from .admission import DEFAULT_RETRY_AFTER_S
 from .clock import Timer, call_at
 from .engine import Engine
+from .load_reasons import public_reason
+from .model_memory import LoadMeter, pids_rss
+from .model_room import Room, RoomStatistics
 from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
 from .options import ModelConfig
 
@@ -77,8 +81,9 @@ class ModelManagerStatistics:
     loads: int = 0  # loads that succeeded
     failed_loads: int = 0
     unloads: int = 0
-    evictions: int = 0  # unloads to make room under models_max
+    evictions: int = 0  # unloads to make room under models_max / models_memory
     load_seconds: float = 0.0  # the last successful load's duration
+    memory_bytes: int = 0  # what the model counts against --models-memory while loaded
 
 
 def config_for(ref: ModelRef) -> ModelConfig:
@@ -109,12 +114,16 @@ class ModelManager:
         models_max: int | None = None,
         listener: ModelListener | None = None,
         source: Callable[[], Mapping[str, CatalogEntry]] | None = None,
+        models_memory: int | None = None,
     ) -> None:
         """``loaded`` names the entries the engine started with; ``keep_alive_s`` is how
         long an unpinned model may stay idle before ``unload_idle`` unloads it;
         ``models_max`` caps the models loaded (or loading) at once: a load over it first
         unloads the least recently used idle, unpinned model; ``listener`` hears of every
-        load and unload; ``source`` rebuilds the catalog for ``refresh`` (a rescan)."""
+        load and unload; ``source`` rebuilds the catalog for ``refresh`` (a rescan);
+        ``models_memory`` caps the bytes the loaded models count (``model_room.Room``).
+        A load that does not fit and finds no idle, unpinned model to unload waits for
+        room (``_make_room``)."""
         if not keep_alive_s >= 0:
             raise ValueError(f"keep_alive_s must be >= 0 seconds, not {keep_alive_s!r}")
         if models_max is not None and models_max < 1:
@@ -122,6 +131,13 @@ class ModelManager:
         self._engine = engine
         self._keep_alive_s = keep_alive_s
         self._models_max = models_max
+        self.room = Room(models_max, models_memory)
+        engine.idle_listener = self._went_idle
+        self._asked: dict[str, float] = {}  # name -> longest keep_alive asked while busy
+        self._idle_keep: dict[str, float] = {}  # name -> keep_alive of this idle period
+        self._callers: dict[str, int] = {}  # name -> callers awaiting its load
+        self._room_wait: set[str] = set()  # loads waiting for room now
+        self._engine_loads: set[str] = set()  # loads the engine runs now (not dropped)
         self.evictions = 0  # models unloaded to make room under models_max
         self.listener = listener
         self._source = source
@@ -137,6 +153,10 @@ class ModelManager:
             machine = self._machine(name)
             machine.to(ModelState.LOADING)
             machine.to(ModelState.LOADED)
+            # Loaded before the manager: its workers' RSS if it has any, else its estimate.
+            self.room.counted[name] = pids_rss(engine.worker_pids(name)) or (
+                self.room.need(self._entries[name]) if models_memory is not None else 0
+            )
 
     # -- queries ---------------------------------------------------------------------------
     def entries(self) -> dict[str, CatalogEntry]:
@@ -160,8 +180,15 @@ class ModelManager:
                 unloads=counts.unloads,
                 evictions=counts.evictions,
                 load_seconds=counts.load_seconds,
+                memory_bytes=self.room.counted.get(name, 0)
+                if machine.state is ModelState.LOADED
+                else 0,
             )
         return out
+
+    def memory(self) -> RoomStatistics:
+        """The loaded models' bytes against ``models_memory`` (0: no cap)."""
+        return self.room.statistics()
 
     def can_refresh(self) -> bool:
         return self._source is not None
@@ -207,10 +234,7 @@ class ModelManager:
             task = asyncio.ensure_future(self._load(entry))
             self._loads[name] = task
             task.add_done_callback(self._load_done(name))
-        if timeout is None:
-            await asyncio.shield(task)
-        else:
-            await asyncio.wait_for(asyncio.shield(task), timeout)
+        await self._await_load(name, task, timeout)
 
     async def ensure(self, name: str, timeout: float | None = None) -> None:
         """``load`` for a request (autoload): a model whose load failed less than
@@ -225,6 +249,12 @@ class ModelManager:
             raise ModelLoadError(name, failed[1])
         await self.load(name, timeout)
 
+    @property
+    def default_wait_s(self) -> float:
+        """How long a load without a request's own deadline (an admin's) may wait: the
+        server's request deadline."""
+        return self._engine.options.default_deadline_s
+
     def retry_after(self, name: str) -> float:
         """Seconds until ``ensure`` tries a failed model again (at least 1)."""
         failed = self._failed_at.get(name)
@@ -238,8 +268,7 @@ class ModelManager:
         self._entry(name)
         task = self._loads.get(name)
         if task is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(task)
+            await asyncio.wait([task])  # its outcome is its callers'; never cancelled here
         async with self._lock(name):
             machine = self._machine(name)
             if machine.state is ModelState.FAILED:
@@ -273,6 +302,9 @@ class ModelManager:
             counters=("loads", "failed_loads", "unloads", "evictions"),
             names={"load_seconds": "last_load_seconds"},
         )
+        metrics.register_source(
+            "models_memory", self.memory, names={"used": "used_bytes", "cap": "cap_bytes"}
+        )
         if not every_s > 0:
             raise ValueError(f"the idle check period must be > 0 seconds, not {every_s!r}")
 
@@ -286,6 +318,7 @@ class ModelManager:
     async def aclose(self) -> None:
         """Stop the idle timer and the metrics (the engine's own close stops the models)."""
         metrics.unregister_source("model")
+        metrics.unregister_source("models_memory")
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -315,39 +348,150 @@ class ModelManager:
         if self._machines[name].state is not ModelState.LOADED or self._entries[name].pin:
             return False
         since = self._engine.idle_since(name)
-        return since is not None and self._engine.clock() - since >= self._keep_alive_s
+        keep = self._idle_keep.get(name, self._keep_alive_s)
+        return since is not None and self._engine.clock() - since >= keep
 
-    async def _make_room(self, name: str) -> None:
-        """Under ``models_max``, unload least recently used idle, unpinned models until
-        ``name`` fits; ``Overloaded(503)`` when none can be unloaded."""
-        limit = self._models_max
-        if limit is None:
+    def ask_keep_alive(self, name: str, seconds: float) -> None:
+        """A request for ``name`` asks that it stay loaded ``seconds`` once idle (``inf``:
+        until unloaded by hand). The idle period that follows the model's busy period uses
+        the longest keep_alive its requests asked (none asked: ``keep_alive_s``).
+        ``RequestError`` (400) for a pinned model: it stays loaded whatever is asked. A
+        name not in the catalog is left to the request's own 404."""
+        entry = self._entries.get(name)
+        if entry is None:
             return
-        busy = (ModelState.LOADED, ModelState.LOADING)
+        if entry.pin:
+            raise RequestError(
+                f"model {name!r} is pinned (a --model, or pin = true): it stays loaded, "
+                "whatever keep_alive asks",
+                param="keep_alive",
+            )
+        seconds = math.inf if seconds < 0 else seconds  # Ollama: negative is forever
+        self._asked[name] = max(self._asked.get(name, seconds), seconds)
+
+    def _went_idle(self, name: str) -> None:
+        """The engine's idle listener: room may have come, and ``name``'s idle period
+        takes the keep_alive its busy period asked for (0: unloaded at once)."""
+        self.room.wake()
+        asked = self._asked.pop(name, None)
+        if asked is None:
+            self._idle_keep.pop(name, None)
+            return
+        self._idle_keep[name] = asked
+        idle_reap = self._reaping is None or self._reaping.done()
+        if asked == 0 and self._timer is not None and idle_reap:
+            self._reaping = asyncio.ensure_future(self._reap())
+
+    async def _make_room(self, name: str, need: int) -> None:
+        """Unload least recently used idle, unpinned models until ``name`` (``need``
+        bytes) fits under ``models_max`` and ``models_memory``. With nothing to unload
+        (every other model busy or pinned), wait for room: the room is looked at again
+        whenever a model goes idle, is unloaded or a load ends (``Room.wake``); the
+        callers' own timeouts bound the wait (``_await_load``). Nothing in flight is cut."""
+        if not self.room.capped() or self.room.too_big(need):
+            return  # too big never fits: the load fails with the reason (``_load``)
         while True:
-            held = [n for n, m in self._machines.items() if m.state in busy and n != name]
-            if len(held) < limit:
+            held = self._held(name)
+            if self.room.fits(held, need):
                 return
-            idle = [
-                (since, n)
-                for n in held
-                if self._machines[n].state is ModelState.LOADED
-                and not self._entries[n].pin
-                and (since := self._engine.idle_since(n)) is not None
-            ]
-            if not idle:
-                raise Overloaded(
-                    f"{len(held)} models are loaded (the most at once, --models-max) and none "
-                    f"is idle and unpinned; model {name!r} cannot load now",
-                    status=503,
-                    retry_after=DEFAULT_RETRY_AFTER_S,
+            count_full = self.room.models_max is not None and len(held) >= self.room.models_max
+            victim = self._least_recently_used(held, freeing=not count_full)
+            if victim is None:
+                self._room_wait.add(name)
+                try:
+                    await self.room.wait()
+                finally:
+                    self._room_wait.discard(name)
+                continue
+            await self._evict(victim)
+
+    def _held(self, name: str) -> list[str]:
+        """The models loaded or loading, other than ``name``."""
+        busy = (ModelState.LOADED, ModelState.LOADING)
+        return [n for n, m in self._machines.items() if m.state in busy and n != name]
+
+    def _least_recently_used(
+        self, held: list[str], keep: str = "", *, freeing: bool = False
+    ) -> str | None:
+        """The loaded, idle, unpinned model of ``held`` idle the longest (not ``keep``;
+        ``freeing``: only one that counts bytes, when memory is what is short)."""
+        idle = [
+            (since, n)
+            for n in held
+            if n != keep
+            and (not freeing or self.room.counted.get(n, 0) > 0)
+            and self._machines[n].state is ModelState.LOADED
+            and not self._entries[n].pin
+            and (since := self._engine.idle_since(n)) is not None
+        ]
+        return min(idle)[1] if idle else None
+
+    async def _evict(self, victim: str) -> None:
+        async with self._lock(victim):
+            if self._machines[victim].state is ModelState.LOADED:
+                await self._unload_locked(victim)
+                self.evictions += 1
+                self._counts_of(victim).evictions += 1
+
+    async def _shed(self, name: str) -> None:
+        """After ``name`` loaded and measured more than expected: while the models
+        together exceed ``models_memory``, unload the least recently used idle, unpinned
+        others (those busy stay: the cap is exceeded until they go idle and a later
+        load sheds them)."""
+        cap = self.room.models_memory
+        while cap is not None and self.room.used() > cap:
+            victim = self._least_recently_used(self._held(name), keep=name, freeing=True)
+            if victim is None:
+                log.warning(
+                    "models use %d bytes, over --models-memory %d: nothing idle to unload",
+                    self.room.used(),
+                    cap,
                 )
-            victim = min(idle)[1]
-            async with self._lock(victim):
-                if self._machines[victim].state is ModelState.LOADED:
-                    await self._unload_locked(victim)
-                    self.evictions += 1
-                    self._counts_of(victim).evictions += 1
+                return
+            await self._evict(victim)
+
+    async def _await_load(self, name: str, task: asyncio.Task[None], timeout: float | None) -> None:
+        """Await ``task`` (``name``'s shared load) as one of at most the model's queue
+        depth callers (more: ``Overloaded(503)`` with ``Retry-After``). A caller whose
+        ``timeout`` ends while the load waits for room gets ``Overloaded(503)`` saying so;
+        once its last caller has gone, a load the engine has not begun is dropped."""
+        waiting = self._callers.get(name, 0)
+        limit = self._waiters_max(name)
+        if waiting >= limit:
+            raise Overloaded(
+                f"{waiting} requests already wait for model {name!r} to load (the most, its "
+                "queue depth); try again shortly",
+                status=503,
+                retry_after=DEFAULT_RETRY_AFTER_S,
+            )
+        self._callers[name] = waiting + 1
+        try:
+            if timeout is None:
+                await asyncio.shield(task)
+            else:
+                await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            if name not in self._room_wait:
+                raise
+            raise Overloaded(
+                f"model {name!r} found no room to load in time: every loaded model is busy "
+                "or pinned (--models-max / --models-memory); try again shortly",
+                status=503,
+                retry_after=DEFAULT_RETRY_AFTER_S,
+            ) from None
+        finally:
+            left = self._callers[name] - 1
+            if left:
+                self._callers[name] = left
+            else:
+                del self._callers[name]
+                if name not in self._engine_loads and self._loads.get(name) is task:
+                    del self._loads[name]  # a later caller starts a fresh load
+                    task.cancel()
+
+    def _waiters_max(self, name: str) -> int:
+        depth = self._entries[name].ref.runtime.get("queue_depth")
+        return int(depth if depth is not None else self._engine.options.queue_depth)
 
     async def _unload_locked(self, name: str) -> None:
         machine = self._machines[name]
@@ -357,6 +501,9 @@ class ModelManager:
         finally:
             machine.to(ModelState.UNLOADED)
             self._counts_of(name).unloads += 1
+            self.room.counted.pop(name, None)
+            self._idle_keep.pop(name, None)
+            self.room.wake()
         if self.listener is not None:
             await self.listener.model_unloaded(name)
 
@@ -366,30 +513,53 @@ class ModelManager:
             machine = self._machine(name)
             if machine.state is ModelState.LOADED:
                 return
-            await self._make_room(name)
+            need = self.room.need(entry) if self.room.models_memory is not None else 0
+            await self._make_room(name, need)
             machine.to(ModelState.LOADING)  # no await since the room was checked
+            self.room.counted[name] = need  # reserved while it loads
+            self._engine_loads.add(name)
             started = time.monotonic()  # a duration for the metric, not the engine clock
+            meter = LoadMeter()
             try:
+                if self.room.too_big(need):
+                    raise ModelLoadError(
+                        name,
+                        f"it needs about {need} bytes, more than --models-memory "
+                        f"({self.room.models_memory}) allows for all models together",
+                    )
                 await self._engine.load(name, config_for(entry.ref))
+                cost = meter.cost(self._engine.worker_pids(name))
                 await self._announce(name)
             except Exception as exc:
-                machine.to(ModelState.FAILED, str(exc))
-                cause = exc.cause if isinstance(exc, ModelLoadError) else str(exc)
+                self._engine_loads.discard(name)
+                self.room.counted.pop(name, None)
+                self.room.wake()
+                full = exc.cause if isinstance(exc, ModelLoadError) else str(exc)
+                log.warning("model %r failed to load: %s", name, full)
+                cause = public_reason(full)  # the client's: no server path
+                machine.to(ModelState.FAILED, f"model {name!r} failed to load: {cause}")
                 self._failed_at[name] = (self._engine.clock(), cause)
                 self._counts_of(name).failed_loads += 1
-                raise
+                raise ModelLoadError(name, cause) from None
             except BaseException:
+                self._engine_loads.discard(name)
+                self.room.counted.pop(name, None)
+                self.room.wake()
                 machine.to(ModelState.FAILED, "the load was cancelled")
                 self._failed_at[name] = (self._engine.clock(), "the load was cancelled")
                 self._counts_of(name).failed_loads += 1
                 raise
+            self._engine_loads.discard(name)
             machine.to(ModelState.LOADED)
+            self.room.measured[name] = cost
+            self.room.counted[name] = cost or need
             self._failed_at.pop(name, None)
             took = time.monotonic() - started
             counts = self._counts_of(name)
             counts.loads += 1
             counts.load_seconds = took
             metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
+        await self._shed(name)
 
     async def _announce(self, name: str) -> None:
         """Tell the listener; if it refuses the model, the engine stops serving it."""

@@ -49,6 +49,7 @@ class CatalogOptions:
     models_dir: Path | None = None
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
     models_max: int | None = None
+    models_memory: int | None = None
     autoload: bool = False
 
 
@@ -96,6 +97,7 @@ async def serve_async(
             loaded=engine.names(),
             keep_alive_s=catalog.keep_alive_s,
             models_max=catalog.models_max,
+            models_memory=catalog.models_memory,
             source=(lambda: server_catalog(specs, models_dir)) if models_dir else None,
         )
         app = App(

@@ -122,6 +122,35 @@ class BrokenLoad(Model):
         return list(batch)
 
 
+class MissingWeights(Model):
+    """``load`` fails as a missing file does: the error names the server path ``path``."""
+
+    def __init__(self, path: str = "/srv/private/models/weights.bin") -> None:
+        super().__init__()
+        self.path = path
+
+    def load(self) -> None:
+        raise FileNotFoundError(f"[Errno 2] No such file or directory: {self.path!r}")
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        return list(batch)
+
+
+class Ballast(Model):
+    """Holds ``mib`` MiB of written memory from ``load`` until the model is dropped."""
+
+    def __init__(self, mib: int = 64) -> None:
+        super().__init__()
+        self.mib = int(mib)
+        self.ballast: np.ndarray[Any, Any] | None = None
+
+    def load(self) -> None:
+        self.ballast = np.ones(self.mib << 20, dtype=np.uint8)  # every page touched
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        return list(batch)
+
+
 class Finisher(Model):
     """Yields the prompt's words and returns why it stopped, like a real LLM's generate."""
 

@@ -44,6 +44,7 @@ from ..chat.choices import collect_all
 from ..chat.images import ImagePart, ImageReader
 from ..chat.output import Collected, Finish
 from ..deadlines import openai_timeout
+from ..keep_alive import keep_alive_s
 from ..limits import ApiLimits, check_count, check_output_tokens
 from ..openai.chat import check_tools, raw_param
 from ..openai.schemas import MAX_TOOLS_BYTES, decode
@@ -255,6 +256,7 @@ class Messages:
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=body.top_k,
+            keep_alive=keep_alive_s(body.keep_alive),
             stop=[x for x in stops if x],
             tools=p.tools,
             tool_choice=p.choice,

@@ -20,6 +20,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from .. import limits as lim
+from ..keep_alive import KeepAlive
 
 MaxTokens = Annotated[int, Meta(ge=1, le=lim.MAX_TOKENS)]
 # Anthropic's ranges: temperature 0-1, top_p 0-1, top_k a count of tokens.
@@ -148,6 +149,7 @@ class MessagesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     tools: list[msgspec.Raw] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    keep_alive: KeepAlive | None = None  # an extension (Ollama's): docs/models.md
 
 
 class CountTokensRequest(Struct, kw_only=True, forbid_unknown_fields=True):

@@ -27,11 +27,12 @@ from typing import Protocol
 import msgspec
 
 from ... import metrics
-from ...errors import ModelNotFound
+from ...errors import ModelNotFound, RequestError
 from ...runtime import Engine, ModelHandle
 from ...upstream import UpstreamStatistics
 from ...upstream.image_fetch import ImageFetchPolicy
 from ..chat import ChatRequest
+from ..keep_alive import keep_alive_s
 from ..openai import schemas as s
 from ..relay._rewrite import model_spans
 from ..request import Request
@@ -81,6 +82,9 @@ class Backends:
     def __init__(self, engine: Engine, image_fetch: ImageFetchPolicy | None = None) -> None:
         self.engine = engine
         self.autoload: Autoload | None = None
+        # A request's keep_alive goes here (the model manager's ask_keep_alive); None:
+        # no model is loaded at run time, and a keep_alive is refused (400).
+        self.keep_alive: Callable[[str, float], None] | None = None
         # Where chat images may be fetched from (None: remote image URLs are refused).
         self.image_fetch = image_fetch
         self._table: dict[str, Backend] = {}
@@ -154,6 +158,7 @@ class Backends:
             return backend.forward(req, api.upstream_path)
         chat = api.decode(req)
         req.ask_priority(chat.priority)
+        self._ask_keep_alive(chat.model, chat.keep_alive)
         if self._loadable(chat.model):
             return self._after_load(
                 chat.model, req, api.upstream_path, lambda b: self._chat(b, api, chat, req)
@@ -169,6 +174,7 @@ class Backends:
             return backend.forward(req, "/embeddings")
         body = decode(req)
         req.ask_priority(body.priority)
+        self._ask_keep_alive(body.model, keep_alive_s(body.keep_alive))
         if self._loadable(body.model):
             return self._after_load(
                 body.model, req, "/embeddings", lambda b: b.embeddings(body, req)
@@ -220,6 +226,17 @@ class Backends:
             )
         return _counted(backend, chat, answer)
 
+    def _ask_keep_alive(self, name: str, seconds: float | None) -> None:
+        if seconds is None:
+            return
+        if self.keep_alive is None:
+            raise RequestError(
+                "keep_alive needs models loaded at run time (--models-dir): this server's "
+                "models stay loaded",
+                param="keep_alive",
+            )
+        self.keep_alive(name, seconds)
+
     # -- autoload --------------------------------------------------------------------------
     def _loadable(self, name: str) -> bool:
         return (
@@ -232,7 +249,13 @@ class Backends:
         """Wait for ``name``'s load, then serve the request on its backend (a relay's
         undecoded, as ``_forwarder`` would have)."""
         assert self.autoload is not None
-        await self.autoload.wait_loaded(name, req)
+        edge = req.edge
+        since = edge.load_waiting() if edge is not None else 0.0
+        try:
+            await self.autoload.wait_loaded(name, req)
+        finally:
+            if edge is not None:
+                edge.load_waited(since)
         backend = self.get(name)
         if backend.forwards:
             req.admit(self.engine.model(name))

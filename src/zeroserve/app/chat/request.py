@@ -148,6 +148,7 @@ class ChatRequest:
         min_tokens: int | None = None,
         seed: int | None = None,
         priority: int | None = None,
+        keep_alive: float | None = None,
         stop: list[str] | None = None,
         presence_penalty: float | None = None,
         frequency_penalty: float | None = None,
@@ -182,6 +183,7 @@ class ChatRequest:
         self.min_tokens = min_tokens
         self.seed = seed
         self.priority = priority  # the class it asks for (app/priorities.py); None: none
+        self.keep_alive = keep_alive  # seconds the model stays loaded once idle (app/keep_alive.py)
         self.stop: list[str] = stop if stop is not None else []
         self.presence_penalty = presence_penalty
         self.frequency_penalty = frequency_penalty

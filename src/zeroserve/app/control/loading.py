@@ -5,8 +5,9 @@
 model that is not loaded waits for its load (one load, however many requests ask), for
 at most the request's own timeout (the SDK's ``X-Stainless-Timeout``) or the server's
 ``--request-timeout``. What the wait cannot give is a 503 with ``Retry-After``: still
-loading when the time ran out, the load failed (with its reason; it is tried again after
-``FAILED_RETRY_S``), or no room under ``--models-max``.
+loading when the time ran out, no room came under ``--models-max`` / ``--models-memory``
+in that time, too many requests already wait for the load (the model's queue depth), or
+the load failed (with its reason; it is tried again after ``FAILED_RETRY_S``).
 """
 
 from __future__ import annotations

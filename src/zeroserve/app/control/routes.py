@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from msgspec import UNSET
 
-from ...errors import Conflict, ModelLoadError, SpecError, ZeroserveError
+from ...errors import Conflict, ModelLoadError, Overloaded, SpecError, ZeroserveError
+from ...runtime.admission import DEFAULT_RETRY_AFTER_S
 from ...runtime.model_manager import ModelManager
 from ...runtime.model_state import TRITON_STATE, ModelState
 from ..openai.schemas import decode
@@ -115,7 +116,15 @@ class ModelControl:
     # -- both --------------------------------------------------------------------------
     async def load(self, name: str) -> None:
         try:
-            await self.manager.load(name)  # ModelNotFound (404) naming an unknown name
+            # ModelNotFound (404) naming an unknown name; Overloaded (503) when no room
+            # came within the server's request deadline.
+            await self.manager.load(name, self.manager.default_wait_s)
+        except TimeoutError:
+            raise Overloaded(
+                f"model {name!r} is still loading; try again shortly",
+                status=503,
+                retry_after=DEFAULT_RETRY_AFTER_S,
+            ) from None
         except (ModelLoadError, SpecError) as exc:
             cause = exc.cause if isinstance(exc, ModelLoadError) else exc.message
             raise ZeroserveError(

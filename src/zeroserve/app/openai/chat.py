@@ -27,6 +27,7 @@ from ..chat import ChatRequest, Choices, FunctionTool, OutputFormat, ToolCall, T
 from ..chat.choices import collect_all
 from ..chat.images import ImagePart, ImageReader
 from ..deadlines import openai_timeout
+from ..keep_alive import keep_alive_s
 from ..limits import ApiLimits, check_count, check_output_tokens, decoding
 from ..request import Request
 from ..response import JSON, HandlerResult, Response, StreamResponse
@@ -359,6 +360,7 @@ class ChatCompletions(_Answers):
             top_p=body.top_p,
             seed=body.seed,
             priority=body.priority,
+            keep_alive=keep_alive_s(body.keep_alive),
             stop=stops(body.stop, limits),
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
@@ -427,6 +429,7 @@ class Completions(_Answers):
             top_p=body.top_p,
             seed=body.seed,
             priority=body.priority,
+            keep_alive=keep_alive_s(body.keep_alive),
             stop=stops(body.stop, limits),
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,

@@ -46,6 +46,7 @@ from ..chat import (
 from ..chat.choices import collect_all
 from ..chat.images import ImagePart, ImageReader
 from ..deadlines import openai_timeout
+from ..keep_alive import keep_alive_s
 from ..limits import ApiLimits, check_count, check_output_tokens
 from ..request import Request
 from ..response import EVENT_STREAM, JSON, GeneratedStream, HandlerResult, Response, StreamResponse
@@ -138,6 +139,7 @@ class Responses:
             temperature=body.temperature,
             top_p=body.top_p,
             priority=body.priority,
+            keep_alive=keep_alive_s(body.keep_alive),
             response_format=_response_format(fmt)
             if fmt is not None and fmt.type != "text"
             else None,

@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from ..keep_alive import KeepAlive
 from .schemas import FunctionName, MaxTokens, PriorityClass, Temperature, TopP
 
 
@@ -163,6 +164,7 @@ class ResponsesRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     parallel_tool_calls: bool | None = None
     max_tool_calls: Annotated[int, Meta(ge=1)] | None = None
     priority: PriorityClass | None = None
+    keep_alive: KeepAlive | None = None
     # Refused unless neutral (see ``refusals``).
     previous_response_id: str | None = None
     conversation: Any = None

@@ -24,6 +24,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from ...errors import RequestError
 from ...runtime.classes import MAX_PRIORITY, MIN_PRIORITY
 from .. import limits as lim
+from ..keep_alive import KeepAlive
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -235,6 +236,7 @@ class ChatCompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     seed: Seed | None = None
     n: N | None = None
     priority: PriorityClass | None = None
+    keep_alive: KeepAlive | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: bool | None = None
@@ -276,6 +278,7 @@ class CompletionRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     seed: Seed | None = None
     n: N | None = None
     priority: PriorityClass | None = None
+    keep_alive: KeepAlive | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     echo: bool | None = False
@@ -305,6 +308,7 @@ class EmbeddingRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Meta(ge=1, le=lim.MAX_DIMENSIONS)] | None = None
     priority: PriorityClass | None = None
+    keep_alive: KeepAlive | None = None
     user: str | None = None  # accepted, no effect
 
 

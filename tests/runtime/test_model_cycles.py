@@ -1,0 +1,79 @@
+"""Load/unload cycles leave nothing behind (docs/architecture.md, "Models at run time"):
+after many cycles of one model through the manager, the server process holds the same
+file descriptors, threads and child processes as after the first, and its RSS is within
+16 MiB of it. Bounded in count (``CYCLES``; fewer for ``process``, where each cycle
+spawns and stops a worker process) and in time (the suite's per-test timeout)."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.runtime.helpers import engine
+from zeroserve.models.catalog import CatalogEntry
+from zeroserve.models.loader import ModelRef
+from zeroserve.runtime.model_manager import ModelManager
+from zeroserve.runtime.model_memory import rss_bytes
+
+CYCLES = {"inline": 200, "thread": 200, "process": 25}
+RSS_SLACK = 16 << 20
+
+
+def _children() -> list[int]:
+    me = os.getpid()
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if int((p / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                out.append(int(p.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return sorted(out)
+
+
+def _footprint() -> tuple[int, int, list[int]]:
+    return len(os.listdir("/proc/self/fd")), len(os.listdir("/proc/self/task")), _children()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("run", ["asyncio"], indirect=True)  # one loop: cycles are slow
+def test_load_unload_cycles_leave_rss_fds_threads_and_processes(
+    run: Any, executor: str, arena: Any
+) -> None:
+    ref = ModelRef(
+        name="echo", target="tests.support.models.engine:Echo", runtime={"executor": executor}
+    )
+    catalog = {"echo": CatalogEntry(ref=ref, origin="test")}
+
+    async def cycle(mgr: ModelManager, eng: Any) -> None:
+        await mgr.load("echo")
+        h = eng.model("echo")
+        result = await h.infer(h.admit(), {"x": np.arange(4)})
+        result.release()
+        await mgr.unload("echo")
+
+    eng = engine(executor, {}, arena=arena)
+    run(eng.start())
+    try:
+        mgr = ModelManager(eng, catalog)
+        run(cycle(mgr, eng))  # warm: one-time allocations (pools, imports)
+        gc.collect()
+        before, rss = _footprint(), rss_bytes()
+        for _ in range(CYCLES[executor]):
+            run(cycle(mgr, eng))  # each cycle bounded by the suite's timeout
+        gc.collect()
+        fds, threads, children = _footprint()
+        assert rss is not None and (rss_bytes() or 0) - rss < RSS_SLACK
+        # Pool threads may end while idle; none is left behind by an unload.
+        assert (fds, children) == (before[0], before[2]) and threads <= before[1]
+        assert mgr.statistics()["echo"].loads == CYCLES[executor] + 1
+    finally:
+        run(eng.aclose())
