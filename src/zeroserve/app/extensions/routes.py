@@ -152,6 +152,7 @@ class _Extensions:
         body = s.decode(rerank_decoder, req.body)
         docs = [d if isinstance(d, str) else d.text for d in body.documents]
         check_count(len(docs), self.limits.embedding_inputs, "documents", "documents")
+        req.ask_priority(body.priority)  # over x-priority and the key's default
         backend = self.backends.get(body.model)
         work = backend.rerank(body.query, docs, req)
         return _reranked(work, body, docs)
