@@ -16,7 +16,7 @@ pytest.importorskip("tokenizers")
 from zeroserve.models.base import GenerateRequest
 from zeroserve.models.tinyllm import CONTEXT_LENGTH, MODEL_DIR, TextStream, TinyLlamaModel
 from zeroserve.models.tinyllm._forward import KVCache, forward
-from zeroserve.models.tinyllm.model import _sample
+from zeroserve.models.tinyllm._sample import Sampler
 
 CHAT_PROMPT = "<|user|>\nstr.split\n<|assistant|>\n"
 PLAIN_PROMPT = "The for statement is used to"
@@ -59,11 +59,12 @@ def reference_ids(
     """Generated token ids recomputed from scratch each step (no cache reuse)."""
     w = model._loaded()
     ids = [model.eos_id, *model._encode(prompt)]
-    rng = np.random.default_rng(seed) if temperature > 0 else None
+    req = GenerateRequest(temperature=temperature, top_p=top_p, seed=seed)
+    sampler = Sampler(req, w.embed.shape[0], model._end_ids, ids)
     out: list[int] = []
     for _ in range(n):
         logits = forward(w, np.asarray(ids + out), KVCache(w, len(ids) + len(out)))
-        tok = _sample(logits, temperature, top_p, rng)
+        tok = sampler.next(logits, len(out))
         if tok in model._end_ids:
             break
         out.append(tok)
@@ -270,3 +271,54 @@ def _incomplete_utf8(data: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return False
+
+
+# -- vLLM's sampling extensions (models/tinyllm/_sample.py) ---------------------------------
+
+
+def _draws(req: GenerateRequest, logits: list[float], n: int = 200) -> set[int]:
+    sampler = Sampler(req, len(logits), [], [])
+    return {sampler.next(np.asarray(logits, dtype=np.float32), 5) for _ in range(n)}
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    # Token 0 was in the prompt: 3 / 2 = 1.5 falls below token 2's 2.
+    s = Sampler(GenerateRequest(temperature=0, repetition_penalty=2.0), 3, [], [0])
+    assert s.next(np.array([3.0, 1.0, 2.0], dtype=np.float32), 0) == 2
+    # A negative logit is multiplied: -1 x 4 = -4 falls below -2.
+    s = Sampler(GenerateRequest(temperature=0, repetition_penalty=4.0), 3, [], [0])
+    assert s.next(np.array([-1.0, -3.0, -2.0], dtype=np.float32), 0) == 2
+    # The answer's own tokens count too: the token just chosen is penalised next.
+    s = Sampler(GenerateRequest(temperature=0, repetition_penalty=2.0), 3, [], [])
+    logits = np.array([3.0, 1.0, 2.0], dtype=np.float32)
+    assert [s.next(logits, 0), s.next(logits, 1)] == [0, 2]
+
+
+def test_top_k_and_min_p_cut_what_is_drawn() -> None:
+    logits = [4.0, 3.9, 3.8, 3.7, 0.0]
+    free = _draws(GenerateRequest(temperature=1.0, seed=1), logits)
+    assert len(free) >= 4
+    assert _draws(GenerateRequest(temperature=1.0, seed=1, top_k=2), logits) == {0, 1}
+    # exp(3.7 - 4) = 0.74 of the likeliest: min_p 0.8 drops tokens 3 and 4.
+    assert _draws(GenerateRequest(temperature=1.0, seed=1, min_p=0.8), logits) == {0, 1, 2}
+    assert _draws(GenerateRequest(temperature=1.0, seed=1, top_k=1), logits) == {0}
+
+
+def test_end_tokens_are_held_back_by_ignore_eos_and_min_tokens() -> None:
+    logits = np.array([9.0, 1.0, 2.0], dtype=np.float32)  # token 0 ends the answer
+    assert Sampler(GenerateRequest(temperature=0), 3, [0], []).next(logits, 0) == 0
+    ignore = Sampler(GenerateRequest(temperature=0, ignore_eos=True), 3, [0], [])
+    assert [ignore.next(logits, k) for k in (0, 50)] == [2, 2]
+    least = Sampler(GenerateRequest(temperature=0, min_tokens=3), 3, [0], [])
+    assert [least.next(logits, k) for k in range(4)] == [2, 2, 2, 0]
+
+
+def test_min_tokens_and_ignore_eos_run_the_answer_on(model: TinyLlamaModel) -> None:
+    prompt = model.chat_template([{"role": "user", "content": "len"}])
+    free, finish = run(model, prompt=prompt, max_tokens=48, temperature=1.0, seed=7)
+    assert finish == "stop" and model.count_tokens("".join(free)) < 40
+    kw: dict[str, object] = {"prompt": prompt, "max_tokens": 48, "temperature": 1.0, "seed": 7}
+    longer, finish = run(model, min_tokens=40, **kw)
+    assert model.count_tokens("".join(longer)) >= 40
+    _, finish = run(model, ignore_eos=True, **kw)
+    assert finish == "length"

@@ -44,9 +44,28 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = []
+    # vLLM's sampling extensions, at their neutral values unless the model declares it
+    # honours them (``Model.honours``; the server refuses them otherwise): sample among
+    # the ``top_k`` likeliest tokens (None: all); drop tokens less likely than ``min_p``
+    # times the likeliest; divide the positive logits (multiply the negative ones) of
+    # tokens already in the prompt or answer by ``repetition_penalty``; never end on an
+    # end-of-sequence token (``ignore_eos``: the answer runs to ``max_tokens``), or not
+    # before ``min_tokens`` tokens.
+    top_k: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    min_tokens: int = 0
     # Raw streaming: the request body itself (a view of its lease). Models that can
     # stream bytes may yield views of it; others read ``prompt``.
     raw: Any = None
+
+
+#: The sampling extensions ``GenerateRequest`` carries (vLLM's names), which a model may
+#: declare it honours (``Model.honours``).
+GENERATE_EXTENSIONS: frozenset[str] = frozenset(
+    ("top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens")
+)
 
 
 class TensorSpec(msgspec.Struct, frozen=True):
@@ -86,6 +105,10 @@ class Model:
     # (docs/architecture.md, "Adding a backend"): "local" (this class's ``generate`` and
     # ``embed``), "llamacpp" (an in-process llama.cpp engine) or "remote" (an upstream).
     served_by: ClassVar[str] = "local"
+    # Which of ``GenerateRequest``'s sampling extensions ``generate`` honours (names of
+    # ``GENERATE_EXTENSIONS``): the others are refused with a 400 naming them, and
+    # /v1/models lists these as the model's ``parameters``.
+    honours: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, **options: Any) -> None:
         self.options = options

@@ -208,6 +208,24 @@ def test_the_sdk_raises_its_own_errors(local: ServerThread) -> None:
         assert busy.value.response.headers["retry-after"]
 
 
+def test_count_tokens_takes_a_ticket_like_any_request_to_the_model(local: ServerThread) -> None:
+    """A count is admitted as the model's other requests are: past the queue bound it
+    gets the busy model's 429 in Anthropic's shape, and it leaves no ticket behind."""
+    c = client(local.url)
+    counted = c.messages.count_tokens(model="endless", messages=USER).input_tokens
+    assert counted > 0
+    _released(local, "endless")
+    with c.messages.stream(model="endless", max_tokens=100_000, messages=USER) as held:
+        next(iter(held))
+        with pytest.raises(anthropic.RateLimitError) as busy:
+            c.messages.count_tokens(model="endless", messages=USER)
+        assert busy.value.body["type"] == "error"  # type: ignore[index]
+        assert busy.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        assert busy.value.response.headers["retry-after"]
+    _released(local, "endless")
+    assert c.messages.count_tokens(model="endless", messages=USER).input_tokens == counted
+
+
 def test_errors_before_routing_are_in_anthropics_shape(keyed: ServerProcess) -> None:
     url = keyed.url + "/v1/messages"
     body: Any = {"model": "echo", "max_tokens": 4, "messages": USER}

@@ -1,8 +1,9 @@
 """vLLM's sampling extensions on chat completions and completions (docs/extensions.md):
 ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repetition_penalty`` and
-``stream_options.continuous_usage_stats``, honoured by llama.cpp's engine (``smollm2``),
-relayed by a ``remote:`` model, refused with a 400 naming them by a model's own
-``generate`` (``tinyllm``, ``echo``).
+``stream_options.continuous_usage_stats``, honoured by llama.cpp's engine (``smollm2``)
+and by ``tinyllm``'s sampler (its own tests: test_extensions_generate.py), relayed by a
+``remote:`` model, refused with a 400 naming them by a ``generate`` that honours none
+(``echo``).
 
 The benchmark clients' request is sent as they send it: guidellm's synthetic chat
 benchmark (``max_completion_tokens`` + ``ignore_eos`` + ``stop: null``, streamed with
@@ -150,7 +151,7 @@ def test_completions_stream_carries_usage_on_every_chunk(llm: ServerProcess) -> 
 def test_each_extension_is_honoured_by_the_engine_and_refused_by_generate(
     llm: ServerProcess, name: str
 ) -> None:
-    for model, status in (("smollm2", 200), ("tinyllm", 400), ("echo", 400)):
+    for model, status in (("smollm2", 200), ("tinyllm", 200), ("echo", 400)):
         r = httpx.post(
             llm.url + "/v1/chat/completions",
             json={"model": model, "messages": FRANCE, "max_tokens": 2, name: EXTENSIONS[name]},
@@ -198,7 +199,7 @@ def test_neutral_values_are_served_everywhere(llm: ServerProcess) -> None:
     }
     r = httpx.post(
         llm.url + "/v1/chat/completions",
-        json={"model": "tinyllm", "messages": FRANCE, "max_tokens": 2, **neutral},
+        json={"model": "echo", "messages": FRANCE, "max_tokens": 2, **neutral},
         timeout=scaled(60),
     )
     assert r.status_code == 200, r.text
@@ -211,7 +212,14 @@ def test_the_card_lists_them_and_the_two_lists_agree(llm: ServerProcess) -> None
     assert typing.get_args(literal) == OPTIONAL_PARAMETERS
     cards = {c["id"]: c["capabilities"] for c in httpx.get(llm.url + "/v1/models").json()["data"]}
     assert cards["smollm2"]["parameters"] == list(OPTIONAL_PARAMETERS)
-    assert cards["tinyllm"]["parameters"] == []
+    assert cards["tinyllm"]["parameters"] == [
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "ignore_eos",
+        "min_tokens",
+    ]
+    assert cards["echo"]["parameters"] == []
 
 
 def test_zeroserve_bench_with_ignore_eos_gets_exact_lengths(llm: ServerProcess) -> None:

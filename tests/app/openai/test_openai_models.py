@@ -60,12 +60,13 @@ def test_exact_wire_shape(server: ServerThread) -> None:
         "capabilities",
     }
     by_id = {m["id"]: m["capabilities"] for m in doc["data"]}
-    # What each model serves, before a client sends: tinyllm's own generate honours no
-    # optional chat parameter (a 400 names one given), echo also embeds.
+    # What each model serves, before a client sends: tinyllm's own generate honours
+    # vLLM's sampling extensions and no other optional chat parameter (a 400 names one
+    # given), echo also embeds.
     assert by_id["tinyllm"] == {
         "chat": True,
         "embeddings": False,
-        "parameters": [],
+        "parameters": ["top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens"],
         "relayed": False,
         "context_length": by_id["tinyllm"]["context_length"],
         "embedding_dimensions": None,

@@ -11,8 +11,9 @@ Otherwise it is derived: ``"length"`` when the generation used its whole token b
 capped by what is left of the model's context after the prompt. The tokens generated
 are estimated as ``max(pieces received, model.count_tokens(text))``: every piece holds at
 least one token, and re-tokenising the text recovers the count when pieces merged
-tokens (UTF-8 characters spanning tokens, text held back around a stop string). The
-estimate can only err when a model's re-tokenisation is shorter than what it generated
+tokens (UTF-8 characters spanning tokens, text held back around a stop string);
+capped by the budget, which no model exceeds (a sampled text can re-tokenise into more
+tokens than were generated, as ``tinyllm``'s sometimes does). The estimate can only err when a model's re-tokenisation is shorter than what it generated
 and it stopped on its own right at the budget; ``completion_tokens`` uses the same count.
 
 Stop sequences
@@ -231,6 +232,8 @@ class Generation:
             # The common "length" case needs no re-tokenisation (echo, ASCII text).
             return "length", pieces
         tokens = max(pieces, count_tokens(self._meta, self.text()) if pieces else 0)
+        if budget is not None:  # no model makes more: re-tokenising can merge fewer
+            tokens = min(tokens, max(budget, pieces))
         if reason is None:
             reason = "length" if budget is not None and tokens >= budget else "stop"
         return str(reason), tokens

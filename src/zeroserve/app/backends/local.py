@@ -4,10 +4,12 @@ admission, executors and streams.
 
 Each choice (a prompt, or the templated conversation, times ``n``) is one
 ``handle.generate`` stream, read by a :class:`~.generation.Generation`. ``Model.generate``
-takes a prompt, ``max_tokens``, ``temperature``, ``top_p``, ``seed`` and ``stop``; every
-other sampling or output parameter is refused with a 400 naming it unless it is given at
-its neutral value (the one that changes nothing: a ``0`` penalty, no tools, a ``text``
-format), so nothing is silently dropped. With a ``seed``, choice ``j`` of a prompt uses
+takes a prompt, ``max_tokens``, ``temperature``, ``top_p``, ``seed`` and ``stop``, and
+the sampling extensions its model declares it honours (``Model.honours``: ``tinyllm``
+honours vLLM's ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos`` and
+``min_tokens``); every other sampling or output parameter is refused with a 400 naming
+it unless it is given at its neutral value (the one that changes nothing: a ``0``
+penalty, no tools, a ``text`` format), so nothing is silently dropped. With a ``seed``, choice ``j`` of a prompt uses
 ``seed + j``: choice 0 equals the ``n = 1`` answer and the others differ.
 
 Token counts come from the model's ``count_tokens``; ``usage.prompt_tokens`` counts the
@@ -23,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import CapabilityError, RequestError
-from ...models.base import GenerateRequest, Model
+from ...models.base import GENERATE_EXTENSIONS, GenerateRequest, Model
 from ...runtime import ModelHandle, Ticket
 from ..chat import ChatRequest, Choices, Output, QueuedChoice, Turn, admit
 from ..deadlines import openai_timeout
@@ -35,9 +37,12 @@ from .base import BackendStatistics, Capabilities, FrontEnd, Relevance
 from .generation import Generation, count_tokens
 
 _STATS = BackendStatistics()
-# ``Model.generate`` takes a prompt, ``max_tokens``, ``temperature``, ``top_p``, ``seed``
-# and ``stop``: no optional parameter is honoured beyond those every backend honours.
-NOTHING_OPTIONAL: frozenset[str] = frozenset()
+
+
+def honoured(meta: Model) -> frozenset[str]:
+    """The optional chat parameters ``meta``'s ``generate`` honours: the sampling
+    extensions it declares (``Model.honours``) that ``GenerateRequest`` carries."""
+    return frozenset(meta.honours) & GENERATE_EXTENSIONS
 
 
 class LocalBackend:
@@ -60,7 +65,7 @@ class LocalBackend:
         return Capabilities(
             chat="generate" in caps,
             embeddings="embed" in caps,
-            honours=NOTHING_OPTIONAL,
+            honours=honoured(self.handle.model),
             context_length=self.handle.model.context_length,
             embedding_dimensions=self.handle.model.embedding_dimensions,
             tokenizer=self.handle.model.has_tokenizer(),
@@ -81,7 +86,7 @@ class LocalBackend:
             raise CapabilityError(
                 f"model {handle.name!r} does not support text generation", param="model"
             )
-        chat.refuse_unhonoured(NOTHING_OPTIONAL)
+        chat.refuse_unhonoured(honoured(handle.model))
         if chat.continues:
             # A model's chat template opens a new assistant turn after the conversation.
             raise chat.refuse(
@@ -123,6 +128,11 @@ class LocalBackend:
                     seed=None if chat.seed is None else (chat.seed + j) % SEED_SPACE,
                     # Reported stops are matched by the Generation's filter, in sight.
                     stop=[] if chat.report_stop else chat.stop,
+                    top_k=chat.top_k,
+                    min_p=chat.min_p or 0.0,
+                    repetition_penalty=chat.repetition_penalty or 1.0,
+                    ignore_eos=chat.ignore_eos,
+                    min_tokens=chat.min_tokens or 0,
                 )
                 k = i * chat.n + j
                 start = self._starter(greq, chat.stop, c, deadline, on_tokens)
@@ -141,7 +151,7 @@ class LocalBackend:
             raise CapabilityError(
                 f"model {handle.name!r} does not support text generation", param="model"
             )
-        chat.refuse_unhonoured(NOTHING_OPTIONAL)
+        chat.refuse_unhonoured(honoured(handle.model))
         assert chat.messages is not None
         turns = [_turn(m, i, chat) for i, m in enumerate(chat.messages)]
         return count_tokens(handle.model, handle.model.chat_template(turns))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Protocol, runtime_checkable
 
-from ...errors import CapabilityError
 from ...models.remote import RemoteOptions
 from ...runtime import ModelHandle
 from ..chat import ChatRequest
@@ -71,18 +70,10 @@ class RemoteBackend:
     async def tokenize(
         self, text: str | None, chat: ChatRequest | None, add_special: bool
     ) -> list[int]:
-        raise self._no_tokenizer()
+        raise AssertionError("a remote model's /tokenize is relayed undecoded")
 
     async def detokenize(self, tokens: list[int]) -> str:
-        raise self._no_tokenizer()
-
-    def _no_tokenizer(self) -> CapabilityError:
-        # vLLM and llama.cpp serve /tokenize beside /v1, not under it: an upstream's
-        # tokenizer is not reached through the base URL its model is relayed to.
-        return CapabilityError(
-            f"model {self.name!r} is relayed to an upstream; ask the upstream's /tokenize",
-            param="model",
-        )
+        raise AssertionError("a remote model's /detokenize is relayed undecoded")
 
     def rerank(self, query: str, documents: list[str], req: Request) -> Awaitable[Relevance]:
         raise AssertionError("a remote model's reranks are relayed undecoded")

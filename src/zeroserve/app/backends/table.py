@@ -202,8 +202,10 @@ class Backends:
             return backend.forward(req, path)
         chat = decode(req)
         if self._loadable(chat.model):
-            return self._after_load(chat.model, req, path, lambda b: self._count(b, chat, answer))
-        return self._count(self.get(chat.model), chat, answer)
+            return self._after_load(
+                chat.model, req, path, lambda b: self._count(b, chat, req, answer)
+            )
+        return self._count(self.get(chat.model), chat, req, answer)
 
     def _chat(
         self, backend: Backend, api: FrontEnd, chat: ChatRequest, req: Request
@@ -217,9 +219,16 @@ class Backends:
         return backend.chat(api, chat, req)
 
     def _count(
-        self, backend: Backend, chat: ChatRequest, answer: Callable[[int], Response]
+        self,
+        backend: Backend,
+        chat: ChatRequest,
+        req: Request,
+        answer: Callable[[int], Response],
     ) -> HandlerResult:
-        """``backend``'s count of ``chat``'s prompt tokens, its images checked first."""
+        """``backend``'s count of ``chat``'s prompt tokens, its images checked first; the
+        request admitted to the model's queue as any other (a 429 past its bound), its
+        ticket held until the count is answered."""
+        req.admit(self.engine.model(backend.name))
         if chat.images:
             return with_images(
                 backend, chat, self.image_fetch, lambda: _counted(backend, chat, answer)

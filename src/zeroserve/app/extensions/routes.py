@@ -5,8 +5,9 @@ them, and ``POST /v1/rerank`` with its aliases ``/rerank`` and ``/v2/rerank``.
 Each is one decode at the boundary (unknown fields refused by name, the counts and
 sizes checked) and one call of the model's backend (``app/backends/base.py``:
 ``tokenize``, ``detokenize``, ``rerank``); errors in OpenAI's shape, as vLLM answers
-them. A relayed model's rerank goes to its upstream's ``/rerank`` undecoded; its
-tokenizer is the upstream's own (a 400 naming ``model``).
+them. A relayed model's requests go to its upstream undecoded: a rerank to the base
+URL's ``/rerank``, ``/tokenize`` and ``/detokenize`` to the upstream's own, at its root
+(the base URL without a final ``/v1``, where vLLM and llama.cpp's server serve them).
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class _Extensions:
 
     # -- tokens ----------------------------------------------------------------------------
     def tokenize(self, req: Request) -> HandlerResult:
+        relayed = self.backends.relayed(req, "/tokenize")
+        if relayed is not None:
+            return relayed
         body = s.decode(tokenize_decoder, req.body)
         backend = self.backends.get(body.model)
         text, chat = self._input(body)
@@ -141,6 +145,9 @@ class _Extensions:
         return text, None
 
     def detokenize(self, req: Request) -> HandlerResult:
+        relayed = self.backends.relayed(req, "/detokenize")
+        if relayed is not None:
+            return relayed
         body = s.decode(detokenize_decoder, req.body)
         return _detokenized(self.backends.get(body.model), body.tokens)
 
@@ -152,6 +159,7 @@ class _Extensions:
         body = s.decode(rerank_decoder, req.body)
         docs = [d if isinstance(d, str) else d.text for d in body.documents]
         check_count(len(docs), self.limits.embedding_inputs, "documents", "documents")
+        req.ask_priority(body.priority)  # over x-priority and the key's default
         backend = self.backends.get(body.model)
         work = backend.rerank(body.query, docs, req)
         return _reranked(work, body, docs)

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from ..openai.schemas import Message
+from ..openai.schemas import Message, PriorityClass
 
 # Largest text tokenized at once, in UTF-8 bytes: its tokens (at most one a byte, plus
 # specials) must fit the engine's bounded answer (``models/llamacpp_side.py``).
@@ -72,13 +72,15 @@ class RerankDocument(Struct, kw_only=True, forbid_unknown_fields=True):
 class RerankRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """``documents`` scored against ``query``: strings or ``{"text"}`` objects (Jina's and
     Cohere's). ``top_n``: the best n only (0 or absent: every one); ``return_documents``
-    (default true): each result carries its document's text."""
+    (default true): each result carries its document's text. ``priority``: the
+    request's class (vLLM's field), as on chat and embeddings."""
 
     model: str
     query: str
     documents: Annotated[list[str | RerankDocument], Meta(min_length=1)]
     top_n: Annotated[int, Meta(ge=0)] | None = None
     return_documents: bool | None = None
+    priority: PriorityClass | None = None
 
 
 class RerankResult(Struct, omit_defaults=True):

@@ -92,6 +92,10 @@ _USAGE_ROUTES = frozenset(("/chat/completions", "/completions"))
 # A client's credential headers: meant for this server, not for the upstream.
 # The upstream route of Anthropic's Messages API (and its token count).
 MESSAGES_PATH = "/messages"
+# Routes served beside the API's base rather than under it (vLLM's and llama.cpp's
+# /tokenize and /detokenize sit at the root while the model is relayed to .../v1): sent
+# to the base URL's path without a final "/v1".
+ROOT_PATHS = frozenset(("/tokenize", "/detokenize"))
 _CREDENTIALS = frozenset((b"authorization", b"api-key", b"x-api-key"))
 # The statuses with which OpenAI-compatible servers refuse a field they do not accept
 # (400; 422 from FastAPI/pydantic validation).
@@ -287,7 +291,10 @@ class Relay:
             spliced = asked and resent is None and self.stream_options.get(option) is not False
             send = body if spliced or not asked else unasked
             size = sum(b.nbytes if isinstance(b, memoryview) else len(b) for b in send)
-            target = up.url.base_path + path + ("?" + query if query else "")
+            base = up.url.base_path
+            if path in ROOT_PATHS:
+                base = base.removesuffix("/v1")
+            target = base + path + ("?" + query if query else "")
             head = request_head(
                 req.method, target, up.url.authority, size, self._client_headers(req), extra
             )

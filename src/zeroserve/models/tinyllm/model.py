@@ -15,8 +15,9 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from ..base import ExecutorKind, GenerateRequest, Model
+from ..base import GENERATE_EXTENSIONS, ExecutorKind, GenerateRequest, Model
 from ._forward import KVCache, Weights, forward
+from ._sample import Sampler
 from ._text import TextStream, token_bytes
 
 FinishReason = Literal["stop", "length"]
@@ -50,10 +51,13 @@ class TinyLlamaModel(Model):
         except StopIteration as done:
             finish_reason = done.value
 
-    Sampling: ``temperature`` 0 is greedy (deterministic); otherwise softmax at that
-    temperature, restricted to the smallest set of tokens whose probability reaches
-    ``top_p``, drawn from ``numpy.random.default_rng(seed)`` (deterministic for a given
-    seed). ``max_tokens`` counts generated tokens; ``None`` means until the context is
+    Sampling (``_sample.py``): ``temperature`` 0 is greedy (deterministic); otherwise
+    softmax at that temperature, restricted to the smallest set of tokens whose
+    probability reaches ``top_p``, drawn from ``numpy.random.default_rng(seed)``
+    (deterministic for a given seed). It honours vLLM's ``top_k``, ``min_p``,
+    ``repetition_penalty``, ``ignore_eos`` (no end token: the answer runs to
+    ``max_tokens`` or the full context) and ``min_tokens`` (no end token before that
+    many; stop strings still end it). ``max_tokens`` counts generated tokens; ``None`` means until the context is
     full. The prompt is preceded by one ``<|endoftext|>`` token (a document boundary, as
     in training); a prompt longer than the context keeps its last tokens.
 
@@ -85,6 +89,7 @@ class TinyLlamaModel(Model):
         "docs; writes fluent-looking, meaningless Python-doc prose"
     )
     context_length: ClassVar[int | None] = CONTEXT_LENGTH
+    honours: ClassVar[frozenset[str]] = GENERATE_EXTENSIONS
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -134,10 +139,10 @@ class TinyLlamaModel(Model):
         cache = KVCache(w, min(CONTEXT_LENGTH, len(ids) + limit))
         logits = forward(w, np.asarray(ids, dtype=np.intp), cache)
         stream = TextStream(req.stop)
-        rng = np.random.default_rng(req.seed) if req.temperature > 0 else None
+        sampler = Sampler(req, w.embed.shape[0], self._end_ids, ids)
         produced = 0
         while True:
-            tok = _sample(logits, req.temperature, req.top_p, rng)
+            tok = sampler.next(logits, produced)
             produced += 1
             if tok in self._end_ids:
                 tail = stream.flush()
@@ -212,24 +217,3 @@ class TinyLlamaModel(Model):
             self._tokenizer = tok
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
         return ids
-
-
-def _sample(
-    logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator | None
-) -> int:
-    """Next token: greedy at temperature 0, else nucleus sampling with ``rng``."""
-    if rng is None or temperature <= 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    z -= z.max()
-    p = np.exp(z)
-    p /= p.sum()
-    if top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        cum = np.cumsum(p[order])
-        keep = int(np.searchsorted(cum, max(top_p, 0.0))) + 1
-        order = order[:keep]
-        cum = cum[:keep]
-        return int(order[min(int(np.searchsorted(cum, rng.random() * cum[-1], "right")), keep - 1)])
-    cum = np.cumsum(p)
-    return int(min(int(np.searchsorted(cum, rng.random() * cum[-1], "right")), len(p) - 1))

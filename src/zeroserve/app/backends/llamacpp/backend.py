@@ -212,7 +212,7 @@ class LlamaCppBackend:
         for _, payload in parts:
             metrics.count_copy("engine_body", len(payload))
         deadline = self._deadline(openai_timeout(req))
-        ticket = self.handle.admit()  # Overloaded: 429
+        ticket = self.handle.admit(req.priority)  # its class, as chat's; Overloaded: 429
         return self._rerank(req, parts, ticket, deadline)
 
     async def _rerank(
