@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -38,6 +39,7 @@ from ..models.loader import ModelRef
 from .admission import DEFAULT_RETRY_AFTER_S
 from .clock import Timer, call_at
 from .engine import Engine
+from .model_replace import EntryVersion, ReplaceListener, entry_version, replace
 from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
 from .options import ModelConfig
 
@@ -56,8 +58,8 @@ FAILED_RETRY_S = 10.0
 log = logging.getLogger("zeroserve")
 
 
-class ModelListener(Protocol):
-    """What hears of loads and unloads (the application's backend table)."""
+class ModelListener(ReplaceListener, Protocol):
+    """What hears of loads, replaces and unloads (the application's backend table)."""
 
     def model_loaded(self, name: str) -> None:
         """The engine now serves ``name``; raising fails the load."""
@@ -133,20 +135,31 @@ class ModelManager:
         self._machines = {name: ModelStateMachine() for name in self._entries}
         self._locks: dict[str, asyncio.Lock] = {}
         self._loads: dict[str, asyncio.Task[None]] = {}
+        # What each loaded model was loaded from, and the old versions of replaced
+        # models still finishing their work (runtime/model_replace.py).
+        self._versions: dict[str, EntryVersion] = {}
+        self._replacing: set[str] = set()
+        self._retiring: dict[str, asyncio.Task[None]] = {}
         for name in loaded:
             machine = self._machine(name)
             machine.to(ModelState.LOADING)
             machine.to(ModelState.LOADED)
+            self._versions[name] = entry_version(self._entries[name])
 
     # -- queries ---------------------------------------------------------------------------
     def entries(self) -> dict[str, CatalogEntry]:
         return dict(self._entries)
 
     def status(self, name: str) -> ModelStateSnapshot:
-        return self._machine(name).status
+        return self._snapshot(name, self._machine(name))
 
     def statuses(self) -> dict[str, ModelStateSnapshot]:
-        return {name: m.status for name, m in self._machines.items()}
+        return {name: self._snapshot(name, m) for name, m in self._machines.items()}
+
+    def _snapshot(self, name: str, machine: ModelStateMachine) -> ModelStateSnapshot:
+        if name in self._replacing and machine.state is ModelState.LOADED:
+            return dataclasses.replace(machine.status, replacing=True)
+        return machine.status
 
     def statistics(self) -> dict[str, ModelManagerStatistics]:
         """Loads, failures, unloads and evictions by model (an immutable snapshot)."""
@@ -192,8 +205,13 @@ class ModelManager:
             self._machines.setdefault(name, ModelStateMachine())
         return added, removed
 
-    async def load(self, name: str, timeout: float | None = None) -> None:
+    async def load(self, name: str, timeout: float | None = None, *, replace: bool = True) -> None:
         """Load ``name`` unless loaded; join the load already running, if any.
+
+        A loaded model whose catalog entry changed since its load (``entry_version``) is
+        replaced when ``replace`` (runtime/model_replace.py): this returns once the new
+        version serves, the old one finishing its work behind; if the new one fails,
+        the old one serves on and this raises. An unchanged loaded model: nothing to do.
 
         Raises ``ModelLoadError`` (or ``SpecError``) with the load's reason; the model is
         then ``failed`` and a later call tries again. ``timeout`` bounds this caller's
@@ -203,8 +221,11 @@ class ModelManager:
         task = self._loads.get(name)
         if task is None:
             if self._machine(name).state is ModelState.LOADED:
-                return
-            task = asyncio.ensure_future(self._load(entry))
+                if not replace or self._versions.get(name) == entry_version(entry):
+                    return
+                task = asyncio.ensure_future(self._replace(entry))
+            else:
+                task = asyncio.ensure_future(self._load(entry))
             self._loads[name] = task
             task.add_done_callback(self._load_done(name))
         if timeout is None:
@@ -223,7 +244,7 @@ class ModelManager:
             and name not in self._loads
         ):
             raise ModelLoadError(name, failed[1])
-        await self.load(name, timeout)
+        await self.load(name, timeout, replace=False)
 
     def retry_after(self, name: str) -> float:
         """Seconds until ``ensure`` tries a failed model again (at least 1)."""
@@ -286,6 +307,10 @@ class ModelManager:
     async def aclose(self) -> None:
         """Stop the idle timer and the metrics (the engine's own close stops the models)."""
         metrics.unregister_source("model")
+        for task in list(self._retiring.values()):
+            task.cancel()  # the old versions stop now, as the engine's close stops all
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -359,6 +384,55 @@ class ModelManager:
             self._counts_of(name).unloads += 1
         if self.listener is not None:
             await self.listener.model_unloaded(name)
+        await self.wait_retired(name)
+
+    # -- replace (runtime/model_replace.py) ----------------------------------------------
+    async def wait_retired(self, name: str) -> None:
+        """Return once the old version of a replaced ``name`` (if any) has stopped."""
+        task = self._retiring.get(name)
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+
+    async def _replace(self, entry: CatalogEntry) -> None:
+        name = entry.name
+        async with self._lock(name):
+            if self._machine(name).state is ModelState.LOADED:
+                await self._replace_locked(entry)
+                return
+        await self._load(entry)  # unloaded meanwhile: a plain load
+
+    async def _replace_locked(self, entry: CatalogEntry) -> None:
+        name = entry.name
+        await self.wait_retired(name)  # never a third version at once
+        version = entry_version(entry)
+        if self._versions.get(name) == version:
+            return
+        self._replacing.add(name)
+        started = time.monotonic()
+        try:
+            retire = await replace(self._engine, name, config_for(entry.ref), self.listener)
+        except BaseException as exc:
+            self._replacing.discard(name)
+            self._counts_of(name).failed_loads += 1
+            log.warning("model %r: its new version did not load, the old one serves: %s", name, exc)
+            raise
+        self._versions[name] = version
+        self._record_load(name, time.monotonic() - started)
+        task = self._retiring[name] = asyncio.ensure_future(retire())
+        task.add_done_callback(self._retired(name))
+
+    def _retired(self, name: str) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            if self._retiring.get(name) is task:
+                del self._retiring[name]
+                self._replacing.discard(name)
+            if not task.cancelled() and task.exception() is not None:
+                log.error(
+                    "model %r: stopping its old version failed", name, exc_info=task.exception()
+                )
+
+        return done
 
     async def _load(self, entry: CatalogEntry) -> None:
         name = entry.name
@@ -368,6 +442,7 @@ class ModelManager:
                 return
             await self._make_room(name)
             machine.to(ModelState.LOADING)  # no await since the room was checked
+            version = entry_version(entry)  # before the load reads the file
             started = time.monotonic()  # a duration for the metric, not the engine clock
             try:
                 await self._engine.load(name, config_for(entry.ref))
@@ -385,11 +460,14 @@ class ModelManager:
                 raise
             machine.to(ModelState.LOADED)
             self._failed_at.pop(name, None)
-            took = time.monotonic() - started
-            counts = self._counts_of(name)
-            counts.loads += 1
-            counts.load_seconds = took
-            metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
+            self._versions[name] = version
+            self._record_load(name, time.monotonic() - started)
+
+    def _record_load(self, name: str, took: float) -> None:
+        counts = self._counts_of(name)
+        counts.loads += 1
+        counts.load_seconds = took
+        metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
 
     async def _announce(self, name: str) -> None:
         """Tell the listener; if it refuses the model, the engine stops serving it."""

@@ -21,7 +21,7 @@ dispatches as if the model had been there: the load adds the backend through
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 import msgspec
@@ -91,13 +91,16 @@ class Backends:
 
     def add(self, name: str) -> Backend:
         """Build the backend of model ``name`` (ready in the engine)."""
+        backend = self._table[name] = self._build(name)
+        self._forwarding += backend.forwards
+        return backend
+
+    def _build(self, name: str) -> Backend:
         handle = self.engine.model(name)
         factory = FACTORIES.get(handle.model.served_by)
         if factory is None:
             raise ValueError(f"model {name!r} is served by {handle.model.served_by!r}, unknown")
-        backend = self._table[name] = factory(handle)
-        self._forwarding += backend.forwards
-        return backend
+        return factory(handle)
 
     async def remove(self, name: str) -> None:
         """Drop model ``name``'s backend (the model is going away)."""
@@ -108,6 +111,16 @@ class Backends:
     # The model manager's listener (runtime/model_manager.py, ModelListener).
     def model_loaded(self, name: str) -> None:
         self.add(name)
+
+    def model_replaced(self, name: str) -> Callable[[], Awaitable[None]]:
+        """``name``'s new version serves (runtime/model_replace.py): its backend takes
+        the old one's place now; the old one is closed by the returned call, once the old
+        version has finished its work (its streams may still use it until then)."""
+        fresh = self._build(name)
+        old = self._table[name]
+        self._table[name] = fresh
+        self._forwarding += fresh.forwards - old.forwards
+        return old.aclose
 
     async def model_unloaded(self, name: str) -> None:
         if name in self._table:

@@ -25,7 +25,7 @@ def load_status(snapshot: ModelStateSnapshot) -> ModelLoadStatus:
     """A state in llama.cpp router's shape (a failed model is ``unloaded``, ``failed``)."""
     if snapshot.state is ModelState.FAILED:
         return ModelLoadStatus(value="unloaded", failed=True, reason=snapshot.reason or "")
-    return ModelLoadStatus(value=snapshot.state.value)  # type: ignore[arg-type]
+    return ModelLoadStatus(value=snapshot.state.value, replacing=snapshot.replacing)  # type: ignore[arg-type]
 
 
 class ManagerAutoload:
