@@ -70,9 +70,10 @@ class Autoload(Protocol):
         """Whether ``name`` is a model that is not served now but may be loaded for a
         request (cheap: called when a request names a model not in the table)."""
 
-    async def wait_loaded(self, name: str, req: Request) -> None:
-        """Load ``name`` (or join its load) within ``req``'s deadline; raise the error
-        the request is answered with when it cannot be loaded in time."""
+    async def wait_loaded(self, name: str, req: Request, timeout_s: float | None = None) -> None:
+        """Load ``name`` (or join its load) within ``req``'s deadline (``timeout_s``: the
+        timeout the request's API asked for, when it is not the OpenAI SDK's header);
+        raise the error the request is answered with when it cannot be loaded in time."""
 
 
 class Backends:
@@ -234,6 +235,19 @@ class Backends:
         return _counted(backend, chat, answer)
 
     # -- autoload --------------------------------------------------------------------------
+    def loadable(self, name: str) -> bool:
+        """Whether a request for ``name`` would load it now (a catalog model that is not
+        served, with autoload on): routes that admit at the head (raw, KServe V2) then
+        admit after ``wait_loaded`` instead."""
+        return self._loadable(name)
+
+    async def wait_loaded(self, name: str, req: Request, timeout_s: float | None = None) -> None:
+        """Load ``name`` for ``req`` (``Autoload.wait_loaded``); ``ModelNotFound`` when
+        autoload is off."""
+        if self.autoload is None:
+            raise ModelNotFound("the requested model is not served")
+        await self.autoload.wait_loaded(name, req, timeout_s)
+
     def _loadable(self, name: str) -> bool:
         return (
             self.autoload is not None and name not in self._table and self.autoload.can_load(name)
