@@ -21,6 +21,7 @@ from . import (
     messages,
     p64,
     ray,
+    replace,
     rerank,
     tinyllm,
     w1,
@@ -52,4 +53,5 @@ SUITES: dict[str, Suite] = {
     "P64": p64.p64,  # 64 MiB through the process executor
     "RAY": ray.ray,  # executor=ray on the same node vs process: 4 MiB V2 binary, 256-token SSE
     "EDGE": edge.edge,  # API key vs none (W1 64 KiB, W2); W1 over TLS vs uvicorn and granian
+    "replace": replace.replace,  # 8 clients while the model is replaced 5 times: 0 failures
 }
