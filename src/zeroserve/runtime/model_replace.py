@@ -1,5 +1,6 @@
 """Replacing a loaded model without dropping anything (docs/architecture.md, "Models at
-run time"; docs/models.md, "Replacing a loaded model").
+run time"; docs/models.md, "Replacing a loaded model"; the choices:
+docs/decisions/0042-replace-by-entry-version-beside-the-old.md).
 
 Strategy
 --------
