@@ -44,6 +44,7 @@ examples:
   zeroserve serve --model mine=my_model:MyModel    a zeroserve.Model in ./my_model.py
   zeroserve serve --host 0.0.0.0 --api-keys-file keys.toml --access-log -
   zeroserve serve --models-dir ./models --keep-alive 10m --models-max 2
+  zeroserve serve --allow-pull --model 'chat=hf:ORG/REPO:FILE.gguf?n_ctx=4096'
 
 Then: curl http://127.0.0.1:8000/v1/models, or the openai SDK with
 base_url="http://127.0.0.1:8000/v1". The page at / is a playground and live dashboard.
