@@ -23,6 +23,7 @@ from . import (
     p64,
     priorities,
     ray,
+    replace,
     rerank,
     tinyllm,
     w1,
@@ -56,4 +57,5 @@ SUITES: dict[str, Suite] = {
     "P64": p64.p64,  # 64 MiB through the process executor
     "RAY": ray.ray,  # executor=ray on the same node vs process: 4 MiB V2 binary, 256-token SSE
     "EDGE": edge.edge,  # API key vs none (W1 64 KiB, W2); W1 over TLS vs uvicorn and granian
+    "replace": replace.replace,  # 8 clients while the model is replaced 5 times: 0 failures
 }

@@ -23,7 +23,7 @@ def test_runtime_suites_are_registered() -> None:
 
 def test_catalog_names_every_suite_once_per_module() -> None:
     """The catalog is explicit: W1-W8, P64, RAY, EDGE, the default model, rerank, priorities,
-    models at run time and the gateway, each a function of its own module under
+    models at run time, the gateway and replace, each a function of its own module under
     benchmarks/suites/."""
     assert list(SUITES) == [
         "W1",
@@ -44,6 +44,7 @@ def test_catalog_names_every_suite_once_per_module() -> None:
         "P64",
         "RAY",
         "EDGE",
+        "replace",
     ]
     modules = [fn.__module__ for fn in SUITES.values()]
     assert len(set(modules)) == len(modules)

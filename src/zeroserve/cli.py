@@ -18,6 +18,7 @@ from .loadgen import add_arguments as add_loadgen_arguments
 from .loadgen import main as loadgen_main
 from .models.catalog import CatalogEntry, server_catalog
 from .models.loader import BACKENDS, BUILTINS, ModelRef, parse_spec
+from .models.pull import spec_from_pull
 
 log = logging.getLogger("zeroserve")
 
@@ -43,6 +44,7 @@ examples:
   zeroserve serve --model mine=my_model:MyModel    a zeroserve.Model in ./my_model.py
   zeroserve serve --host 0.0.0.0 --api-keys-file keys.toml --access-log -
   zeroserve serve --models-dir ./models --keep-alive 10m --models-max 2
+  zeroserve serve --allow-pull --model 'chat=hf:ORG/REPO:FILE.gguf?n_ctx=4096'
 
 Then: curl http://127.0.0.1:8000/v1/models, or the openai SDK with
 base_url="http://127.0.0.1:8000/v1". The page at / is a playground and live dashboard.
@@ -378,14 +380,23 @@ def _common(p: argparse.ArgumentParser) -> None:
         f"or NAME=BACKEND:LOCATION ({', '.join(BACKENDS)}), e.g. NAME=llamacpp:/path/model.gguf; "
         "options after '?', e.g. 'mine=my_model:MyModel?executor=process&workers=2'",
     )
+    p.add_argument(
+        "--allow-pull",
+        action="store_true",
+        help="let a --model NAME=hf:ORG/REPO[:FILE] (or NAME=https://URL) spec fetch its "
+        "file into the cache (ZEROSERVE_CACHE) at start; without it such a spec is an error "
+        "and nothing is fetched",
+    )
     p.add_argument("--config", help="TOML configuration file")
 
 
-def model_specs(cfg: Config) -> list[ModelRef]:
+def model_specs(cfg: Config, allow_pull: bool = False) -> list[ModelRef]:
+    """The ``--model`` specs parsed; one naming ``hf:``/a URL is pulled first when
+    ``allow_pull`` (``models/pull.py``, ``spec_from_pull``), else ``ConfigError``."""
     texts = list(cfg.models)
     if not texts and cfg.default_models and cfg.models_dir is None:
         texts = list(DEFAULT_MODELS)
-    specs = [parse_spec(t) for t in texts]
+    specs = [parse_spec(spec_from_pull(t, allow_pull)) for t in texts]
     names = [s.name for s in specs]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -468,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
         _import_from_cwd()
-        specs = model_specs(cfg)
+        specs = model_specs(cfg, args.allow_pull)
         if args.command == "models":
             models_dir = Path(cfg.models_dir) if cfg.models_dir is not None else None
             return _list_models(server_catalog(specs, models_dir))

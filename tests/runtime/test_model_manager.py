@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -220,6 +221,9 @@ class _Listener:
         if name == self.refused:
             raise ValueError("no backend serves it")
         self.events.append(("loaded", name))
+
+    def model_replaced(self, name: str) -> Callable[[], Awaitable[None]]:
+        raise AssertionError("no model is replaced here")
 
     async def model_unloaded(self, name: str) -> None:
         self.events.append(("unloaded", name))

@@ -64,7 +64,7 @@ class App:
         openai.register(self.router, engine, self.backends, self.limits, models)
         anthropic.register(self.router, self.backends, self.limits)
         extensions.register(self.router, self.backends, self.limits)
-        kserve.register(self.router, engine, self.limits)
+        kserve.register(self.router, engine, self.limits, self.backends)
         stats.register(self.router, engine)
         if models is not None:
             control.register(self.router, models, keyed=self.edge.keys is not None)

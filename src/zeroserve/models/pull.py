@@ -13,9 +13,9 @@ import http.client
 import os
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from zeroserve.errors import RequestError, UpstreamError
+from zeroserve.errors import ConfigError, RequestError, UpstreamError, ZeroserveError
 from zeroserve.models.cache import PullSource, cache_dir, parse_source, verify_pin
 
 #: Bytes per read while streaming a URL download to its ``.part`` file.
@@ -91,3 +91,52 @@ def _pull_url(source: PullSource, base: Path) -> Path:
         )
     part.replace(final)
     return final
+
+
+# What a ``--model`` spec starts with (after ``NAME=``) when it names a pull source.
+PULL_PREFIXES = ("hf:", "https://", "http://")
+
+
+def names_pull(spec: str) -> bool:
+    """Whether ``--model`` ``spec`` (``[NAME=]SOURCE[?options]``) names a pull source."""
+    name, sep, rest = spec.partition("=")
+    body = rest if sep and not any(c in name for c in ":/?") else spec
+    return body.startswith(PULL_PREFIXES)
+
+
+def spec_from_pull(spec: str, allow_pull: bool, root: Path | None = None) -> str:
+    """A ``--model NAME=hf:ORG/REPO[:FILE][?options]`` spec (or ``NAME=https://...``) as
+    the llama.cpp spec of the file it names, pulled into the cache first (docs/models.md,
+    "Pulling models"); any other spec unchanged. ``sha256=`` among the options pins the
+    file (checked by the pull); the other options go to llama.cpp. Without a ``NAME=``
+    the model is named after the file.
+
+    Raises:
+        ConfigError: the spec names a pull and ``allow_pull`` is false (naming the flag),
+            or the pull failed (naming the source and why).
+    """
+    if not names_pull(spec):
+        return spec
+    name, sep, rest = spec.partition("=")
+    if not sep or any(c in name for c in ":/?"):
+        name, rest = "", spec
+    if not allow_pull:
+        raise ConfigError(
+            f"model spec {spec!r} names {rest.partition('?')[0]!r} to fetch: start with "
+            "--allow-pull to pull it into the cache (nothing is fetched without it), or "
+            "`zeroserve pull` it first and name the file"
+        )
+    location, _, query = rest.partition("?")
+    options = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "sha256"]
+    pins = [v for k, v in parse_qsl(query, keep_blank_values=True) if k == "sha256"]
+    source = location + (f"?sha256={pins[-1]}" if pins else "")
+    try:
+        path = pull(source, root)
+    except ZeroserveError as exc:
+        raise ConfigError(f"cannot pull {location!r} for --model: {exc.message}") from exc
+    except Exception as exc:  # the hub client's own errors: connection, 404, offline
+        raise ConfigError(
+            f"cannot pull {location!r} for --model: {type(exc).__name__}: {exc}"
+        ) from exc
+    text = f"{name or path.stem}=llamacpp:{path}"
+    return text + ("?" + urlencode(options) if options else "")

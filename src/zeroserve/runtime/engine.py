@@ -98,6 +98,8 @@ class Engine:
         # One handle per model, made once: a handle holds no per-request state, and the
         # raw endpoint resolves one at every request head.
         self._handles: dict[str, ModelHandle] = {}
+        # Versions replaced by ``switch`` that still finish what they admitted.
+        self._retiring: set[ModelRuntime] = set()
         self._started = False
         self._closed = False
         # Hears the name of each model whose last request or stream just ended (the
@@ -149,7 +151,7 @@ class Engine:
 
         Raises ``ModelLoadError`` naming the model when it cannot load; its workers are
         stopped first, so a failed load leaves nothing behind. ``ValueError`` when a model
-        of that name is loaded already (replacing one is a separate, draining step).
+        of that name is loaded already (``load_beside`` and ``switch`` replace one).
         """
         if not self._started or self._closed:
             raise RuntimeError("the engine is not serving: start it before loading models")
@@ -157,6 +159,50 @@ class Engine:
             raise ValueError(f"model {name!r} is loaded already")
         if cfg.name and cfg.name != name:
             raise ValueError(f"model config {cfg.name!r} loaded under the name {name!r}")
+        rt = await self._start_runtime(name, cfg)
+        self.configs[name] = cfg
+        self._models[name] = rt
+        self._handles[name] = ModelHandle(rt)
+
+    async def load_beside(self, name: str, cfg: ModelConfig) -> ModelRuntime:
+        """Start a new version of loaded model ``name`` beside the one serving, without
+        serving it yet (``switch`` does; docs/architecture.md, "Models at run time").
+
+        Raises ``ModelLoadError`` when it cannot load (its workers stopped, the serving
+        version untouched); ``ModelNotFound`` when ``name`` is not loaded.
+        """
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        if name not in self._handles:
+            raise ModelNotFound(f"model {name!r} is not loaded")
+        if cfg.name and cfg.name != name:
+            raise ValueError(f"model config {cfg.name!r} loaded under the name {name!r}")
+        return await self._start_runtime(name, cfg)
+
+    def switch(self, name: str, rt: ModelRuntime, cfg: ModelConfig) -> ModelRuntime:
+        """Serve ``rt`` (from ``load_beside``) as ``name`` from now on, in one step with no
+        await: a request that finds ``name`` after this gets ``rt``. Returns the version
+        it replaced, still running what it admitted: ``retire`` it."""
+        old = self._models[name]
+        self._retiring.discard(rt)  # a switch back to a version that was retiring
+        self._models[name] = rt
+        self._handles[name] = ModelHandle(rt)
+        self.configs[name] = cfg
+        self._retiring.add(old)
+        return old
+
+    async def retire(self, rt: ModelRuntime) -> None:
+        """Stop a version ``switch`` replaced (or one ``load_beside`` started and nobody
+        served) once the requests and streams it admitted have ended (their own
+        deadlines bound them); its workers then stop."""
+        rt.admission.close(f"model {rt.spec.name!r} was replaced by a new version")
+        try:
+            await rt.admission.wait_idle()
+        finally:
+            self._retiring.discard(rt)
+            await rt.aclose()
+
+    async def _start_runtime(self, name: str, cfg: ModelConfig) -> ModelRuntime:
         spec, meta = self._resolve(name, cfg)
         rt = ModelRuntime(
             spec, meta, self._executor(spec, meta), clock=self.clock, options=self.options
@@ -174,9 +220,7 @@ class Engine:
         rt.start_slots()
         rt.start_batchers()
         rt.admission.on_idle = partial(self._went_idle, name)
-        self.configs[name] = cfg
-        self._models[name] = rt
-        self._handles[name] = ModelHandle(rt)
+        return rt
 
     async def unload(self, name: str) -> None:
         """Stop serving ``name``: new requests no longer find it, the requests and
@@ -198,7 +242,7 @@ class Engine:
             return
         self._closed = True
         self._unregister_metrics()
-        for rt in self._models.values():
+        for rt in [*self._models.values(), *self._retiring]:
             await rt.aclose()
         if self._owns_arena:
             self.arena.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -33,14 +34,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .. import metrics
-from ..errors import ModelLoadError, ModelNotFound, Overloaded, RequestError
+from ..errors import ModelLoadError, ModelNotFound, RequestError
 from ..models.catalog import CatalogEntry
 from ..models.loader import ModelRef
 from .admission import DEFAULT_RETRY_AFTER_S
 from .clock import Timer, call_at
 from .engine import Engine
 from .load_reasons import public_reason
+from .model_eviction import RoomKeeping
 from .model_memory import LoadMeter, pids_rss
+from .model_replace import EntryVersion, ReplaceListener, entry_version, replace
 from .model_room import Room, RoomStatistics
 from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
 from .options import ModelConfig
@@ -60,8 +63,8 @@ FAILED_RETRY_S = 10.0
 log = logging.getLogger("zeroserve")
 
 
-class ModelListener(Protocol):
-    """What hears of loads and unloads (the application's backend table)."""
+class ModelListener(ReplaceListener, Protocol):
+    """What hears of loads, replaces and unloads (the application's backend table)."""
 
     def model_loaded(self, name: str) -> None:
         """The engine now serves ``name``; raising fails the load."""
@@ -101,7 +104,7 @@ class _Counts:
         self.load_seconds = 0.0
 
 
-class ModelManager:
+class ModelManager(RoomKeeping):
     """Catalog entries, their states, and the loads and unloads that move them."""
 
     def __init__(
@@ -149,6 +152,11 @@ class ModelManager:
         self._machines = {name: ModelStateMachine() for name in self._entries}
         self._locks: dict[str, asyncio.Lock] = {}
         self._loads: dict[str, asyncio.Task[None]] = {}
+        # What each loaded model was loaded from, and the old versions of replaced
+        # models still finishing their work (runtime/model_replace.py).
+        self._versions: dict[str, EntryVersion] = {}
+        self._replacing: set[str] = set()
+        self._retiring: dict[str, asyncio.Task[None]] = {}
         for name in loaded:
             machine = self._machine(name)
             machine.to(ModelState.LOADING)
@@ -157,16 +165,22 @@ class ModelManager:
             self.room.counted[name] = pids_rss(engine.worker_pids(name)) or (
                 self.room.need(self._entries[name]) if models_memory is not None else 0
             )
+            self._versions[name] = entry_version(self._entries[name])
 
     # -- queries ---------------------------------------------------------------------------
     def entries(self) -> dict[str, CatalogEntry]:
         return dict(self._entries)
 
     def status(self, name: str) -> ModelStateSnapshot:
-        return self._machine(name).status
+        return self._snapshot(name, self._machine(name))
 
     def statuses(self) -> dict[str, ModelStateSnapshot]:
-        return {name: m.status for name, m in self._machines.items()}
+        return {name: self._snapshot(name, m) for name, m in self._machines.items()}
+
+    def _snapshot(self, name: str, machine: ModelStateMachine) -> ModelStateSnapshot:
+        if name in self._replacing and machine.state is ModelState.LOADED:
+            return dataclasses.replace(machine.status, replacing=True)
+        return machine.status
 
     def statistics(self) -> dict[str, ModelManagerStatistics]:
         """Loads, failures, unloads and evictions by model (an immutable snapshot)."""
@@ -219,8 +233,13 @@ class ModelManager:
             self._machines.setdefault(name, ModelStateMachine())
         return added, removed
 
-    async def load(self, name: str, timeout: float | None = None) -> None:
+    async def load(self, name: str, timeout: float | None = None, *, replace: bool = True) -> None:
         """Load ``name`` unless loaded; join the load already running, if any.
+
+        A loaded model whose catalog entry changed since its load (``entry_version``) is
+        replaced when ``replace`` (runtime/model_replace.py): this returns once the new
+        version serves, the old one finishing its work behind; if the new one fails,
+        the old one serves on and this raises. An unchanged loaded model: nothing to do.
 
         Raises ``ModelLoadError`` (or ``SpecError``) with the load's reason; the model is
         then ``failed`` and a later call tries again. ``timeout`` bounds this caller's
@@ -230,8 +249,11 @@ class ModelManager:
         task = self._loads.get(name)
         if task is None:
             if self._machine(name).state is ModelState.LOADED:
-                return
-            task = asyncio.ensure_future(self._load(entry))
+                if not replace or self._versions.get(name) == entry_version(entry):
+                    return
+                task = asyncio.ensure_future(self._replace(entry))
+            else:
+                task = asyncio.ensure_future(self._load(entry))
             self._loads[name] = task
             task.add_done_callback(self._load_done(name))
         await self._await_load(name, task, timeout)
@@ -247,7 +269,7 @@ class ModelManager:
             and name not in self._loads
         ):
             raise ModelLoadError(name, failed[1])
-        await self.load(name, timeout)
+        await self.load(name, timeout, replace=False)
 
     @property
     def default_wait_s(self) -> float:
@@ -319,6 +341,10 @@ class ModelManager:
         """Stop the idle timer and the metrics (the engine's own close stops the models)."""
         metrics.unregister_source("model")
         metrics.unregister_source("models_memory")
+        for task in list(self._retiring.values()):
+            task.cancel()  # the old versions stop now, as the engine's close stops all
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -382,116 +408,12 @@ class ModelManager:
         if asked == 0 and self._timer is not None and idle_reap:
             self._reaping = asyncio.ensure_future(self._reap())
 
-    async def _make_room(self, name: str, need: int) -> None:
-        """Unload least recently used idle, unpinned models until ``name`` (``need``
-        bytes) fits under ``models_max`` and ``models_memory``. With nothing to unload
-        (every other model busy or pinned), wait for room: the room is looked at again
-        whenever a model goes idle, is unloaded or a load ends (``Room.wake``); the
-        callers' own timeouts bound the wait (``_await_load``). Nothing in flight is cut."""
-        if not self.room.capped() or self.room.too_big(need):
-            return  # too big never fits: the load fails with the reason (``_load``)
-        while True:
-            held = self._held(name)
-            if self.room.fits(held, need):
-                return
-            count_full = self.room.models_max is not None and len(held) >= self.room.models_max
-            victim = self._least_recently_used(held, freeing=not count_full)
-            if victim is None:
-                self._room_wait.add(name)
-                try:
-                    await self.room.wait()
-                finally:
-                    self._room_wait.discard(name)
-                continue
-            await self._evict(victim)
-
-    def _held(self, name: str) -> list[str]:
-        """The models loaded or loading, other than ``name``."""
-        busy = (ModelState.LOADED, ModelState.LOADING)
-        return [n for n, m in self._machines.items() if m.state in busy and n != name]
-
-    def _least_recently_used(
-        self, held: list[str], keep: str = "", *, freeing: bool = False
-    ) -> str | None:
-        """The loaded, idle, unpinned model of ``held`` idle the longest (not ``keep``;
-        ``freeing``: only one that counts bytes, when memory is what is short)."""
-        idle = [
-            (since, n)
-            for n in held
-            if n != keep
-            and (not freeing or self.room.counted.get(n, 0) > 0)
-            and self._machines[n].state is ModelState.LOADED
-            and not self._entries[n].pin
-            and (since := self._engine.idle_since(n)) is not None
-        ]
-        return min(idle)[1] if idle else None
-
     async def _evict(self, victim: str) -> None:
         async with self._lock(victim):
             if self._machines[victim].state is ModelState.LOADED:
                 await self._unload_locked(victim)
                 self.evictions += 1
                 self._counts_of(victim).evictions += 1
-
-    async def _shed(self, name: str) -> None:
-        """After ``name`` loaded and measured more than expected: while the models
-        together exceed ``models_memory``, unload the least recently used idle, unpinned
-        others (those busy stay: the cap is exceeded until they go idle and a later
-        load sheds them)."""
-        cap = self.room.models_memory
-        while cap is not None and self.room.used() > cap:
-            victim = self._least_recently_used(self._held(name), keep=name, freeing=True)
-            if victim is None:
-                log.warning(
-                    "models use %d bytes, over --models-memory %d: nothing idle to unload",
-                    self.room.used(),
-                    cap,
-                )
-                return
-            await self._evict(victim)
-
-    async def _await_load(self, name: str, task: asyncio.Task[None], timeout: float | None) -> None:
-        """Await ``task`` (``name``'s shared load) as one of at most the model's queue
-        depth callers (more: ``Overloaded(503)`` with ``Retry-After``). A caller whose
-        ``timeout`` ends while the load waits for room gets ``Overloaded(503)`` saying so;
-        once its last caller has gone, a load the engine has not begun is dropped."""
-        waiting = self._callers.get(name, 0)
-        limit = self._waiters_max(name)
-        if waiting >= limit:
-            raise Overloaded(
-                f"{waiting} requests already wait for model {name!r} to load (the most, its "
-                "queue depth); try again shortly",
-                status=503,
-                retry_after=DEFAULT_RETRY_AFTER_S,
-            )
-        self._callers[name] = waiting + 1
-        try:
-            if timeout is None:
-                await asyncio.shield(task)
-            else:
-                await asyncio.wait_for(asyncio.shield(task), timeout)
-        except TimeoutError:
-            if name not in self._room_wait:
-                raise
-            raise Overloaded(
-                f"model {name!r} found no room to load in time: every loaded model is busy "
-                "or pinned (--models-max / --models-memory); try again shortly",
-                status=503,
-                retry_after=DEFAULT_RETRY_AFTER_S,
-            ) from None
-        finally:
-            left = self._callers[name] - 1
-            if left:
-                self._callers[name] = left
-            else:
-                del self._callers[name]
-                if name not in self._engine_loads and self._loads.get(name) is task:
-                    del self._loads[name]  # a later caller starts a fresh load
-                    task.cancel()
-
-    def _waiters_max(self, name: str) -> int:
-        depth = self._entries[name].ref.runtime.get("queue_depth")
-        return int(depth if depth is not None else self._engine.options.queue_depth)
 
     async def _unload_locked(self, name: str) -> None:
         machine = self._machines[name]
@@ -506,6 +428,55 @@ class ModelManager:
             self.room.wake()
         if self.listener is not None:
             await self.listener.model_unloaded(name)
+        await self.wait_retired(name)
+
+    # -- replace (runtime/model_replace.py) ----------------------------------------------
+    async def wait_retired(self, name: str) -> None:
+        """Return once the old version of a replaced ``name`` (if any) has stopped."""
+        task = self._retiring.get(name)
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+
+    async def _replace(self, entry: CatalogEntry) -> None:
+        name = entry.name
+        async with self._lock(name):
+            if self._machine(name).state is ModelState.LOADED:
+                await self._replace_locked(entry)
+                return
+        await self._load(entry)  # unloaded meanwhile: a plain load
+
+    async def _replace_locked(self, entry: CatalogEntry) -> None:
+        name = entry.name
+        await self.wait_retired(name)  # never a third version at once
+        version = entry_version(entry)
+        if self._versions.get(name) == version:
+            return
+        self._replacing.add(name)
+        started = time.monotonic()
+        try:
+            retire = await replace(self._engine, name, config_for(entry.ref), self.listener)
+        except BaseException as exc:
+            self._replacing.discard(name)
+            self._counts_of(name).failed_loads += 1
+            log.warning("model %r: its new version did not load, the old one serves: %s", name, exc)
+            raise
+        self._versions[name] = version
+        self._record_load(name, time.monotonic() - started)
+        task = self._retiring[name] = asyncio.ensure_future(retire())
+        task.add_done_callback(self._retired(name))
+
+    def _retired(self, name: str) -> Callable[[asyncio.Task[None]], None]:
+        def done(task: asyncio.Task[None]) -> None:
+            if self._retiring.get(name) is task:
+                del self._retiring[name]
+                self._replacing.discard(name)
+            if not task.cancelled() and task.exception() is not None:
+                log.error(
+                    "model %r: stopping its old version failed", name, exc_info=task.exception()
+                )
+
+        return done
 
     async def _load(self, entry: CatalogEntry) -> None:
         name = entry.name
@@ -518,6 +489,7 @@ class ModelManager:
             machine.to(ModelState.LOADING)  # no await since the room was checked
             self.room.counted[name] = need  # reserved while it loads
             self._engine_loads.add(name)
+            version = entry_version(entry)  # before the load reads the file
             started = time.monotonic()  # a duration for the metric, not the engine clock
             meter = LoadMeter()
             try:
@@ -554,12 +526,15 @@ class ModelManager:
             self.room.measured[name] = cost
             self.room.counted[name] = cost or need
             self._failed_at.pop(name, None)
-            took = time.monotonic() - started
-            counts = self._counts_of(name)
-            counts.loads += 1
-            counts.load_seconds = took
-            metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
+            self._versions[name] = version
+            self._record_load(name, time.monotonic() - started)
         await self._shed(name)
+
+    def _record_load(self, name: str, took: float) -> None:
+        counts = self._counts_of(name)
+        counts.loads += 1
+        counts.load_seconds = took
+        metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
 
     async def _announce(self, name: str) -> None:
         """Tell the listener; if it refuses the model, the engine stops serving it."""

@@ -54,6 +54,9 @@ class ModelStateSnapshot:
     state: ModelState
     reason: str | None = None
     loads: int = 0  # loads started, failed ones included
+    # A new version loads or serves while the old one finishes its work (the manager
+    # sets it; runtime/model_replace.py). The state stays ``loaded`` throughout.
+    replacing: bool = False
 
 
 class ModelStateMachine:

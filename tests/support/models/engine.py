@@ -193,3 +193,27 @@ class TurnstileEmbedder(Turnstile):
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         await self.infer([{"x": np.array([int(t)])} for t in texts])
         return np.zeros((len(texts), 2), dtype=np.float32)
+
+
+class Versioned(Model):
+    """A model that says which version and process serve it: ``generate`` yields
+    ``"<version>@<pid> "``, then, once the file ``hold`` exists (at once without one),
+    ``"done"``; ``infer`` answers ``raw`` with the same ``"<version>@<pid>"`` bytes.
+    Async, so a held stream waits on every executor without blocking its loop."""
+
+    def __init__(self, version: str = "v1", hold: str = "") -> None:
+        super().__init__()
+        self.version, self.hold = str(version), hold
+
+    def _tag(self) -> str:
+        return f"{self.version}@{os.getpid()}"
+
+    def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
+        tag = np.frombuffer(self._tag().encode(), dtype=np.uint8)
+        return [{"raw": tag} for _ in batch]
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[Piece]:  # type: ignore[override]
+        yield self._tag() + " "
+        while self.hold and not os.path.exists(self.hold):
+            await asyncio.sleep(0.001)
+        yield "done"

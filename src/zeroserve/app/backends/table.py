@@ -21,7 +21,7 @@ dispatches as if the model had been there: the load adds the backend through
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 import msgspec
@@ -71,9 +71,10 @@ class Autoload(Protocol):
         """Whether ``name`` is a model that is not served now but may be loaded for a
         request (cheap: called when a request names a model not in the table)."""
 
-    async def wait_loaded(self, name: str, req: Request) -> None:
-        """Load ``name`` (or join its load) within ``req``'s deadline; raise the error
-        the request is answered with when it cannot be loaded in time."""
+    async def wait_loaded(self, name: str, req: Request, timeout_s: float | None = None) -> None:
+        """Load ``name`` (or join its load) within ``req``'s deadline (``timeout_s``: the
+        timeout the request's API asked for, when it is not the OpenAI SDK's header);
+        raise the error the request is answered with when it cannot be loaded in time."""
 
 
 class Backends:
@@ -95,13 +96,16 @@ class Backends:
 
     def add(self, name: str) -> Backend:
         """Build the backend of model ``name`` (ready in the engine)."""
+        backend = self._table[name] = self._build(name)
+        self._forwarding += backend.forwards
+        return backend
+
+    def _build(self, name: str) -> Backend:
         handle = self.engine.model(name)
         factory = FACTORIES.get(handle.model.served_by)
         if factory is None:
             raise ValueError(f"model {name!r} is served by {handle.model.served_by!r}, unknown")
-        backend = self._table[name] = factory(handle)
-        self._forwarding += backend.forwards
-        return backend
+        return factory(handle)
 
     async def remove(self, name: str) -> None:
         """Drop model ``name``'s backend (the model is going away)."""
@@ -112,6 +116,16 @@ class Backends:
     # The model manager's listener (runtime/model_manager.py, ModelListener).
     def model_loaded(self, name: str) -> None:
         self.add(name)
+
+    def model_replaced(self, name: str) -> Callable[[], Awaitable[None]]:
+        """``name``'s new version serves (runtime/model_replace.py): its backend takes
+        the old one's place now; the old one is closed by the returned call, once the old
+        version has finished its work (its streams may still use it until then)."""
+        fresh = self._build(name)
+        old = self._table[name]
+        self._table[name] = fresh
+        self._forwarding += fresh.forwards - old.forwards
+        return old.aclose
 
     async def model_unloaded(self, name: str) -> None:
         if name in self._table:
@@ -247,6 +261,19 @@ class Backends:
         self.keep_alive(name, seconds)
 
     # -- autoload --------------------------------------------------------------------------
+    def loadable(self, name: str) -> bool:
+        """Whether a request for ``name`` would load it now (a catalog model that is not
+        served, with autoload on): routes that admit at the head (raw, KServe V2) then
+        admit after ``wait_loaded`` instead."""
+        return self._loadable(name)
+
+    async def wait_loaded(self, name: str, req: Request, timeout_s: float | None = None) -> None:
+        """Load ``name`` for ``req`` (``Autoload.wait_loaded``); ``ModelNotFound`` when
+        autoload is off."""
+        if self.autoload is None:
+            raise ModelNotFound("the requested model is not served")
+        await self.autoload.wait_loaded(name, req, timeout_s)
+
     def _loadable(self, name: str) -> bool:
         return (
             self.autoload is not None and name not in self._table and self.autoload.can_load(name)

@@ -3,7 +3,8 @@
 
 ``ManagerAutoload`` is the backend table's ``Autoload``: a request that names a catalog
 model that is not loaded waits for its load (one load, however many requests ask), for
-at most the request's own timeout (the SDK's ``X-Stainless-Timeout``) or the server's
+at most the request's own timeout (the SDK's ``X-Stainless-Timeout``, the raw route's
+``?timeout=`` or ``Request-Timeout``) or the server's
 ``--request-timeout``. What the wait cannot give is a 503 with ``Retry-After``: still
 loading when the time ran out, no room came under ``--models-max`` / ``--models-memory``
 in that time, too many requests already wait for the load (the model's queue depth), or
@@ -26,7 +27,7 @@ def load_status(snapshot: ModelStateSnapshot) -> ModelLoadStatus:
     """A state in llama.cpp router's shape (a failed model is ``unloaded``, ``failed``)."""
     if snapshot.state is ModelState.FAILED:
         return ModelLoadStatus(value="unloaded", failed=True, reason=snapshot.reason or "")
-    return ModelLoadStatus(value=snapshot.state.value)  # type: ignore[arg-type]
+    return ModelLoadStatus(value=snapshot.state.value, replacing=snapshot.replacing)  # type: ignore[arg-type]
 
 
 class ManagerAutoload:
@@ -39,9 +40,9 @@ class ManagerAutoload:
     def can_load(self, name: str) -> bool:
         return name in self.manager.entries()
 
-    async def wait_loaded(self, name: str, req: Request) -> None:
+    async def wait_loaded(self, name: str, req: Request, timeout_s: float | None = None) -> None:
         wait_s = self.engine.options.default_deadline_s
-        asked = openai_timeout(req)
+        asked = openai_timeout(req) if timeout_s is None else timeout_s
         if asked is not None:
             wait_s = min(wait_s, asked)
         try:

@@ -39,9 +39,28 @@ def register(
 
     def on_head(req: Request) -> None:
         raw_timeout(req)  # a malformed timeout is a 400 at the head
-        req.admit(engine.model(req.params["model"]))
+        name = req.params["model"]
+        if backends.loadable(name):
+            return  # admitted by ``after_load`` once the model serves
+        req.admit(engine.model(name))
 
     def raw(req: Request) -> HandlerResult:
+        if not req.has_ticket:
+            return after_load(req)
+        return serve(req)
+
+    async def after_load(req: Request) -> Response | StreamResponse:
+        """A catalog model loaded on demand (docs/models.md, "Models at run time"): the
+        request waits for its one load within its own timeout, then is admitted."""
+        name = req.params["model"]
+        await backends.wait_loaded(name, req, raw_timeout(req))
+        req.admit(engine.model(name))
+        result = serve(req)
+        if isinstance(result, (Response, StreamResponse)):
+            return result
+        return await result
+
+    def serve(req: Request) -> HandlerResult:
         handle = req.handle
         deadline = handle.deadline(raw_timeout(req))
         backend = backends.get(handle.name)

@@ -42,6 +42,7 @@ from ... import metrics
 from ...errors import CapabilityError, ModelNotFound, PayloadTooLarge, RequestError
 from ...runtime import Engine, ModelHandle
 from ..apidoc import Refinement
+from ..backends import Backends
 from ..limits import MAX_TIMEOUT_S, ApiLimits, check_count
 from ..request import Request
 from ..response import JSON, OCTET, Response
@@ -79,7 +80,14 @@ def _json(obj: Any, status: int = 200) -> Response:
     return Response(status, [encoder.encode(obj)], content_type=JSON)
 
 
-def register(router: Router, engine: Engine, limits: ApiLimits | None = None) -> None:
+def register(
+    router: Router,
+    engine: Engine,
+    limits: ApiLimits | None = None,
+    backends: Backends | None = None,
+) -> None:
+    """The V2 routes; ``backends``: where an unloaded catalog model is loaded on demand
+    (its ``loadable`` and ``wait_loaded``), when models come and go at run time."""
     api_limits = limits or ApiLimits()
     server_meta = _json(ServerMetadata(SERVER_NAME, _version(), EXTENSIONS))
     live_ok = _json({"live": True})
@@ -122,6 +130,11 @@ def register(router: Router, engine: Engine, limits: ApiLimits | None = None) ->
         return _json(ModelReady(handle.name, ok), 200 if ok else 400)
 
     def infer_head(req: Request) -> None:
+        if backends is not None and backends.loadable(unquote(req.params["model"])):
+            return  # admitted by ``infer`` once the model serves
+        admit(req)
+
+    def admit(req: Request) -> None:
         handle = handle_of(req)
         if "infer" not in handle.capabilities:
             raise CapabilityError(f"model {handle.name!r} does not support V2 inference")
@@ -131,6 +144,11 @@ def register(router: Router, engine: Engine, limits: ApiLimits | None = None) ->
         req.admit(handle)  # last: nothing after it may raise
 
     async def infer(req: Request) -> Response:
+        if not req.has_ticket and backends is not None:
+            # A catalog model loaded on demand (docs/models.md, "Models at run time"):
+            # one load, waited for within the request's timeout, then the head's checks.
+            await backends.wait_loaded(unquote(req.params["model"]), req)
+            admit(req)
         handle = req.handle
         body = _body(req)
         json_size = codec.header_length(req.header(_IHCL), body.nbytes)

@@ -454,11 +454,14 @@ class ModelCapabilities(Struct):
 class ModelLoadStatus(Struct, omit_defaults=True):
     """A catalog model's state, in llama.cpp's router shape: ``value`` is ``unloaded``,
     ``loading``, ``loaded`` or ``unloading``; a model whose last load failed is
-    ``unloaded`` with ``failed`` true and the ``reason``."""
+    ``unloaded`` with ``failed`` true and the ``reason``. ``replacing`` is true while a
+    loaded model's new version loads and its old version finishes its work (docs/
+    models.md, "Replacing a loaded model")."""
 
     value: Literal["unloaded", "loading", "loaded", "unloading"]
     failed: bool = False
     reason: str | UnsetType = UNSET
+    replacing: bool = False
 
 
 class ModelCard(Struct, omit_defaults=True):

@@ -102,6 +102,68 @@
     if (best) sel.value = best;
   }
 
+  // -- the catalog (models at run time: GET /models, admin POST /models/load|unload) --
+  // A server without --models-dir has no /models route: the panel stays hidden.
+  function stateText(st) {
+    if (st.failed) return "failed: " + (st.reason || "");
+    return st.value + (st.replacing ? " (replacing)" : "");
+  }
+
+  let noCatalog = false;
+  async function loadCatalog() {
+    if (noCatalog) return;
+    let res;
+    try { res = await api("/models", { cache: "no-store" }); } catch (e) { return; }
+    noCatalog = res.status === 404;
+    if (!res.ok) { $("catalog").hidden = true; return; }
+    const body = await res.json();
+    $("catalog").hidden = false;
+    const rows = body.data.map((m) => {
+      const tr = document.createElement("tr");
+      tr.dataset.model = m.id;
+      const name = document.createElement("td");
+      name.textContent = m.id + (m.pinned ? " (pinned)" : "");
+      const state = document.createElement("td");
+      state.className = "state";
+      state.textContent = stateText(m.status);
+      const actions = document.createElement("td");
+      const busy = m.status.value === "loading" || m.status.value === "unloading";
+      actions.append(
+        control("Load", "load", m.id, busy),
+        control("Unload", "unload", m.id, busy || m.pinned || m.status.value !== "loaded"),
+      );
+      tr.append(name, state, actions);
+      return tr;
+    });
+    $("catalog-table").tBodies[0].replaceChildren(...rows);
+  }
+
+  function control(label, action, model, disabled) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = label;
+    b.className = action;
+    b.disabled = disabled;
+    b.addEventListener("click", async () => {
+      b.disabled = true;
+      $("catalog-note").textContent = label + "ing " + model + "…";
+      try {
+        const res = await api("/models/" + action, {
+          method: "POST",
+          headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ model }),
+        });
+        $("catalog-note").textContent = res.ok
+          ? model + ": " + action + "ed"
+          : model + ": HTTP " + res.status + ": " + await errorText(res);
+      } catch (e) {
+        $("catalog-note").textContent = model + ": " + e;
+      }
+      loadCatalog();
+    });
+    return b;
+  }
+
   // -- chat ------------------------------------------------------------------------
   function addMessage(role, text) {
     const box = document.createElement("div");
@@ -632,6 +694,7 @@
       const res = await api("/v1/stats", { cache: "no-store" });
       if (res.ok) update(await res.json());
       else setState(res.status === 401 ? "API key needed" : "stats: HTTP " + res.status, "bad");
+      await loadCatalog();
     } catch (e) {
       setState("offline", "bad");
     } finally {
