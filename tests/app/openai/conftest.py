@@ -10,15 +10,17 @@ and SDK clients.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import openai
 import pytest
 
 from tests.support import ServerThread
 from tests.support.models import default_configs, process_configs, strict_configs
+from zeroserve.edge import Edge, EdgeOptions, load_keys_file
 from zeroserve.http.limits import HttpLimits
-from zeroserve.runtime import RuntimeOptions
+from zeroserve.runtime import ModelConfig, RuntimeOptions
 
 # The strict server: requests die after half a second (a deadline the 504 tests need
 # small, so not scaled), bodies over 64 KiB get 413.
@@ -56,3 +58,28 @@ def strict_server() -> Iterator[ServerThread]:
 def client(server: ServerThread) -> Iterator[openai.OpenAI]:
     with server.client() as c:
         yield c
+
+
+# The priority suites' keys: alice asks nothing, nightly defaults to class 500, capped
+# defaults to 10 and may ask no higher than 5.
+PRIORITY_KEYS = """
+[keys.alice]
+key = "sk-alice"
+
+[keys.nightly]
+key = "sk-nightly"
+priority = 500
+
+[keys.capped]
+key = "sk-capped"
+priority = 10
+priority_min = 5
+"""
+
+
+def keyed_server(directory: Path, configs: Mapping[str, ModelConfig]) -> ServerThread:
+    """An in-thread server of ``configs`` behind ``PRIORITY_KEYS`` (written to ``directory``)."""
+    path = directory / "keys.toml"
+    path.write_text(PRIORITY_KEYS)
+    edge = Edge(EdgeOptions(keys=tuple(load_keys_file(str(path)))))
+    return ServerThread(configs, edge=edge).start()

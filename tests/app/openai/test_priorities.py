@@ -19,26 +19,13 @@ import numpy as np
 import openai
 import pytest
 
+from tests.app.openai.conftest import keyed_server
 from tests.support import ServerThread, wait_until
 from zeroserve.config import ConfigError, load_config
-from zeroserve.edge import Edge, EdgeOptions, load_keys_file
 from zeroserve.models.base import Model
 from zeroserve.models.echo import EchoModel
 from zeroserve.runtime import ModelConfig
 
-KEYS = """
-[keys.alice]
-key = "sk-alice"
-
-[keys.nightly]
-key = "sk-nightly"
-priority = 500
-
-[keys.capped]
-key = "sk-capped"
-priority = 10
-priority_min = 5
-"""
 WAIT_S = 20.0
 
 
@@ -63,17 +50,13 @@ class Turnstile(Model):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, Any]]:
-    path = tmp_path_factory.mktemp("keys") / "keys.toml"
-    path.write_text(KEYS)
     seen: list[str] = []
     gate = threading.Semaphore(0)
     configs = {
         "turn": ModelConfig("turn", Turnstile, options={"seen": seen, "gate": gate}),
         "echo": ModelConfig("echo", EchoModel),
     }
-    srv = ServerThread(
-        configs, edge=Edge(EdgeOptions(keys=tuple(load_keys_file(str(path)))))
-    ).start()
+    srv = keyed_server(tmp_path_factory.mktemp("keys"), configs)
     yield srv, (seen, gate)
     srv.stop()
 

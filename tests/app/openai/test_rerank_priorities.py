@@ -19,28 +19,15 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.app.openai.conftest import keyed_server
 from tests.support import ServerThread, wait_until
 from tests.support.smollm2 import require_llamacpp, smollm2_options
-from zeroserve.edge import Edge, EdgeOptions, load_keys_file
 from zeroserve.models.echo import EchoModel
 from zeroserve.models.llamacpp import SmolLM2Model
 from zeroserve.runtime import ModelConfig
 
 require_llamacpp()
 
-KEYS = """
-[keys.alice]
-key = "sk-alice"
-
-[keys.nightly]
-key = "sk-nightly"
-priority = 500
-
-[keys.capped]
-key = "sk-capped"
-priority = 10
-priority_min = 5
-"""
 WAIT_S = 60.0
 
 
@@ -63,8 +50,6 @@ class GatedReranker(SmolLM2Model):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, Any]]:
-    path = tmp_path_factory.mktemp("keys") / "keys.toml"
-    path.write_text(KEYS)
     seen: list[str] = []
     gate = threading.Semaphore(0)
     options = smollm2_options(parallel=1, embedding=True, pooling="rank", alias="rr")
@@ -72,9 +57,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThr
         "rr": ModelConfig("rr", GatedReranker, options={**options, "seen": seen, "gate": gate}),
         "echo": ModelConfig("echo", EchoModel),
     }
-    srv = ServerThread(
-        configs, edge=Edge(EdgeOptions(keys=tuple(load_keys_file(str(path)))))
-    ).start()
+    srv = keyed_server(tmp_path_factory.mktemp("keys"), configs)
     yield srv, (seen, gate)
     srv.stop()
 
