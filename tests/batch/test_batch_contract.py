@@ -25,7 +25,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.batch.conftest import client, completion_lines, jsonl
+from tests.batch.conftest import completion_lines, jsonl
 from tests.support import ServerProcess, scaled, start_server, wait_until
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -123,7 +123,7 @@ def test_a_real_run_is_answered_in_the_documented_shapes(
         assert response.status_code == 200, response.text
         case.validate_response(response, checks=[checks.response_schema_conformance])
 
-    c = client(server).with_raw_response
+    c = server.client().with_raw_response
     data = jsonl(completion_lines(3, "echo"))
     up = c.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
     check("POST", "/v1/files", up.http_response)
@@ -133,7 +133,7 @@ def test_a_real_run_is_answered_in_the_documented_shapes(
     made = c.batches.create(input_file_id=fid, endpoint="/v1/completions", completion_window="24h")
     check("POST", "/v1/batches", made.http_response)
     bid = made.parse().id
-    plain = client(server)
+    plain = server.client()
     wait_until(
         lambda: plain.batches.retrieve(bid).status == "completed",
         30,

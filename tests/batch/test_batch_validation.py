@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.batch.conftest import client, completion_lines, jsonl, upload
+from tests.batch.conftest import completion_lines, jsonl, upload
 from tests.support import scaled, start_server, wait_until
 
 
@@ -34,7 +34,7 @@ def test_health_is_answered_while_a_batch_validates(tmp_path: Path) -> None:
     data = tmp_path / "data"
     srv = start_server("--model", "echo", "--data-dir", str(data))
     try:
-        c = client(srv)
+        c = srv.client()
         body = jsonl(completion_lines(200, "echo"))
         fid = upload(c, body)
         path = data / "files" / fid

@@ -109,8 +109,9 @@ def test_top_k_is_honoured_by_the_engine_and_tinyllm_and_refused_by_name_elsewhe
     m = c.messages.create(model="smollm2", extra_body={"top_k": 1}, **kw)
     assert m.usage.output_tokens == 4
     # top_k 1 is greedy at any temperature: tinyllm's sampler answers as at temperature 0.
-    greedy = c.messages.create(model="tinyllm", temperature=0, **kw)
-    m = c.messages.create(model="tinyllm", temperature=1, extra_body={"top_k": 1}, **kw)
+    # (this SDK's create has no temperature argument: it goes in the body as sent)
+    greedy = c.messages.create(model="tinyllm", extra_body={"temperature": 0}, **kw)
+    m = c.messages.create(model="tinyllm", extra_body={"temperature": 1, "top_k": 1}, **kw)
     assert m.content == greedy.content
     with pytest.raises(anthropic.BadRequestError) as info:
         c.messages.create(model="echo", extra_body={"top_k": 1}, **kw)
