@@ -8,7 +8,15 @@ import itertools
 import pytest
 
 from tests.support import SLOWDOWN_VARIABLE, await_until, scaled, slowdown, wait_until
-from tests.support.timing import LOAD_SLOWDOWN_CAP, machine_slowdown, slowdown_for_load
+from tests.support.timing import (
+    LOAD_SLOWDOWN_CAP,
+    MODEL_SLOWDOWN_CAP,
+    machine_slowdown,
+    model_scaled,
+    model_slowdown,
+    slowdown_at_nice,
+    slowdown_for_load,
+)
 
 
 def test_scaled_multiplies_by_the_suite_factor(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,3 +81,39 @@ def test_a_load_that_cannot_be_read_is_refused(load: float, cpus: int) -> None:
 def test_the_machine_factor_is_a_valid_factor(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SLOWDOWN_VARIABLE, f"{machine_slowdown():g}")
     assert 1.0 <= slowdown() <= LOAD_SLOWDOWN_CAP
+
+
+@pytest.mark.parametrize(
+    ("factor", "nice", "niced"),
+    [
+        (1.0, 10, 1.0),  # a quiet machine: nothing to share with, nice or not
+        (3.0, 0, 3.0),  # not niced: the suite's own factor
+        (1.1, 10, 2.0),  # a tenth of a busy core costs a nice-10 thread about 9 tenths
+        (2.0, 10, 10.4),  # one busy nice-0 process per core: 110 / (110 + 1024) of a core
+        (4.0, 10, 29.0),
+        (8.0, 10, MODEL_SLOWDOWN_CAP),  # capped: a hang still fails within minutes
+    ],
+)
+def test_niced_work_feels_the_scheduler_weights_share(
+    factor: float, nice: int, niced: float
+) -> None:
+    assert slowdown_at_nice(factor, nice) == niced
+
+
+def test_a_nice_above_the_loop_is_refused() -> None:
+    with pytest.raises(ValueError, match="no slowdown for nice"):
+        slowdown_at_nice(2.0, -1)
+
+
+def test_model_waits_scale_by_the_niced_factor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SLOWDOWN_VARIABLE, "2")
+    assert model_slowdown() == 10.4
+    assert model_scaled(10.0) == 104.0
+    monkeypatch.setenv(SLOWDOWN_VARIABLE, "1")
+    assert model_scaled(10.0) == 10.0
+
+
+def test_a_model_wait_until_names_its_niced_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SLOWDOWN_VARIABLE, "2")
+    with pytest.raises(AssertionError, match=r"after 0\.1s waiting for the model"):
+        wait_until(lambda: False, 0.01, "the model", model=True)

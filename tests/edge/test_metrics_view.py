@@ -73,7 +73,11 @@ def test_workers_share_one_metrics_view() -> None:
     promtool = shutil.which("promtool")
     if promtool is not None:  # the summed view is valid exposition too
         result = subprocess.run(
-            [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+            [promtool, "check", "metrics"],
+            input=text,
+            capture_output=True,
+            text=True,
+            timeout=scaled(60),
         )
         assert result.returncode == 0, result.stdout + result.stderr
 
@@ -107,6 +111,10 @@ def test_promtool_accepts_a_real_scrape(tmp_path: Path) -> None:
     assert 'zeroserve_api_key_requests_total{key="ci"} 1.0' in text
     assert not re.search(r"^zeroserve_arena_(budget|used|peak) ", text, re.M)
     result = subprocess.run(
-        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+        [promtool, "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import ServerThread, scaled, start_server, wait_until
+from tests.support import ServerThread, model_scaled, scaled, start_server, wait_until
 from tests.support.smollm2 import smollm2_arg
 from zeroserve.app import limits as lim
 from zeroserve.config import ConfigError, load_config
@@ -310,6 +310,7 @@ def test_output_tokens_is_configurable_up_to_the_range() -> None:
         load_config(env=env)
 
 
+@pytest.mark.niced
 def test_max_tokens_range_boundary_with_the_widest_budget() -> None:
     """With the budget at the range, the range itself is the boundary: ``MAX_TOKENS`` is
     accepted on every generating route, one more is a 400 naming the parameter. The
@@ -323,7 +324,9 @@ def test_max_tokens_range_boundary_with_the_widest_budget() -> None:
         for path in (CHAT, COMPLETIONS):
             opens_stream(srv.url, path, stalled(path, max_tokens=lim.MAX_TOKENS))
             r = httpx.post(
-                srv.url + path, json=stalled(path, max_tokens=lim.MAX_TOKENS + 1), timeout=30
+                srv.url + path,
+                json=stalled(path, max_tokens=lim.MAX_TOKENS + 1),
+                timeout=scaled(30),
             )
             assert openai_error(r)["param"] == "max_tokens"
         raw = srv.url + "/v1/raw/slowstart?stream=1&max_tokens="
@@ -344,7 +347,7 @@ def test_max_tokens_range_boundary_with_the_widest_budget() -> None:
         r = httpx.post(
             srv.url + COMPLETIONS,
             json={"model": "smollm2", "prompt": "hi", "max_tokens": 2, "temperature": 0},
-            timeout=scaled(60),
+            timeout=model_scaled(60),
         )
         assert r.status_code == 200, r.text
     finally:

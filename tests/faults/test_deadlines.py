@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.faults.conftest import MODEL_DEADLINE_S, SERVER_DEADLINE_S
-from tests.support import ServerProcess, ServerThread, scaled, start_server
+from tests.support import ServerProcess, ServerThread, model_scaled, scaled, start_server
 from tests.support.smollm2 import smollm2_arg
 from zeroserve.app import limits as lim
 from zeroserve.config import ConfigError, load_config
@@ -63,7 +63,7 @@ def sse_data(
 
 # -- OpenAI: the SDK's own timeout ------------------------------------------------------
 def test_sdk_timeout_bounds_chat(server: ServerThread) -> None:
-    client = sdk(server, timeout=2.0)
+    client = sdk(server, timeout=scaled(2.0))
     with pytest.raises(openai.InternalServerError) as info:
         client.chat.completions.create(model="stall", messages=MESSAGES)  # type: ignore[arg-type]
     assert info.value.status_code == 504
@@ -72,7 +72,7 @@ def test_sdk_timeout_bounds_chat(server: ServerThread) -> None:
 
 
 def test_sdk_timeout_bounds_completions_and_embeddings(server: ServerThread) -> None:
-    client = sdk(server, timeout=2.0)
+    client = sdk(server, timeout=scaled(2.0))
     with pytest.raises(openai.InternalServerError) as info:
         client.completions.create(model="stall", prompt="x")
     assert info.value.status_code == 504
@@ -277,6 +277,8 @@ def test_api_limits_config_key() -> None:
 # deadlines below.
 LONG = {"max_tokens": 1900, "temperature": 0, "logit_bias": {"2": -100, "0": -100}}
 ENGINE_LIMIT_S = 3.0  # the server's --request-timeout in the second test
+# A client's wait for an answer the niced decode threads make (one token, after the prompt).
+ENGINE_WAIT_S = model_scaled(10.0)
 
 
 def _engine(*args: str) -> ServerProcess:
@@ -286,13 +288,14 @@ def _engine(*args: str) -> ServerProcess:
     return start_server(*args, "--model", smollm2_arg(parallel=1, n_ctx=4096))
 
 
+@pytest.mark.niced
 def test_engine_route_honours_the_sdk_timeout() -> None:
     srv = _engine("--request-timeout", str(SERVER_DEADLINE_S))
     try:
         # /v1/responses shares the engine's output-token budget (app/limits.py).
         def respond(max_output_tokens: int) -> httpx.Response:
             body = {"model": "smollm2", "input": "hi", "max_output_tokens": max_output_tokens}
-            return httpx.post(srv.url + "/v1/responses", json=body, timeout=CLIENT_WAIT_S)
+            return httpx.post(srv.url + "/v1/responses", json=body, timeout=ENGINE_WAIT_S)
 
         r = respond(lim.MAX_OUTPUT_TOKENS + 1)
         assert r.status_code == 400, r.text
@@ -302,7 +305,7 @@ def test_engine_route_honours_the_sdk_timeout() -> None:
         assert r.status_code == 200, r.text
         # The SDK's own timeout: any 504 within CLIENT_WAIT_S comes from it.
         client = openai.OpenAI(
-            base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=2.0
+            base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=scaled(2.0)
         )
         with pytest.raises(openai.InternalServerError) as info:
             client.chat.completions.create(
@@ -333,6 +336,7 @@ def test_engine_route_honours_the_sdk_timeout() -> None:
         assert srv.stop() == 0
 
 
+@pytest.mark.niced
 def test_engine_route_is_capped_by_the_request_timeout() -> None:
     srv = _engine("--request-timeout", str(ENGINE_LIMIT_S))
     try:

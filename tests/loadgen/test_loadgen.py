@@ -293,7 +293,7 @@ def fastapi_peer() -> Iterator[str]:
         while True:
             assert proc.poll() is None, "the FastAPI peer exited"
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                with socket.create_connection(("127.0.0.1", port), timeout=scaled(1.0)):
                     break
             except OSError:
                 assert time.monotonic() < deadline, "the FastAPI peer did not start"

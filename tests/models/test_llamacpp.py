@@ -25,10 +25,13 @@ import openai
 import pytest
 
 from tests.runtime.helpers import thread_nices
-from tests.support import ROOT, ServerProcess, scaled, start_server, wait_until
+from tests.support import ROOT, ServerProcess, model_scaled, scaled, start_server, wait_until
 from tests.support.smollm2 import require_llamacpp, smollm2_arg
 from zeroserve.models.llamacpp import SMOLLM2_SHA256, smollm2_path
 from zeroserve.runtime.priority import DEFAULT_MODEL_NICE
+
+# Waits on smollm2's decode, below the loop: bounds by model_slowdown (tests/conftest.py).
+pytestmark = pytest.mark.niced
 
 require_llamacpp()
 
@@ -126,6 +129,7 @@ def _wait_idle(url: str, model: str) -> None:
         POLL_S,
         f"{model} to have no busy slot and no one waiting",
         interval=0.05,
+        model=True,
     )
 
 
@@ -713,14 +717,14 @@ def test_bad_input_is_a_400_and_leaks_nothing(
     llm: ServerProcess, extra: dict[str, object], param: str, code: str
 ) -> None:
     body = {"model": "one", "messages": [FRANCE], "max_tokens": 2, **extra}
-    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=scaled(60))
+    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=model_scaled(60))
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["code"] == code
     _wait_idle(llm.url, "one")
     ok = httpx.post(
         llm.url + "/v1/chat/completions",
-        timeout=scaled(60),
+        timeout=model_scaled(60),
         json={"model": "one", "messages": [FRANCE], "max_tokens": 1},
     )
     assert ok.status_code == 200
@@ -753,7 +757,7 @@ def test_disconnect_frees_the_slot(llm: ServerProcess) -> None:
         **ENDLESS,
     }
     with (
-        httpx.Client(timeout=scaled(60)) as c,
+        httpx.Client(timeout=model_scaled(60)) as c,
         c.stream("POST", llm.url + "/v1/chat/completions", json=body) as r,
     ):
         lines = r.iter_lines()
@@ -766,7 +770,7 @@ def test_disconnect_frees_the_slot(llm: ServerProcess) -> None:
     _wait_idle(llm.url, "one")
     r2 = httpx.post(
         llm.url + "/v1/chat/completions",
-        timeout=scaled(60),
+        timeout=model_scaled(60),
         json={"model": "one", "messages": [FRANCE], "max_tokens": 2},
     )
     assert r2.status_code == 200
@@ -784,7 +788,7 @@ def test_deadline_stops_the_generation(llm: ServerProcess) -> None:
         "temperature": 1.0,
         **ENDLESS,
     }
-    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=scaled(60))
+    r = httpx.post(llm.url + "/v1/chat/completions", json=body, timeout=model_scaled(60))
     if r.status_code == 200:  # the deadline passed mid-stream: a final SSE error event
         events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
         assert json.loads(events[-1])["error"]["code"] == "deadline_exceeded"
@@ -793,7 +797,7 @@ def test_deadline_stops_the_generation(llm: ServerProcess) -> None:
     _wait_idle(llm.url, "brief")
     ok = httpx.post(
         llm.url + "/v1/chat/completions",
-        timeout=scaled(60),
+        timeout=model_scaled(60),
         json={"model": "brief", "messages": [FRANCE], "max_tokens": 1},
     )
     assert ok.status_code == 200
@@ -842,7 +846,7 @@ def test_no_side_door_accepts_inference(llm: ServerProcess) -> None:
             "/slots",
         ):
             for headers in ({}, {"authorization": "Bearer guess"}):
-                r = httpx.post(base + path, json=body, headers=headers, timeout=scaled(30))
+                r = httpx.post(base + path, json=body, headers=headers, timeout=model_scaled(30))
                 assert r.status_code == 401, (port, path, r.status_code)
 
 
@@ -852,7 +856,7 @@ def test_sigterm_drains_a_stream_while_smollm2_is_loaded(tmp_path: Path) -> None
     # on a busy machine the niced decode threads (docs/decisions/0001-model-nice-levels.md)
     # can take longer than the default 30 s for the 12 tokens.
     config = tmp_path / "drain.toml"
-    config.write_text(f"[timeouts]\ngraceful = {scaled(30.0)}\n")
+    config.write_text(f"[timeouts]\ngraceful = {model_scaled(30.0)}\n")
     server = start_server("--config", str(config), "--model", smollm2_arg(parallel=1, n_ctx=512))
     try:
         body = {
@@ -863,7 +867,7 @@ def test_sigterm_drains_a_stream_while_smollm2_is_loaded(tmp_path: Path) -> None
             "temperature": 0,
         }
         with (
-            httpx.Client(timeout=scaled(60)) as c,
+            httpx.Client(timeout=model_scaled(60)) as c,
             c.stream("POST", server.url + "/v1/chat/completions", json=body) as r,
         ):
             lines = r.iter_lines()
@@ -874,7 +878,7 @@ def test_sigterm_drains_a_stream_while_smollm2_is_loaded(tmp_path: Path) -> None
         assert rest[-1] == "data: [DONE]"
         finish = json.loads(rest[-2][6:])["choices"][0]["finish_reason"]
         assert finish in ("stop", "length")
-        assert server.proc.wait(scaled(60)) == 0
+        assert server.proc.wait(model_scaled(60)) == 0
     finally:
         server.stop()
 
@@ -887,7 +891,7 @@ def _serve_fails(spec: str) -> str:
         [sys.executable, "-m", "zeroserve", "serve", "--port", "0", "--model", spec],
         capture_output=True,
         text=True,
-        timeout=scaled(120),
+        timeout=model_scaled(120),
         env=env,
         cwd=ROOT,
     )
@@ -923,7 +927,7 @@ def test_models_command_describes_smollm2() -> None:
         [sys.executable, "-m", "zeroserve", "models", "--model", "smollm2"],
         capture_output=True,
         text=True,
-        timeout=scaled(60),
+        timeout=model_scaled(60),
         env=env,
         cwd=ROOT,
         check=True,

@@ -16,10 +16,13 @@ import openai
 import pytest
 
 from tests.models.test_llamacpp import _metric, _wait_idle
-from tests.support import ServerProcess, scaled, start_server
+from tests.support import ServerProcess, model_scaled, start_server
 from tests.support.smollm2 import require_llamacpp
 from zeroserve.app import limits as lim
 from zeroserve.app.backends.llamacpp.embeddings import EMBED_CHUNK_INPUTS
+
+# Waits on smollm2's decode, below the loop: bounds by model_slowdown (tests/conftest.py).
+pytestmark = pytest.mark.niced
 
 require_llamacpp()
 
@@ -60,16 +63,20 @@ def test_sdk_embeddings(client: openai.OpenAI) -> None:
 
 def test_float_and_base64_agree(llm: ServerProcess) -> None:
     url = llm.url + "/v1/embeddings"
-    floats = httpx.post(url, json={"model": "vec", "input": CATS[0]}, timeout=scaled(60)).json()
+    floats = httpx.post(
+        url, json={"model": "vec", "input": CATS[0]}, timeout=model_scaled(60)
+    ).json()
     packed = httpx.post(
-        url, json={"model": "vec", "input": CATS[0], "encoding_format": "base64"}, timeout=60
+        url,
+        json={"model": "vec", "input": CATS[0], "encoding_format": "base64"},
+        timeout=model_scaled(60),
     ).json()
     vec = np.array(floats["data"][0]["embedding"], dtype=np.float32)
     raw = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
     np.testing.assert_allclose(raw, vec, atol=1e-6)
     native = len(vec)
     same = httpx.post(
-        url, json={"model": "vec", "input": "x", "dimensions": native}, timeout=scaled(60)
+        url, json={"model": "vec", "input": "x", "dimensions": native}, timeout=model_scaled(60)
     )
     assert same.status_code == 200
 
@@ -87,7 +94,7 @@ def test_float_and_base64_agree(llm: ServerProcess) -> None:
 def test_bad_input_is_a_400(
     llm: ServerProcess, body: dict[str, object], param: str, code: str | None
 ) -> None:
-    resp = httpx.post(llm.url + "/v1/embeddings", json=body, timeout=scaled(60))
+    resp = httpx.post(llm.url + "/v1/embeddings", json=body, timeout=model_scaled(60))
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param
@@ -132,7 +139,7 @@ def _embedded(llm: ServerProcess) -> float:
 
 def _still_serves(llm: ServerProcess) -> None:
     ok = httpx.post(
-        llm.url + "/v1/embeddings", json={"model": "vec", "input": "x"}, timeout=scaled(60)
+        llm.url + "/v1/embeddings", json={"model": "vec", "input": "x"}, timeout=model_scaled(60)
     )
     assert ok.status_code == 200 and len(ok.json()["data"]) == 1
 
@@ -144,7 +151,7 @@ def test_a_deadline_stops_a_many_input_request_within_a_chunk(llm: ServerProcess
         llm.url + "/v1/embeddings",
         json={"model": "vec", "input": MANY},
         headers={"X-Stainless-Timeout": "1"},
-        timeout=scaled(60),
+        timeout=model_scaled(60),
     )
     assert resp.status_code == 504, resp.text
     _wait_idle(llm.url, "vec")  # the chunk that ran at the deadline has returned

@@ -19,8 +19,11 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.models.test_llamacpp import _metric, _wait_idle
-from tests.support import ServerProcess, scaled, start_server
+from tests.support import ServerProcess, model_scaled, scaled, start_server
 from tests.support.smollm2 import require_llamacpp, smollm2_arg
+
+# Waits on smollm2's decode, below the loop: bounds by model_slowdown (tests/conftest.py).
+pytestmark = pytest.mark.niced
 
 require_llamacpp()
 
@@ -178,7 +181,9 @@ def test_async_stream(llm: ServerProcess) -> None:
 def test_sse_wire_format(llm: ServerProcess) -> None:
     """Each event is ``event: <type>`` then ``data: <json>`` whose ``type`` is the same."""
     body = {"model": "smollm2", "input": FRANCE, "max_output_tokens": 4, "stream": True}
-    with httpx.stream("POST", llm.url + "/v1/responses", json=body, timeout=scaled(60)) as resp:
+    with httpx.stream(
+        "POST", llm.url + "/v1/responses", json=body, timeout=model_scaled(60)
+    ) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
         raw = resp.read().decode()
@@ -257,7 +262,7 @@ def test_bad_input_is_a_400_naming_it(
     llm: ServerProcess, extra: dict[str, Any], param: str
 ) -> None:
     body = {"model": "smollm2", "input": "Hi", "max_output_tokens": 2, **extra}
-    resp = httpx.post(llm.url + "/v1/responses", json=body, timeout=scaled(60))
+    resp = httpx.post(llm.url + "/v1/responses", json=body, timeout=model_scaled(60))
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param
@@ -333,7 +338,7 @@ def test_every_sdk_responses_parameter_is_classified(llm: ServerProcess) -> None
     assert sdk == set(RESPONSES)
     for name, (value, honoured) in RESPONSES.items():
         body = {"model": "smollm2", "input": "Hi", "max_output_tokens": 1, name: value}
-        resp = httpx.post(llm.url + "/v1/responses", json=body, timeout=scaled(60))
+        resp = httpx.post(llm.url + "/v1/responses", json=body, timeout=model_scaled(60))
         if honoured:
             assert resp.status_code == 200, (name, resp.text)
         else:
@@ -349,7 +354,7 @@ def test_disconnect_stops_the_generation(llm: ServerProcess) -> None:
     tokens = _metric(llm.url, "zeroserve_generation_tokens_total", "smollm2")
     body = {"model": "smollm2", "input": STORY, "max_output_tokens": 900, "stream": True}
     with (
-        httpx.Client(timeout=scaled(60)) as c,
+        httpx.Client(timeout=model_scaled(60)) as c,
         c.stream("POST", llm.url + "/v1/responses", json=body) as resp,
     ):
         deltas = 0
@@ -365,7 +370,7 @@ def test_disconnect_stops_the_generation(llm: ServerProcess) -> None:
     again = httpx.post(
         llm.url + "/v1/responses",
         json={"model": "smollm2", "input": "Hi", "max_output_tokens": 2},
-        timeout=scaled(60),
+        timeout=model_scaled(60),
     )
     assert again.status_code == 200
 

@@ -33,9 +33,12 @@ from openai.types.responses import (
 from pydantic import TypeAdapter
 
 from tests.models.test_llamacpp import _wait_idle
-from tests.support import ServerProcess, scaled, start_server
+from tests.support import ServerProcess, model_scaled, start_server
 from tests.support.smollm2 import require_llamacpp, smollm2_arg
 from zeroserve.app import limits as lim
+
+# Waits on smollm2's decode, below the loop: bounds by model_slowdown (tests/conftest.py).
+pytestmark = pytest.mark.niced
 
 require_llamacpp()
 
@@ -493,7 +496,7 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(
     llm: ServerProcess, extra: dict[str, Any], param: str, named: str | None
 ) -> None:
     body = {"model": "smollm2", "input": "Hi", "max_output_tokens": 2, **extra}
-    resp = httpx.post(llm.url + "/v1/responses", json=body, timeout=scaled(60))
+    resp = httpx.post(llm.url + "/v1/responses", json=body, timeout=model_scaled(60))
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param

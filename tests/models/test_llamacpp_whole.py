@@ -22,7 +22,14 @@ import openai
 import pytest
 
 from tests.edge.servers import LogSink, ManualClock
-from tests.support import ServerProcess, ServerThread, scaled, start_server, wait_until
+from tests.support import (
+    ServerProcess,
+    ServerThread,
+    model_scaled,
+    scaled,
+    start_server,
+    wait_until,
+)
 from tests.support.observe import model_metric
 from tests.support.smollm2 import require_llamacpp
 from zeroserve.edge import AccessLog, Edge, EdgeOptions
@@ -30,6 +37,9 @@ from zeroserve.edge.keys import ApiKey, KeyLimits
 from zeroserve.models.llamacpp import SmolLM2Model, smollm2_path
 from zeroserve.models.loader import parse_spec
 from zeroserve.runtime import ModelConfig
+
+# Waits on smollm2's decode, below the loop: bounds by model_slowdown (tests/conftest.py).
+pytestmark = pytest.mark.niced
 
 require_llamacpp()
 
@@ -80,7 +90,9 @@ def _metric(url: str, name: str, model: str = "one") -> float:
 
 def _poll(url: str, name: str, want: float) -> None:
     """Poll (bounded by POLL_S) until the engine gauge ``name`` reads ``want``."""
-    wait_until(lambda: _metric(url, name) == want, POLL_S, f"{name} to read {want}", 0.05)
+    wait_until(
+        lambda: _metric(url, name) == want, POLL_S, f"{name} to read {want}", 0.05, model=True
+    )
 
 
 def _served_at_once(url: str) -> None:
@@ -89,7 +101,7 @@ def _served_at_once(url: str) -> None:
     assert _metric(url, "zeroserve_engine_queued") == 0
     r = httpx.post(
         url + "/v1/chat/completions",
-        timeout=scaled(POLL_S),
+        timeout=model_scaled(POLL_S),
         json={"model": "one", "messages": [HELPFUL, FRANCE], "max_tokens": 2},
     )
     assert r.status_code == 200, r.text
@@ -155,7 +167,9 @@ def test_whole_answers_match_the_engines_own(llm: ServerProcess, engine: Any) ->
         assert ours["id"]
     # Raw: no engine-only fields, OpenAI's keys.
     raw = httpx.post(
-        llm.url + "/v1/chat/completions", json={"model": "one", **chat}, timeout=scaled(POLL_S)
+        llm.url + "/v1/chat/completions",
+        json={"model": "one", **chat},
+        timeout=model_scaled(POLL_S),
     )
     assert GGUF not in raw.text and "timings" not in raw.json()
     assert set(raw.json()["choices"][0]) == {"index", "message", "logprobs", "finish_reason"}
@@ -176,7 +190,7 @@ def test_an_expired_whole_answer_frees_its_slot(
     # The SDK's own timeout is the request's deadline (app/deadlines.py).
     with (
         openai.OpenAI(
-            base_url=llm.url + "/v1", api_key="unused", max_retries=0, timeout=2.0
+            base_url=llm.url + "/v1", api_key="unused", max_retries=0, timeout=scaled(2.0)
         ) as client,
         pytest.raises(openai.InternalServerError) as info,
     ):
@@ -193,7 +207,7 @@ def test_an_expired_whole_answer_frees_its_slot(
 
 def _request(port: int, body: dict[str, Any]) -> socket.socket:
     data = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=scaled(POLL_S))
+    sock = socket.create_connection(("127.0.0.1", port), timeout=model_scaled(POLL_S))
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
@@ -230,7 +244,7 @@ def test_sigterm_drains_while_a_whole_answer_runs() -> None:
             try:
                 outcome.append(
                     httpx.post(
-                        server.url + "/v1/chat/completions", json=body, timeout=scaled(POLL_S)
+                        server.url + "/v1/chat/completions", json=body, timeout=model_scaled(POLL_S)
                     )
                 )
             except httpx.HTTPError as exc:
@@ -240,8 +254,8 @@ def test_sigterm_drains_while_a_whole_answer_runs() -> None:
         client.start()
         _poll(server.url, "zeroserve_engine_active", 1)
         server.proc.send_signal(signal.SIGTERM)
-        assert server.proc.wait(scaled(POLL_S)) == 0
-        client.join(scaled(POLL_S))
+        assert server.proc.wait(model_scaled(POLL_S)) == 0
+        client.join(model_scaled(POLL_S))
         assert outcome and isinstance(outcome[0], httpx.HTTPError)  # cut, never a 200
     finally:
         server.stop()

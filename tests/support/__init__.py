@@ -17,6 +17,8 @@ from tests.support.process import (
 from tests.support.timing import (
     SLOWDOWN_VARIABLE,
     await_until,
+    model_scaled,
+    model_slowdown,
     run_async,
     scaled,
     slowdown,
@@ -30,6 +32,8 @@ __all__ = [
     "ServerThread",
     "await_until",
     "kill_group",
+    "model_scaled",
+    "model_slowdown",
     "run_async",
     "scaled",
     "serve_argv",

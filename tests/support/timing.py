@@ -3,7 +3,10 @@
 Every wait for a good outcome is a poll with a deadline, and every deadline is scaled by one
 factor the suite sets: ``ZEROSERVE_TEST_SLOWDOWN`` (default 1; a busy machine sets more).
 ``make test`` sets it from the machine's load when the runner gives none
-(``machine_slowdown``; docs/decisions/0048-slowdown-from-load.md).
+(``machine_slowdown``; docs/decisions/0048-slowdown-from-load.md). A wait on model work,
+which runs nice levels below everything else (docs/decisions/0001-model-nice-levels.md),
+is scaled by ``model_slowdown``, the same factor as that niced work feels it
+(docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
 """
 
 from __future__ import annotations
@@ -19,6 +22,16 @@ SLOWDOWN_VARIABLE = "ZEROSERVE_TEST_SLOWDOWN"
 # The factor read from the load is at most this: past it a bound is so long that a hang
 # would hold the run for many minutes, and the runner should say the factor itself.
 LOAD_SLOWDOWN_CAP = 8.0
+# The kernel's scheduler weight of a nice-0 thread; each nice level down divides it by about
+# 1.25 (the kernel's sched_prio_to_weight table: 1024 at nice 0, 110 at nice 10).
+NICE_0_WEIGHT = 1024.0
+NICE_STEP = 1.25
+# The nice levels the servers tests start put model work below the loop (``--model-nice``'s
+# default, docs/decisions/0001-model-nice-levels.md).
+MODEL_NICE = 10
+# ``model_slowdown`` is at most this: the niced share beside a busy machine can fall to a
+# thirtieth (decision 0055 measured 31x), and a hang should still fail within minutes.
+MODEL_SLOWDOWN_CAP = 32.0
 T = TypeVar("T")
 
 
@@ -52,23 +65,60 @@ def machine_slowdown() -> float:
     return slowdown_for_load(os.getloadavg()[0], os.cpu_count() or 1)
 
 
+def slowdown_at_nice(factor: float, nice: int) -> float:
+    """The factor a thread ``nice`` levels below the suite feels where the suite feels ``factor``.
+
+    ``factor`` says each core also runs ``factor - 1`` busy nice-0 threads' worth of other
+    work; the scheduler gives a thread of weight ``w`` beside them ``w / (w + (factor - 1) *
+    1024)`` of the core, so its factor is the inverse: ``1 + (factor - 1) * 1024 / w``,
+    rounded up to a tenth, kept within ``factor`` and ``MODEL_SLOWDOWN_CAP`` (never below
+    ``factor`` itself).
+    """
+    if nice < 0:
+        raise ValueError(f"no slowdown for nice {nice!r}: model work runs at or below the loop")
+    weight = NICE_0_WEIGHT / NICE_STEP**nice
+    niced = math.ceil(10 * (1 + (factor - 1) * NICE_0_WEIGHT / weight)) / 10
+    return max(factor, min(niced, MODEL_SLOWDOWN_CAP))
+
+
+def model_slowdown() -> float:
+    """The factor for waits on model work (llama.cpp's decode), which runs ``MODEL_NICE``
+    levels below the loop: on a busy machine it slows far more than the suite's own
+    processes (docs/decisions/0055-model-waits-scaled-for-the-niced-share.md)."""
+    return slowdown_at_nice(slowdown(), MODEL_NICE)
+
+
 def scaled(seconds: float) -> float:
     """A wait of ``seconds`` on a quiet machine, scaled by the suite's slowdown factor."""
     return seconds * slowdown()
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.01) -> T:
+def model_scaled(seconds: float) -> float:
+    """A wait of ``seconds`` on a quiet machine for niced model work (``model_slowdown``)."""
+    return seconds * model_slowdown()
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float,
+    what: str,
+    interval: float = 0.01,
+    *,
+    model: bool = False,
+) -> T:
     """Poll ``predicate`` until it returns a truthy value; fail naming ``what`` after ``timeout``.
 
-    ``timeout`` is scaled here, so callers pass the quiet-machine figure.
+    ``timeout`` is scaled here, so callers pass the quiet-machine figure; ``model=True``
+    says the wait is on niced model work (``model_scaled``).
     """
-    deadline = time.monotonic() + scaled(timeout)
+    bound = model_scaled(timeout) if model else scaled(timeout)
+    deadline = time.monotonic() + bound
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {scaled(timeout):.1f}s waiting for {what}")
+            raise AssertionError(f"timed out after {bound:.1f}s waiting for {what}")
         time.sleep(interval)
 
 

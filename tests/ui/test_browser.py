@@ -85,9 +85,14 @@ def echoed(prompt: str, max_tokens: int) -> list[str]:
     return (words * (max_tokens // len(words) + 1))[:max_tokens]
 
 
-def finished(answer: Any, state: str = "done", timeout: float = WAIT_S) -> Any:
+def finished(
+    answer: Any, state: str = "done", timeout: float = WAIT_S, *, model: bool = False
+) -> Any:
     return wait_until(
-        lambda: answer.get_attribute("data-state") == state, timeout, f"the answer to be {state}"
+        lambda: answer.get_attribute("data-state") == state,
+        timeout,
+        f"the answer to be {state}",
+        model=model,
     )
 
 

@@ -11,6 +11,9 @@ import pytest
 from tests.support import ServerProcess, start_server, wait_until
 from tests.ui.test_browser import chat, finished, open_page, set_value
 
+# Waits on smollm2's decode, below the loop: bounds by model_slowdown (tests/conftest.py).
+pytestmark = pytest.mark.niced
+
 # SmolLM2-135M on two busy cores makes a few tokens a second: a short answer is enough.
 MAX_TOKENS = 32
 HELPFUL = "You are a helpful assistant."
@@ -34,7 +37,7 @@ def test_smollm2_answers_in_the_page(browser: Any, llm_server: ServerProcess) ->
     set_value(browser, "temperature", "0")
     set_value(browser, "system", HELPFUL)
     answer = chat(browser, "smollm2", "What is the capital of France?", MAX_TOKENS)
-    finished(answer, timeout=ANSWER_S)
+    finished(answer, timeout=ANSWER_S, model=True)
     assert "Paris" in answer.find_element(By.CSS_SELECTOR, ".content").text
     meta = answer.find_element(By.CSS_SELECTOR, ".meta").text
     assert "TTFT" in meta and "completion tokens" in meta
@@ -47,7 +50,7 @@ def test_smollm2_json_schema_mode(browser: Any, llm_server: ServerProcess) -> No
     set_value(browser, "temperature", "0")
     set_value(browser, "system", HELPFUL)
     answer = chat(browser, "smollm2", "What is the capital of France?", MAX_TOKENS, json_mode=True)
-    finished(answer, timeout=ANSWER_S)
+    finished(answer, timeout=ANSWER_S, model=True)
     # the default schema asks for {"answer": string}; the grammar makes the model keep it
     shown = json.loads(answer.find_element(By.CSS_SELECTOR, "pre.json").text)
     assert set(shown) == {"answer"} and "Paris" in shown["answer"]
@@ -61,7 +64,7 @@ def test_stop_frees_the_engine_slot(browser: Any, llm_server: ServerProcess) -> 
     open_page(browser, llm_server.url)
     answer = chat(browser, "smollm2", "Write a long story about a dragon.", 500)
     content = answer.find_element(By.CSS_SELECTOR, ".content")
-    wait_until(lambda: len(content.text) > 20, ANSWER_S, "tokens to stream in")
+    wait_until(lambda: len(content.text) > 20, ANSWER_S, "tokens to stream in", model=True)
     assert gauge(llm_server.url, "zeroserve_engine_active", "smollm2") == 1
     browser.find_element(By.ID, "stop").click()
     finished(answer, "stopped")
@@ -69,6 +72,7 @@ def test_stop_frees_the_engine_slot(browser: Any, llm_server: ServerProcess) -> 
         lambda: gauge(llm_server.url, "zeroserve_engine_active", "smollm2") == 0,
         WAIT_S,
         "the slot to be freed",
+        model=True,
     )
     wait_until(
         lambda: gauge(llm_server.url, "zeroserve_queue_in_flight", "smollm2") == 0,

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.app.anthropic.messages_suite import KEY, SMALL_BODY_BYTES
-from tests.support import ServerProcess, ServerThread, scaled, start_server
+from tests.support import ServerProcess, ServerThread, model_scaled, start_server
 from tests.support.models import default_configs
 from tests.support.smollm2 import require_llamacpp, smollm2_config
 from zeroserve.runtime import RuntimeOptions
@@ -37,8 +37,8 @@ def local() -> Iterator[ServerThread]:
     }
     configs["smollm2"] = smollm2_config()
     # The default request deadline bounds smollm2's answers here: a quiet-machine figure,
-    # scaled (the niced decode threads are the first to slow on a busy machine).
-    runtime = RuntimeOptions(default_deadline_s=scaled(DEFAULT_DEADLINE_S))
+    # scaled for the niced decode threads, the first to slow on a busy machine (decision 0055).
+    runtime = RuntimeOptions(default_deadline_s=model_scaled(DEFAULT_DEADLINE_S))
     srv = ServerThread(configs, runtime=runtime).start()
     yield srv
     srv.stop()

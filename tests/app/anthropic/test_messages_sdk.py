@@ -16,6 +16,10 @@ import pytest
 from tests.app.anthropic.messages_suite import async_client, client
 from tests.support import ServerProcess, ServerThread
 
+# Its smollm2 cases wait on the niced decode: pytest-timeout by model_slowdown
+# (tests/conftest.py; decision 0055).
+pytestmark = pytest.mark.niced
+
 HELLO: Any = [{"role": "user", "content": "Tell me about the sea"}]
 GREEDY: Any = {"temperature": 0}
 WEATHER: Any = {

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support import ServerProcess, start_server
+from tests.support import ServerProcess, scaled, start_server
 from tests.support.image_server import serve_images
 from tests.support.vision import WEBP_HEAD, gif, png, write_projector
 
@@ -69,7 +69,7 @@ def vision(projector: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def http(vision: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=vision.url, timeout=120) as c:
+    with httpx.Client(base_url=vision.url, timeout=scaled(120)) as c:
         yield c
 
 
@@ -399,7 +399,7 @@ def test_a_remote_image_is_fetched_and_read(fetching: ServerProcess, images: str
     text = client.chat.completions.create(model="eye", messages=user(), max_tokens=2)  # type: ignore[arg-type]
     assert answer.usage is not None and text.usage is not None
     assert answer.usage.prompt_tokens > text.usage.prompt_tokens
-    with httpx.Client(base_url=fetching.url, timeout=60) as http:
+    with httpx.Client(base_url=fetching.url, timeout=scaled(60)) as http:
         assert copied(http, "image_base64") > 0  # fetched bytes, encoded once for the engine
 
 
@@ -410,6 +410,6 @@ def test_a_remote_image_is_fetched_and_read(fetching: ServerProcess, images: str
 def test_a_remote_image_redirected_away_is_refused_by_name(
     fetching: ServerProcess, images: str, path: str, why: str
 ) -> None:
-    with httpx.Client(base_url=fetching.url, timeout=60) as http:
+    with httpx.Client(base_url=fetching.url, timeout=scaled(60)) as http:
         error = refused(chat(http, "eye", user(image_part(images + path))), 400, PART)
     assert error["code"] == "image_url_refused" and why in error["message"]

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import ServerProcess, start_server
+from tests.support import ServerProcess, scaled, start_server
 
 pytest.importorskip("xllamacpp")
 
@@ -34,7 +34,7 @@ def srv() -> Iterator[ServerProcess]:
 
 
 def _post(srv: ServerProcess, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(srv.url + path, json=body, timeout=60)
+    return httpx.post(srv.url + path, json=body, timeout=scaled(60))
 
 
 def _cards(srv: ServerProcess) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.support import scaled
 from zeroserve.app import App
 from zeroserve.app.backends.remote import RemoteBackend
 from zeroserve.app.relay import Relay
@@ -51,7 +52,9 @@ async def zeroserve(configs: dict[str, ModelConfig]) -> AsyncIterator[Running]:
     engine = Engine(configs, arena=arena)
     await engine.start()
     app = App(engine)
-    server = Server(app, arena, ServerOptions(host="127.0.0.1", port=0, graceful_timeout=2.0))
+    server = Server(
+        app, arena, ServerOptions(host="127.0.0.1", port=0, graceful_timeout=scaled(2.0))
+    )
     await server.start()
     try:
         yield Running(server, engine, app, arena)

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import ServerProcess, start_server
+from tests.support import ServerProcess, scaled, start_server
 
 TEXT = "Hello world, héllo wörld!"
 MESSAGES = [{"role": "user", "content": "str.split"}]
@@ -33,7 +33,7 @@ def gateway(upstream: ServerProcess) -> Iterator[ServerProcess]:
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(url + path, json=body, timeout=60)
+    return httpx.post(url + path, json=body, timeout=scaled(60))
 
 
 @pytest.mark.parametrize(
