@@ -111,6 +111,14 @@ def connect(address: str | None) -> None:
         _users += 1
 
 
+def local_node() -> str:
+    """This process's Ray node id ("" when not joined): actors with the same one run on
+    this machine."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
