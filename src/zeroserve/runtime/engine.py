@@ -344,12 +344,9 @@ class Engine:
         return self._models[name].admission.idle_since
 
     def worker_pids(self, name: str) -> list[int]:
-        """The worker processes of loaded model ``name`` (``process`` executors; none for
-        models that run in this process or on Ray)."""
-        executor = self._models[name].executor
-        if not isinstance(executor, ProcessExecutor):
-            return []
-        return [w.pid for w in executor.workers if w is not None]
+        """The processes on this machine that hold loaded model ``name``: ``process``
+        workers, Ray actors on this server's node; none for models in this process."""
+        return self._models[name].executor.local_pids()
 
     def _went_idle(self, name: str) -> None:
         if self.idle_listener is not None:

@@ -8,10 +8,11 @@ resident set sizes (``/proc/PID/statm``):
   once share that window, so each may count some of the other's pages.
 * ``process`` models: the RSS of each of their worker processes, plus the server's own
   RSS delta across the load (the executor's pipes and buffers).
-* ``ray`` and ``ray-serve`` models: the server's RSS delta only. Ray's actors live in
-  Ray's worker processes, possibly on other nodes, and are not measured here (their
-  cost reads as what the load cost this process, close to 0; a GGUF's estimate is used
-  until then). See docs/models.md, "Memory".
+* ``ray`` and ``ray-serve`` models: the RSS of their actors on this server's Ray node
+  (the same node id as the server's driver; for ``ray-serve``, the replica that answered
+  the load), plus the server's RSS delta. Actors on other nodes are not measured: a
+  model all on other nodes reads as what the load cost this process, close to 0 (a
+  GGUF's estimate is used until then). See docs/models.md, "Memory".
 
 Before a model's first load its cost is an estimate: for a GGUF (``llamacpp:`` and
 ``smollm2``), the file's size plus the KV cache its context needs::

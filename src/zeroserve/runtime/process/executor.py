@@ -232,6 +232,9 @@ class ProcessExecutor(Executor):
             pass
         return code
 
+    def local_pids(self) -> list[int]:
+        return [w.pid for w in self.workers if w is not None]
+
     def ready(self) -> bool:
         return (
             self._started

@@ -183,11 +183,16 @@ class RayWorker:
         self._link_server: asyncio.Server | None = None
         self._linked = False  # a link is being served (one at a time)
 
-    async def hello(self) -> tuple[int, bool, str, str]:
+    async def hello(self) -> tuple[int, bool, str, str, str]:
         """This actor's pid, whether it shares the ingress's arena, which start of the
-        actor this is (``instance``), and the address of its link socket ("" when it
-        serves no link: not attached, or a Serve replica)."""
-        return os.getpid(), self.view is not None, self.instance, await self._listen()
+        actor this is (``instance``), the address of its link socket ("" when it
+        serves no link: not attached, or a Serve replica), and its Ray node's id (the
+        ingress measures the RSS of actors on its own node: runtime/model_memory.py)."""
+        import ray
+
+        link = await self._listen()
+        node = ray.get_runtime_context().get_node_id()
+        return os.getpid(), self.view is not None, self.instance, link, node
 
     # -- the link: the worker protocol over a socket, for the ingress on this node ---------
     async def _listen(self) -> str:

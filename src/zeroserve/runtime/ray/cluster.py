@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import threading
 from typing import Any
+
+from ...models.native_signals import keep_signal_handlers
 
 # Ray namespace of zeroserve's named actors (see ``actors.actor_name``).
 NAMESPACE = "zeroserve"
@@ -55,6 +58,13 @@ LOCAL_SYSTEM_CONFIG: dict[str, Any] = {
     "prestart_worker_first_driver": False,
     "enable_metrics_collection": False,
 }
+# The server's drain signals, whose C-level handlers Ray's core worker replaces: joining
+# installs its failure handler on SIGTERM (print a stack, then die of the signal) and
+# leaving resets SIGTERM to the default action, so a server that joined or left at run
+# time would be killed by SIGTERM instead of draining. Both are wrapped in
+# ``keep_signal_handlers``, which restores them from any thread (``ray.init`` only sets
+# its own Python handler on the main thread).
+KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _is_loopback(address: str) -> bool:
@@ -94,10 +104,19 @@ def connect(address: str | None) -> None:
                 kwargs["_system_config"] = dict(LOCAL_SYSTEM_CONFIG)
             if local:
                 kwargs["_node_ip_address"] = LOOPBACK
-            ray.init(address=target, **kwargs)
+            with keep_signal_handlers(KEPT_SIGNALS):
+                ray.init(address=target, **kwargs)
             _owned = True
             _endpoints = _find_endpoints()
         _users += 1
+
+
+def local_node() -> str:
+    """This process's Ray node id ("" when not joined): actors with the same one run on
+    this machine."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -140,4 +159,5 @@ def disconnect() -> None:
         if _users == 0 and _owned:
             _owned = False
             _endpoints = ()
-            ray.shutdown()
+            with keep_signal_handlers(KEPT_SIGNALS):
+                ray.shutdown()

@@ -167,6 +167,12 @@ class RayExecutor(Executor):
     def has_capacity(self) -> bool:
         return self.roster.cluster_up and self.fleet.has_capacity()
 
+    def local_pids(self) -> list[int]:
+        """The actors (or the Serve replica that answered the load) on this server's Ray
+        node; those on other nodes are not measured (runtime/model_memory.py)."""
+        here = cluster.local_node()
+        return [w.pid for w in self.roster.handles if w.pid and here and w.node == here]
+
     def unavailable(self) -> errors.ZeroserveError | None:
         if not self.roster.cluster_up:
             return self.roster.unreachable()

@@ -62,6 +62,7 @@ class RayWorkerHandle:
         "instance",
         "link",
         "linkable",
+        "node",
         "outstanding",
         "pid",
         "ready",
@@ -78,14 +79,15 @@ class RayWorkerHandle:
         self.pid = 0
         self.instance = ""  # which start of the actor answered its last ``hello``
         self.address = ""  # its link socket ("" when it serves none)
+        self.node = ""  # its Ray node's id
         self.link: WorkerLink | None = None  # the open link: every call goes through it
         self.ready = False
         self.batches = 0  # batch slots taken (PIPELINE_DEPTH, or 1 through a link)
         self.outstanding = 0
         self.tasks: set[asyncio.Future[Any]] = set()
 
-    def hello(self, answer: tuple[int, bool, str, str]) -> None:
-        self.pid, self.attached, self.instance, self.address = answer
+    def hello(self, answer: tuple[int, bool, str, str, str]) -> None:
+        self.pid, self.attached, self.instance, self.address, self.node = answer
 
     @property
     def depth(self) -> int:

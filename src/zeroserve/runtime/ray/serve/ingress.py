@@ -193,7 +193,7 @@ class ServeFleet:
         name = self.roster.spec.name
         try:
             handle = await asyncio.wait_for(loop.run_in_executor(None, self._deploy), timeout)
-            pid, *_ = await asyncio.wait_for(handle.hello.remote(), timeout)
+            pid, _, _, _, node = await asyncio.wait_for(handle.hello.remote(), timeout)
         except BaseException as exc:
             if isinstance(exc, TimeoutError):
                 raise ModelLoadError(
@@ -202,7 +202,7 @@ class ServeFleet:
             raise ModelLoadError(name, f"{type(exc).__name__}: {exc}") from exc
         self.stream_handle = handle.options(stream=True)
         w = RayWorkerHandle(0, handle, linkable=False)
-        w.pid, w.attached, w.ready = pid, True, True
+        w.pid, w.node, w.attached, w.ready = pid, node, True, True
         self.roster.handles.append(w)
 
     def _deploy(self) -> Any:
