@@ -64,7 +64,10 @@ async def router_pull(req: Request, manager: ModelManager, keyed: bool) -> Respo
             raise NotFound(
                 f"{body.model} is not on the hub", code="pull_source_not_found"
             ) from None
-        raise UpstreamError(f"pulling {body.model} failed: {type(exc).__name__}") from None
+        raise UpstreamError(
+            f"pulling {body.model} failed ({type(exc).__name__}): the hub did not answer or "
+            "the download stopped; pull again to resume"
+        ) from None
     name = body.name if body.name is not UNSET else path.stem
     if not _NAME.match(name):
         raise RequestError(f'the file {path.name!r} makes no model name: give "name"')
