@@ -384,8 +384,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--allow-pull",
         action="store_true",
         help="let a --model NAME=hf:ORG/REPO[:FILE] (or NAME=https://URL) spec fetch its "
-        "file into the cache (ZEROSERVE_CACHE) at start; without it such a spec is an error "
-        "and nothing is fetched",
+        "file into the cache (ZEROSERVE_CACHE) at start, a --models-dir model.toml's "
+        "source at the model's first load, and an admin POST /models/pull; without it "
+        "such a spec is an error, such an entry is failed, the route answers 403, and "
+        "nothing is fetched",
     )
     p.add_argument("--config", help="TOML configuration file")
 
@@ -502,6 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 models_max=cfg.models_max,
                 models_memory=cfg.models_memory,
                 autoload=cfg.autoloads,
+                allow_pull=args.allow_pull,
             ),
             batch=cfg.batch_options(),
             image_fetch=cfg.image_fetch(),

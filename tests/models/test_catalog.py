@@ -114,3 +114,35 @@ def test_another_directory_source_plugs_in_beside_the_models_dir(tmp_path: Path)
     (cache / "pulled").mkdir()
     catalog = build_catalog([], [(_models_dir(tmp_path), scan_models_dir), (cache, cached)])
     assert "pulled" in catalog and catalog["pulled"].ref.load_class() is EchoModel
+
+
+def test_a_model_toml_source_is_kept_for_the_first_load_with_its_pin(tmp_path: Path) -> None:
+    folder = tmp_path / "chat"
+    folder.mkdir()
+    pin = "ab" * 32
+    (folder / "model.toml").write_text(
+        f'source = "hf:org/repo:m.gguf"\nsha256 = "{pin}"\n[options]\nn_ctx = 512\n'
+    )
+    (entry,) = scan_models_dir(tmp_path)
+    assert entry.source == f"hf:org/repo:m.gguf?sha256={pin}"
+    assert entry.ref.target.endswith("LlamaCppModel") and entry.ref.options["n_ctx"] == 512
+
+
+@pytest.mark.parametrize(
+    ("text", "fault"),
+    [
+        ('source = "hf:org/repo"\nspec = "echo"\n', "not both"),
+        ('source = "/etc/passwd"\n', "unknown pull source"),
+        ('source = "hf:org/repo"\nsha256 = "12"\n', "64 hex digits"),
+        ('spec = "echo"\nsha256 = "' + "a" * 64 + '"\n', "there is none"),
+    ],
+)
+def test_a_bad_model_toml_source_is_refused_naming_the_file(
+    tmp_path: Path, text: str, fault: str
+) -> None:
+    folder = tmp_path / "chat"
+    folder.mkdir()
+    (folder / "model.toml").write_text(text)
+    with pytest.raises(SpecError, match=fault) as caught:
+        scan_models_dir(tmp_path)
+    assert "model.toml" in str(caught.value)

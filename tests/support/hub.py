@@ -31,6 +31,9 @@ def _gguf() -> bytes:
 class LoopbackHub(ThreadingHTTPServer):
     files: dict[str, bytes]
     log: list[tuple[str, str, str | None]]
+    # While set, a GET of a file sends it only up to this offset and closes the socket
+    # (a resumed GET past it gets nothing): the download cannot finish.
+    drop_after: int | None = None
 
     @property
     def url(self) -> str:
@@ -80,7 +83,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data) - start))
         self.end_headers()
         if send_body:
-            self.wfile.write(data[start:])
+            drop = self.server.drop_after
+            self.wfile.write(data[start:] if drop is None else data[start:drop])
+            self.close_connection = drop is not None
 
     def do_HEAD(self) -> None:
         self._head(send_body=False)

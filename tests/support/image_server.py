@@ -21,6 +21,10 @@ CAP = 4096
 class Images(ThreadingHTTPServer):
     daemon_threads = True
     release: threading.Event
+    # ``/gated``: ``asked`` is set when the request arrives, and the image is sent once
+    # the test sets ``gate``.
+    asked: threading.Event
+    gate: threading.Event
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -53,6 +57,14 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("content-length", str(len(IMAGE)))
             self.end_headers()
             self.wfile.write(IMAGE)
+        elif self.path == "/gated":
+            self.server.asked.set()
+            self.server.gate.wait(60)
+            self.send_response(200)
+            self.send_header("content-type", "image/png")
+            self.send_header("content-length", str(len(IMAGE)))
+            self.end_headers()
+            self.wfile.write(IMAGE)
         elif self.path == "/big":
             self.send_response(200)
             self.send_header("content-length", str(CAP + 1))
@@ -78,13 +90,25 @@ class Handler(BaseHTTPRequestHandler):
 @contextmanager
 def serve_images() -> Iterator[str]:
     """The server on a free loopback port, as its base URL; shut down on exit."""
+    with image_server() as server:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@contextmanager
+def image_server() -> Iterator[Images]:
+    """The server itself (its events drive ``/gated``); shut down on exit."""
     server = Images(("127.0.0.1", 0), Handler)
-    server.release = threading.Event()
+    server.release, server.asked, server.gate = (
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield server
     finally:
+        server.gate.set()
         server.release.set()
         server.shutdown()
         server.server_close()

@@ -111,7 +111,11 @@ def verify_pin(path: Path, expected: str | None) -> None:
         return
     actual = file_sha256(path)
     if actual != expected.lower():
+        # The hub cache's file is a link to its blob: delete the blob too, or the next
+        # pull would find it and link it again without fetching.
+        real = path.resolve()
         path.unlink(missing_ok=True)
+        real.unlink(missing_ok=True)
         raise HashMismatch(
             f"sha256 mismatch for {path.name}: expected {expected.lower()}, got {actual};"
             " the file was deleted"

@@ -17,6 +17,12 @@ A models directory holds:
       [options]                        # optional: the spec's ?key=value options
       executor = "thread"
 
+  or, in place of ``spec``, a GGUF to pull at the model's first load (only with
+  ``--allow-pull``; docs/models.md, "Pulling models")::
+
+      source = "hf:ORG/REPO:FILE.gguf"   # or "https://HOST/PATH/FILE.gguf"
+      sha256 = "64 hex digits"           # optional: the file's pin
+
 Anything else in the directory is left alone. Two entries with one name are an error
 naming both places, never a silent choice.
 """
@@ -30,13 +36,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from ..errors import SpecError
+from ..errors import RequestError, SpecError
+from .cache import parse_source
 from .loader import BACKENDS, ModelRef, parse_spec
 
 # The file in a model folder that names its spec.
 MODEL_TOML = "model.toml"
 # Keys a model.toml may hold; any other is refused by name (nothing silently ignored).
-TOML_KEYS = frozenset({"spec", "pin", "options"})
+TOML_KEYS = frozenset({"spec", "pin", "options", "source", "sha256"})
 
 
 @dataclass(frozen=True)
@@ -47,11 +54,15 @@ class CatalogEntry:
         ref: the parsed spec (name, target, options, runtime settings).
         origin: where it was found: ``"--model"``, or the file or folder it came from.
         pin: True keeps the model loaded (no idle unload, no LRU eviction).
+        source: a pull source (``hf:...`` or ``https://...``, with its ``?sha256=`` pin)
+            fetched into the cache at the first load; ``ref`` then names the source as
+            its location until the pull gives the file.
     """
 
     ref: ModelRef
     origin: str
     pin: bool = False
+    source: str | None = None
 
     @property
     def name(self) -> str:
@@ -136,7 +147,8 @@ def _folder_entry(folder: Path) -> CatalogEntry:
             f"{toml_path}: unknown key(s) {', '.join(unknown)} "
             f"(allowed: {', '.join(sorted(TOML_KEYS))})"
         )
-    spec = data.get("spec")
+    source = _toml_source(data, toml_path)
+    spec = f"llamacpp:{source.partition('?')[0]}" if source is not None else data.get("spec")
     if not isinstance(spec, str) or not spec:
         raise SpecError(f"{toml_path}: 'spec' must be a non-empty string")
     pin = data.get("pin", False)
@@ -154,7 +166,29 @@ def _folder_entry(folder: Path) -> CatalogEntry:
         ref = parse_spec(text)
     except SpecError as exc:
         raise SpecError(f"{toml_path}: {exc}") from exc
-    return CatalogEntry(ref=ref, origin=str(folder), pin=pin)
+    return CatalogEntry(ref=ref, origin=str(folder), pin=pin, source=source)
+
+
+def _toml_source(data: dict[str, Any], toml_path: Path) -> str | None:
+    """The pull source of a ``model.toml`` with ``source`` (its ``sha256`` appended as
+    the source's pin), or None; nothing is fetched here."""
+    source, pin = data.get("source"), data.get("sha256")
+    if source is None:
+        if pin is not None:
+            raise SpecError(f"{toml_path}: 'sha256' pins a 'source'; there is none")
+        return None
+    if "spec" in data:
+        raise SpecError(f"{toml_path}: give 'spec' or 'source', not both")
+    if not isinstance(source, str) or "?" in source:
+        raise SpecError(f"{toml_path}: 'source' must be hf:ORG/REPO[:FILE] or https://URL")
+    text = source + (f"?sha256={pin}" if isinstance(pin, str) else "")
+    if pin is not None and not isinstance(pin, str):
+        raise SpecError(f"{toml_path}: 'sha256' must be a string of 64 hex digits")
+    try:
+        parse_source(text)
+    except RequestError as exc:
+        raise SpecError(f"{toml_path}: {exc.message}") from exc
+    return text
 
 
 def _resolve_location(spec: str, folder: Path) -> str:

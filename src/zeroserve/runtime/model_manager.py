@@ -31,10 +31,11 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from .. import metrics
-from ..errors import ModelLoadError, ModelNotFound, RequestError
+from ..errors import ModelLoadError, ModelNotFound, RequestError, SpecError
 from ..models.catalog import CatalogEntry
 from ..models.loader import ModelRef
 from .admission import DEFAULT_RETRY_AFTER_S
@@ -43,6 +44,7 @@ from .engine import Engine
 from .load_reasons import public_reason
 from .model_eviction import RoomKeeping
 from .model_memory import LoadMeter, pids_rss
+from .model_pulls import PullGate, refuse_pulls, resolve_entry
 from .model_replace import EntryVersion, ReplaceListener, entry_version, replace
 from .model_room import Room, RoomStatistics
 from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
@@ -118,13 +120,16 @@ class ModelManager(RoomKeeping):
         listener: ModelListener | None = None,
         source: Callable[[], Mapping[str, CatalogEntry]] | None = None,
         models_memory: int | None = None,
+        pull: Callable[[str], Path] | None = None,
     ) -> None:
         """``loaded`` names the entries the engine started with; ``keep_alive_s`` is how
         long an unpinned model may stay idle before ``unload_idle`` unloads it;
         ``models_max`` caps the models loaded (or loading) at once: a load over it first
         unloads the least recently used idle, unpinned model; ``listener`` hears of every
         load and unload; ``source`` rebuilds the catalog for ``refresh`` (a rescan);
-        ``models_memory`` caps the bytes the loaded models count (``model_room.Room``).
+        ``models_memory`` caps the bytes the loaded models count (``model_room.Room``);
+        ``pull`` fetches an entry's pull ``source`` into the cache (blocking: run in a
+        thread); None (no ``--allow-pull``) leaves such an entry ``failed``.
         A load that does not fit and finds no idle, unpinned model to unload waits for
         room (``_make_room``)."""
         if not keep_alive_s >= 0:
@@ -144,6 +149,8 @@ class ModelManager(RoomKeeping):
         self.evictions = 0  # models unloaded to make room under models_max
         self.listener = listener
         self._source = source
+        self.pulls = PullGate(pull) if pull is not None else None
+        self._added: set[str] = set()  # entries added by ``add`` (pulled): kept by rescans
         self._counts: dict[str, _Counts] = {}
         self._failed_at: dict[str, tuple[float, str]] = {}  # name -> (when, cause)
         self._timer: Timer | None = None
@@ -166,6 +173,7 @@ class ModelManager(RoomKeeping):
                 self.room.need(self._entries[name]) if models_memory is not None else 0
             )
             self._versions[name] = entry_version(self._entries[name])
+        refuse_pulls(self._entries, self._machines, self.pulls)
 
     # -- queries ---------------------------------------------------------------------------
     def entries(self) -> dict[str, CatalogEntry]:
@@ -204,6 +212,23 @@ class ModelManager(RoomKeeping):
         """The loaded models' bytes against ``models_memory`` (0: no cap)."""
         return self.room.statistics()
 
+    def can_pull(self) -> bool:
+        """Whether this server may fetch a pull source (``--allow-pull``)."""
+        return self.pulls is not None
+
+    def add(self, entry: CatalogEntry) -> None:
+        """Add (or change) an entry outside the catalog's source (a pull through the API);
+        it starts ``unloaded`` and rescans keep it. A name the source gives is refused
+        (``SpecError`` naming both origins)."""
+        old = self._entries.get(entry.name)
+        if old is not None and entry.name not in self._added:
+            raise SpecError(
+                f"model {entry.name!r} is named twice: by {old.origin} and by {entry.origin}"
+            )
+        self._added.add(entry.name)
+        self._entries[entry.name] = entry
+        self._machines.setdefault(entry.name, ModelStateMachine())
+
     def can_refresh(self) -> bool:
         return self._source is not None
 
@@ -220,7 +245,7 @@ class ModelManager(RoomKeeping):
         entry that is gone is unloaded first (its admitted work finishes) and then leaves;
         a changed entry is used by its next load. Returns ``(added, removed)`` names."""
         added = [name for name in catalog if name not in self._entries]
-        removed = [name for name in self._entries if name not in catalog]
+        removed = [n for n in self._entries if n not in catalog and n not in self._added]
         for name in removed:
             await self.unload(name)
             task = self._loads.get(name)
@@ -229,8 +254,10 @@ class ModelManager(RoomKeeping):
                     continue  # loaded again meanwhile: it stays until a later rescan
                 del self._entries[name], self._machines[name], self._locks[name]
         for name, entry in catalog.items():
+            self._added.discard(name)  # the source names it now: the source's entry wins
             self._entries[name] = entry
             self._machines.setdefault(name, ModelStateMachine())
+        refuse_pulls(catalog, self._machines, self.pulls)
         return added, removed
 
     async def load(self, name: str, timeout: float | None = None, *, replace: bool = True) -> None:
@@ -499,7 +526,8 @@ class ModelManager(RoomKeeping):
                         f"it needs about {need} bytes, more than --models-memory "
                         f"({self.room.models_memory}) allows for all models together",
                     )
-                await self._engine.load(name, config_for(entry.ref))
+                resolved = await resolve_entry(entry, self.pulls)
+                await self._engine.load(name, config_for(resolved.ref))
                 cost = meter.cost(self._engine.worker_pids(name))
                 await self._announce(name)
             except Exception as exc:

@@ -20,6 +20,7 @@ from ..app.limits import ApiLimits
 from ..edge import Edge
 from ..edge.tracing import configure_otlp
 from ..models.catalog import server_catalog
+from ..models.pull import pull
 from ..runtime import Arena, Engine, ModelConfig, RuntimeOptions
 from ..runtime.model_manager import DEFAULT_KEEP_ALIVE_S, ModelManager
 from ..runtime.priority import raise_loop
@@ -51,6 +52,7 @@ class CatalogOptions:
     models_max: int | None = None
     models_memory: int | None = None
     autoload: bool = False
+    allow_pull: bool = False
 
 
 def engine_configs(specs: list[ModelRef]) -> dict[str, ModelConfig]:
@@ -99,6 +101,7 @@ async def serve_async(
             models_max=catalog.models_max,
             models_memory=catalog.models_memory,
             source=(lambda: server_catalog(specs, models_dir)) if models_dir else None,
+            pull=pull if catalog.allow_pull else None,
         )
         app = App(
             engine,

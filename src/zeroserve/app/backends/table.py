@@ -228,9 +228,17 @@ class Backends:
         model cannot take)."""
         if chat.images:
             return with_images(
-                backend, chat, self.image_fetch, lambda: backend.chat(api, chat, req)
+                backend, chat, self.image_fetch, lambda: self._now(backend).chat(api, chat, req)
             )
         return backend.chat(api, chat, req)
+
+    def _now(self, backend: Backend) -> Backend:
+        """The backend serving ``backend``'s model now, looked up once more after an await
+        between the first lookup and admission (an image fetch): a replace that switched
+        the model meanwhile closed the old version's admission (docs/decisions/0042), so
+        the request is admitted on the new version. No await follows this lookup before
+        the admission. A model unloaded meanwhile keeps the old backend (its 503)."""
+        return self._table.get(backend.name, backend)
 
     def _count(
         self,

@@ -4,6 +4,7 @@
 ``GET  /models``                            the catalog with states (llama.cpp router's)
 ``POST /models/load {"model": NAME}``       load a catalog model; ``{"success": true}``
 ``POST /models/unload {"model": NAME}``     unload it once its admitted work is done
+``POST /models/pull {"model": SOURCE}``      pull into the cache (``--allow-pull``)
 ``POST /v2/repository/index``               rescan ``--models-dir``; the index, Triton's
 ``POST /v2/repository/models/{m}/load``     load (KServe V2 repository extension)
 ``POST /v2/repository/models/{m}/unload``   unload
@@ -33,6 +34,7 @@ from ..router import RouteDoc, Router
 from . import schemas as c
 from .access import require_admin
 from .loading import load_status
+from .pulling import router_pull
 
 _router_request = c.decoder(c.RouterModelRequest)
 _index_request = c.decoder(c.RepositoryIndexRequest)
@@ -72,6 +74,9 @@ class ModelControl:
         require_admin(req, self.keyed)
         await self.load(decode(_router_request, req.body).model)
         return _json(c.RouterAnswer(success=True))
+
+    async def router_pull(self, req: Request) -> Response:
+        return await router_pull(req, self.manager, self.keyed)
 
     async def router_unload(self, req: Request) -> Response:
         require_admin(req, self.keyed)
@@ -166,6 +171,16 @@ def register(router: Router, manager: ModelManager, keyed: bool) -> None:
             "Unload a model once its work is done (admin; llama.cpp router)",
             c.RouterModelRequest,
             c.RouterAnswer,
+        ),
+    )
+    add(
+        "POST",
+        "/models/pull",
+        api.router_pull,
+        doc=RouteDoc(
+            "Pull hf:/https:// into the cache and the catalog (admin; --allow-pull)",
+            c.PullRequest,
+            c.PullAnswer,
         ),
     )
     add(

@@ -36,6 +36,22 @@ class RouterAnswer(Struct):
     success: bool
 
 
+class PullRequest(Struct, forbid_unknown_fields=True):
+    """``POST /models/pull``: ``model`` is the pull source (``hf:ORG/REPO[:FILE]`` or
+    ``https://...``, optionally ``?sha256=HEX``); ``name`` the catalog name (default:
+    the file's stem)."""
+
+    model: str
+    name: str | UnsetType = UNSET
+
+
+class PullAnswer(Struct):
+    """The pulled model's catalog name; it is ``unloaded`` until a load serves it."""
+
+    success: bool
+    model: str
+
+
 class RepositoryIndexRequest(Struct, forbid_unknown_fields=True):
     """``POST /v2/repository/index``: ``ready`` true lists only the loaded models (the
     body may also be empty, as tritonclient sends it)."""
