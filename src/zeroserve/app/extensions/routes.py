@@ -25,7 +25,7 @@ from ..chat import ChatRequest
 from ..chat.images import ImageReader
 from ..limits import ApiLimits, check_count
 from ..openai import schemas as s
-from ..openai.chat import turn
+from ..openai.chat import decode_tools, turn
 from ..request import Request
 from ..response import JSON, HandlerResult, Response
 from ..router import RouteDoc, Router
@@ -138,7 +138,12 @@ class _Extensions:
                 raise RequestError("/tokenize does not count images", param="messages")
             size = sum(len((t.content or "").encode()) for t in turns)
             _check_size(size, "messages")
-            return None, ChatRequest(model=body.model, messages=turns)
+            tools, choice = decode_tools(body.tools, body.tool_choice, self.limits)
+            chat = ChatRequest(model=body.model, messages=turns, tools=tools, tool_choice=choice)
+            return None, chat
+        for name, raw in (("tools", body.tools), ("tool_choice", body.tool_choice)):
+            if raw is not UNSET:
+                raise RequestError(f"{name} goes with messages, not a text", param=name)
         text = body.prompt if isinstance(body.prompt, str) else body.content
         assert isinstance(text, str)
         _check_size(len(text.encode()), given[0])
