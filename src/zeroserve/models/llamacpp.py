@@ -34,7 +34,7 @@ import os
 import secrets
 import signal
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -283,24 +283,24 @@ class LlamaCppModel(Model):
         or the engine's ``{"error": ...}``. It cannot be stopped once it runs."""
         return bytes(self.server.handle_embeddings(payload))
 
-    async def prompt_tokens(
-        self, messages: Sequence[Mapping[str, Any]] | None, prompt: str | None, timeout: float
-    ) -> int:
-        """Exact prompt tokens: ``messages`` through the engine's chat template, or
+    async def prompt_tokens(self, chat: bytes | None, prompt: str | None, timeout: float) -> int:
+        """Exact prompt tokens: the chat request ``chat`` through the engine's chat
+        template, or
         ``prompt``, through its tokenizer (the side port, within ``timeout`` seconds)."""
         assert self._side is not None, "the model is not loaded"
-        return await self._side.prompt_tokens(messages, prompt, timeout)
+        return await self._side.prompt_tokens(chat, prompt, timeout)
 
     async def side_tokenize(
         self,
-        messages: Sequence[Mapping[str, Any]] | None,
+        chat: bytes | None,
         prompt: str | None,
         add_special: bool,
         timeout: float,
     ) -> list[int]:
-        """Token ids of ``prompt``, or of ``messages`` through the chat template."""
+        """Token ids of ``prompt``, or of the chat request ``chat`` through the chat
+        template."""
         assert self._side is not None, "the model is not loaded"
-        return await self._side.tokenize(messages, prompt, add_special, timeout)
+        return await self._side.tokenize(chat, prompt, add_special, timeout)
 
     async def side_detokenize(self, tokens: Sequence[int], timeout: float) -> str:
         """The text of ``tokens`` (each below :attr:`n_vocab`)."""

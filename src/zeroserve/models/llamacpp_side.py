@@ -12,7 +12,7 @@ so milliseconds; the answer is bounded in bytes and the exchange in time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -58,26 +58,26 @@ class SidePort:
         self.port = int(port) if port else 0
         self._auth = [(b"authorization", b"Bearer " + key.encode("ascii"))]
 
-    async def prompt_tokens(
-        self, messages: Sequence[Mapping[str, Any]] | None, prompt: str | None, timeout: float
-    ) -> int:
-        """Tokens of ``prompt``, or of ``messages`` rendered by the chat template."""
-        return len(await self.tokenize(messages, prompt, True, timeout))
+    async def prompt_tokens(self, chat: bytes | None, prompt: str | None, timeout: float) -> int:
+        """Tokens of ``prompt``, or of the chat request ``chat`` rendered by the chat
+        template."""
+        return len(await self.tokenize(chat, prompt, True, timeout))
 
     async def tokenize(
-        self,
-        messages: Sequence[Mapping[str, Any]] | None,
-        prompt: str | None,
-        add_special: bool,
-        timeout: float,
+        self, chat: bytes | None, prompt: str | None, add_special: bool, timeout: float
     ) -> list[int]:
-        """The token ids of ``prompt``, or of ``messages`` rendered by the chat template
-        (``add_special``: with the beginning-of-sequence the model's tokenizer adds)."""
+        """The token ids of ``prompt``, or of ``chat`` rendered by the chat template
+        (``add_special``: with the beginning-of-sequence the model's tokenizer adds).
+
+        ``chat`` is the engine's own chat request, the very bytes a chat would run: the
+        engine's ``/apply-template`` parses it as its chat route does, so its tools, tool
+        choice and format reach the template (a template without native tools gets the
+        engine's generic tool prompt) and the count is the engine's ``prompt_tokens``."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         if prompt is None:
-            body = msgspec.json.encode({"messages": messages})
-            rendered = await self._post("/apply-template", body, end - loop.time())
+            assert chat is not None, "a prompt or a chat request"
+            rendered = await self._post("/apply-template", chat, end - loop.time())
             prompt = msgspec.json.decode(rendered, type=_Rendered).prompt
         body = msgspec.json.encode({"content": prompt, "add_special": add_special})
         answer = await self._post("/tokenize", body, end - loop.time())

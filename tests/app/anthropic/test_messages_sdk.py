@@ -216,3 +216,30 @@ def test_a_prefill_is_continued_or_refused_by_name(local: ServerThread) -> None:
     with pytest.raises(anthropic.BadRequestError) as info:
         c.messages.create(model="tinyllm", **kw)
     assert "messages" in info.value.body["error"]["message"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        None,
+        {"type": "auto"},
+        {"type": "any"},
+        {"type": "tool", "name": "get_weather"},
+        {"type": "none"},
+    ],
+)
+def test_count_tokens_with_tools_is_the_prompt_the_engine_reads(
+    local: ServerThread, choice: dict[str, Any] | None
+) -> None:
+    """smollm2's template knows no tools: the tools reach its prompt as a system turn (a
+    forced call's, or the generic format's), and ``none`` leaves them out. The count
+    renders the request the engine runs, so it equals the answer's own usage."""
+    c = client(local.url)
+    kw: Any = {"model": "smollm2", "messages": HELLO, "tools": [WEATHER]}
+    if choice is not None:
+        kw["tool_choice"] = choice
+    bare = c.messages.count_tokens(model="smollm2", messages=HELLO).input_tokens
+    counted = c.messages.count_tokens(**kw).input_tokens
+    assert counted > bare if choice != {"type": "none"} else counted == bare
+    m = c.messages.create(max_tokens=1, extra_body=GREEDY, **kw)
+    assert m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) == counted

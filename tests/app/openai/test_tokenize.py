@@ -68,6 +68,34 @@ def test_a_conversation_counts_as_the_model_reads_it(srv: ServerProcess, model: 
     assert r.json()["count"] == answer.json()["usage"]["prompt_tokens"]
 
 
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "choice", [None, "auto", "required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_a_conversation_with_tools_counts_the_tools_prompt(srv: ServerProcess, choice: Any) -> None:
+    """smollm2's template knows no tools: they reach its prompt as a system turn (a forced
+    call's, or the generic format's), and the count is of the request the engine runs."""
+    tools: dict[str, Any] = {"tools": [WEATHER]}
+    if choice is not None:
+        tools["tool_choice"] = choice
+    bare = _post(srv, "/tokenize", {"model": "smollm2", "messages": MESSAGES})
+    r = _post(srv, "/tokenize", {"model": "smollm2", "messages": MESSAGES, **tools})
+    assert r.status_code == 200, r.text
+    assert r.json()["count"] > bare.json()["count"]
+    chat = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 1, **tools}
+    answer = _post(srv, "/v1/chat/completions", chat)
+    assert answer.status_code == 200, answer.text
+    assert r.json()["count"] == answer.json()["usage"]["prompt_tokens"]
+
+
 def test_special_tokens_as_vllm_and_llamacpp_default_them(srv: ServerProcess) -> None:
     """tinyllm puts <|endoftext|> (id 0) before a prompt it reads: vLLM's ``prompt``
     adds it by default, llama.cpp's ``content`` does not, and both take the flag."""
@@ -110,6 +138,12 @@ def test_minilm_wraps_a_text_in_cls_and_sep(srv: ServerProcess) -> None:
         ("/tokenize", {"model": "tinyllm", "prompt": "x", "chat_template": "y"}, 400,
          "chat_template"),
         ("/tokenize", {"model": "tinyllm", "prompt": "x" * (512 * 1024 + 1)}, 400, "prompt"),
+        ("/tokenize", {"model": "smollm2", "prompt": "x", "tools": [WEATHER]}, 400, "tools"),
+        ("/tokenize", {"model": "smollm2", "messages": MESSAGES, "tools": []}, 400, "tools"),
+        ("/tokenize", {"model": "smollm2", "messages": MESSAGES, "tool_choice": "required"},
+         400, "tool_choice"),
+        ("/tokenize", {"model": "tinyllm", "messages": MESSAGES, "tools": [WEATHER]}, 400,
+         "tools"),
         ("/detokenize", {"model": "smollm2", "tokens": [49152]}, 400, "tokens"),
         ("/detokenize", {"model": "tinyllm", "tokens": [1 << 20]}, 400, "tokens"),
         ("/detokenize", {"model": "minilm", "tokens": [-1]}, 400, "tokens[0]"),

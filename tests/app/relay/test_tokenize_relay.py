@@ -73,3 +73,11 @@ def test_the_upstreams_refusal_comes_back_as_it_wrote_it(
     assert mine["param"] == theirs["param"] == "tokens"
     assert (mine["type"], mine["code"]) == (theirs["type"], theirs["code"])
     assert mine["message"].startswith("token 1073741824 is outside the vocabulary")
+
+
+def test_the_card_says_the_relay_serves_them(gateway: ServerProcess) -> None:
+    """The card tells the truth: a relayed model serves both routes (its upstream's)."""
+    cards = httpx.get(gateway.url + "/v1/models").json()["data"]
+    card = next(c["capabilities"] for c in cards if c["id"] == "gw")
+    assert card["relayed"] is True
+    assert card["tokenizer"] is True

@@ -51,6 +51,18 @@ class EndlessModel(Model):
             raise
 
 
+class GatedTokensModel(GatedModel):
+    """:class:`GatedModel` with a tokenizer: a text's UTF-8 bytes are its tokens."""
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(text.encode())
+
+    def detokenize(self, tokens: list[int]) -> str:
+        if any(not 0 <= t < 256 for t in tokens):
+            raise ValueError("a token is a byte: 0..255")
+        return bytes(tokens).decode(errors="replace")
+
+
 class FailingModel(Model):
     """Two pieces, then a model error."""
 

@@ -53,7 +53,8 @@ class Capabilities:
     token arrays as well as text (``token_inputs``); what a chat may carry
     (``input_modalities``: ``text``, and ``image`` for a model that reads images); and
     whether an upstream decides all of it (``relayed``: what the upstream accepts is not
-    known here). ``tokenizer``: ``/tokenize`` and ``/detokenize`` are served; ``rerank``:
+    known here). ``tokenizer``: ``/tokenize`` and ``/detokenize`` are served (relayed:
+    by the upstream's own routes); ``rerank``:
     how ``/v1/rerank`` scores (``cross-encoder``: a reranker reads query and document
     together; ``bi-encoder``: the cosine of their embeddings), None when not served."""
 

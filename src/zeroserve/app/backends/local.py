@@ -193,6 +193,7 @@ class LocalBackend:
                     param="messages",
                 )
             assert chat.messages is not None
+            chat.refuse_unhonoured(honoured(self.handle.model))  # tools, as its chat does
             text = meta.chat_template([_turn(m, i, chat) for i, m in enumerate(chat.messages)])
         assert text is not None
         return meta.tokenize(text, add_special)

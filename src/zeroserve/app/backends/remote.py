@@ -79,7 +79,11 @@ class RemoteBackend:
         raise AssertionError("a remote model's reranks are relayed undecoded")
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(chat=True, embeddings=True, relayed=True, token_inputs=True)
+        # Every route is relayed, /tokenize and /detokenize to the upstream's root
+        # (app/extensions/routes.py): served as chat is, the upstream deciding.
+        return Capabilities(
+            chat=True, embeddings=True, relayed=True, token_inputs=True, tokenizer=True
+        )
 
     def statistics(self) -> BackendStatistics:
         return BackendStatistics(

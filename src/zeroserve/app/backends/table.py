@@ -141,6 +141,14 @@ class Backends:
             )
         return backend
 
+    def admitted(self, name: str, req: Request) -> Backend:
+        """The backend of ``name``, ``req`` admitted to its model's queue as any request
+        to it (a 429 past its bound), its ticket held until the answer: for model work
+        outside the chat path (a tokenizer's call)."""
+        backend = self.get(name)
+        req.admit(self.engine.model(backend.name))
+        return backend
+
     def __iter__(self) -> Iterator[Backend]:
         return iter(self._table.values())
 

@@ -5,7 +5,8 @@ them, and ``POST /v1/rerank`` with its aliases ``/rerank`` and ``/v2/rerank``.
 Each is one decode at the boundary (unknown fields refused by name, the counts and
 sizes checked) and one call of the model's backend (``app/backends/base.py``:
 ``tokenize``, ``detokenize``, ``rerank``); errors in OpenAI's shape, as vLLM answers
-them. A relayed model's requests go to its upstream undecoded: a rerank to the base
+them. Each is model work, so each takes a ticket of its model's queue, as a chat does (a
+429 past the bound). A relayed model's requests go to its upstream undecoded: a rerank to the base
 URL's ``/rerank``, ``/tokenize`` and ``/detokenize`` to the upstream's own, at its root
 (the base URL without a final ``/v1``, where vLLM and llama.cpp's server serve them).
 """
@@ -25,7 +26,7 @@ from ..chat import ChatRequest
 from ..chat.images import ImageReader
 from ..limits import ApiLimits, check_count
 from ..openai import schemas as s
-from ..openai.chat import turn
+from ..openai.chat import decode_tools, turn
 from ..request import Request
 from ..response import JSON, HandlerResult, Response
 from ..router import RouteDoc, Router
@@ -95,7 +96,7 @@ class _Extensions:
         if relayed is not None:
             return relayed
         body = s.decode(tokenize_decoder, req.body)
-        backend = self.backends.get(body.model)
+        self.backends.get(body.model)  # a 404 before the body's own 400s
         text, chat = self._input(body)
         if body.add_special_tokens is not UNSET and body.add_special is not UNSET:
             raise RequestError(
@@ -105,6 +106,7 @@ class _Extensions:
         add = body.add_special_tokens if body.add_special_tokens is not UNSET else body.add_special
         if add is UNSET:  # vLLM's default for a prompt; llama.cpp's for content
             add = body.prompt is not UNSET
+        backend = self.backends.admitted(body.model, req)  # model work: a ticket
         return _tokenized(backend, text, chat, bool(add))
 
     def _input(self, body: x.TokenizeRequest) -> tuple[str | None, ChatRequest | None]:
@@ -138,7 +140,12 @@ class _Extensions:
                 raise RequestError("/tokenize does not count images", param="messages")
             size = sum(len((t.content or "").encode()) for t in turns)
             _check_size(size, "messages")
-            return None, ChatRequest(model=body.model, messages=turns)
+            tools, choice = decode_tools(body.tools, body.tool_choice, self.limits)
+            chat = ChatRequest(model=body.model, messages=turns, tools=tools, tool_choice=choice)
+            return None, chat
+        for name, raw in (("tools", body.tools), ("tool_choice", body.tool_choice)):
+            if raw is not UNSET:
+                raise RequestError(f"{name} goes with messages, not a text", param=name)
         text = body.prompt if isinstance(body.prompt, str) else body.content
         assert isinstance(text, str)
         _check_size(len(text.encode()), given[0])
@@ -149,7 +156,7 @@ class _Extensions:
         if relayed is not None:
             return relayed
         body = s.decode(detokenize_decoder, req.body)
-        return _detokenized(self.backends.get(body.model), body.tokens)
+        return _detokenized(self.backends.admitted(body.model, req), body.tokens)
 
     # -- rerank ----------------------------------------------------------------------------
     def rerank(self, req: Request) -> HandlerResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from ..openai.schemas import Message, PriorityClass
@@ -30,12 +31,15 @@ class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     opened). ``add_special_tokens`` (or llama.cpp's ``add_special``): with the special
     tokens the model puts around a text (a beginning-of-sequence); by default with them
     for a prompt and without them for messages, whose template writes its own, as vLLM
-    does."""
+    does. ``tools`` and ``tool_choice`` (with ``messages`` only, in chat's shape): counted
+    as a chat with them would be read, the tools' prompt included."""
 
     model: str
     prompt: Annotated[str, Meta(description=_SIZE)] | UnsetType = UNSET
     content: Annotated[str, Meta(description=_SIZE)] | UnsetType = UNSET
     messages: Annotated[list[Message], Meta(min_length=1)] | UnsetType = UNSET
+    tools: msgspec.Raw | UnsetType = UNSET
+    tool_choice: msgspec.Raw | UnsetType = UNSET
     add_special_tokens: bool | UnsetType = UNSET
     add_special: bool | UnsetType = UNSET
     add_generation_prompt: bool | None = None  # only true: the templates here open it

@@ -105,11 +105,13 @@ def check_tools(tools: list[FunctionTool], choice: ToolChoice | None, limits: Ap
             )
 
 
-def _tools(
+def decode_tools(
     raw_tools: msgspec.Raw | msgspec.UnsetType,
     raw_choice: msgspec.Raw | msgspec.UnsetType,
     limits: ApiLimits,
 ) -> tuple[list[FunctionTool] | None, ToolChoice | None]:
+    """``tools`` and ``tool_choice`` in chat's shape (kept raw at first), decoded and
+    checked (the rules every API shares: :func:`check_tools`)."""
     choice: ToolChoice | None = None
     if s.given(raw_choice):
         c = raw_param(s.tool_choice_decoder, raw_choice, "tool_choice")
@@ -344,7 +346,7 @@ class ChatCompletions(_Answers):
         check_count(len(body.messages), limits.messages, "messages", "messages")
         if body.top_logprobs and not body.logprobs:
             raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-        tools, choice = _tools(body.tools, body.tool_choice, limits)
+        tools, choice = decode_tools(body.tools, body.tool_choice, limits)
         max_tokens = (
             body.max_completion_tokens
             if body.max_completion_tokens is not None

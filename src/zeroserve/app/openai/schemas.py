@@ -415,7 +415,9 @@ class ModelCapabilities(Struct):
     ``embedding_dimensions``: the width of its embeddings when fixed, the only
     ``dimensions`` it serves; ``token_inputs``: whether it embeds token arrays (else
     only text, and a token array is refused with a 400 naming ``input``);
-    ``tokenizer``: whether ``/tokenize`` and ``/detokenize`` serve it; ``rerank``: how
+    ``tokenizer``: whether ``/tokenize`` and ``/detokenize`` serve it (with
+    ``relayed``: they are relayed to the upstream's own, which answers or refuses them,
+    as it does chat); ``rerank``: how
     ``/v1/rerank`` scores with it (``cross-encoder``: a reranker reads query and
     document together; ``bi-encoder``: the cosine of their embeddings, a weaker
     ranking), null when it does not rerank;

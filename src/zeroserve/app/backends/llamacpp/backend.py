@@ -25,8 +25,8 @@ than ``auto`` is refused).
 from __future__ import annotations
 
 import base64
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 from .... import metrics
 from ....errors import CapabilityError, RequestError
@@ -79,7 +79,7 @@ class LlamaCppEngine(Protocol):
     def embed_call(self, payload: bytes) -> bytes: ...
 
     async def prompt_tokens(
-        self, messages: Sequence[Mapping[str, Any]] | None, prompt: str | None, timeout: float
+        self, chat: bytes | None, prompt: str | None, timeout: float
     ) -> int: ...
 
     n_vocab: int
@@ -89,7 +89,7 @@ class LlamaCppEngine(Protocol):
 
     async def side_tokenize(
         self,
-        messages: Sequence[Mapping[str, Any]] | None,
+        chat: bytes | None,
         prompt: str | None,
         add_special: bool,
         timeout: float,
@@ -177,16 +177,19 @@ class LlamaCppBackend:
             )
         planned = requests(chat, self.engine)
         timeout = max(min(TOKENIZE_TIMEOUT_S, self.engine.timeout), 0.001)
-        return await self.engine.prompt_tokens(planned.messages, None, timeout)
+        return await self.engine.prompt_tokens(planned.chat, None, timeout)
 
     # -- tokens ----------------------------------------------------------------------------
     async def tokenize(
         self, text: str | None, chat: ChatRequest | None, add_special: bool
     ) -> list[int]:
         """By the engine's own tokenizer and chat template (its side port); a
-        conversation as the engine would be sent it (its default system prompt too)."""
-        messages = requests(chat, self.engine).messages if chat is not None else None
-        return await self.engine.side_tokenize(messages, text, add_special, self._side_timeout())
+        conversation as the engine would be sent it (its default system prompt, its
+        tools and a tool plan's system turn too)."""
+        if chat is not None:
+            chat.refuse_unhonoured(HONOURS)
+        body = requests(chat, self.engine).chat if chat is not None else None
+        return await self.engine.side_tokenize(body, text, add_special, self._side_timeout())
 
     async def detokenize(self, tokens: list[int]) -> str:
         size = self.engine.n_vocab
@@ -241,7 +244,7 @@ class LlamaCppBackend:
         timeout = max(min(TOKENIZE_TIMEOUT_S, deadline - self.handle.clock()), 0.001)
         prompts = planned.prompts
         for prompt in prompts if prompts is not None else [None]:
-            tokens = await self.engine.prompt_tokens(planned.messages, prompt, timeout)
+            tokens = await self.engine.prompt_tokens(planned.chat, prompt, timeout)
             if tokens + want >= ctx:
                 raise RequestError(
                     f"this model's maximum context length is {ctx} tokens; the request has "

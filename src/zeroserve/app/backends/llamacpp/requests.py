@@ -35,14 +35,15 @@ class PromptEngine(ToolEngine, Protocol):
 class Requests:
     """The engine requests of one chat request.
 
-    ``bound``: an upper bound of the longest prompt's tokens; ``messages`` (a chat, as
-    the engine takes it) or ``prompts`` (completions): what an exact count templates and
-    tokenizes; ``plan``: the tool plan whose output the answer goes through;
-    ``error_param``: what an engine's refusal of the request names."""
+    ``bound``: an upper bound of the longest prompt's tokens; ``chat`` (a chat: its
+    engine request, tools, tool choice and format included, which the engine's template
+    renders exactly as it renders the request it runs) or ``prompts`` (completions): what
+    an exact count templates and tokenizes; ``plan``: the tool plan whose output the
+    answer goes through; ``error_param``: what an engine's refusal of the request names."""
 
     bodies: list[bytes]
     bound: int
-    messages: list[dict[str, Any]] | None
+    chat: bytes | None
     prompts: list[str] | None
     plan: ForcedTool | AutoTool | None
     error_param: str | None
@@ -91,7 +92,7 @@ def requests(chat: ChatRequest, engine: PromptEngine) -> Requests:
         if fmt is not None and fmt.type != "text"
         else chat.param("messages")  # what is left: the conversation's shape
     )
-    return Requests(bodies, bound, messages, None, tool_plan, error_param)
+    return Requests(bodies, bound, bodies[0], None, tool_plan, error_param)
 
 
 def _tool_fields(chat: ChatRequest, native: NativeTools | None) -> dict[str, Any]:
