@@ -344,9 +344,11 @@ class Engine:
         return self._models[name].admission.idle_since
 
     def worker_pids(self, name: str) -> list[int]:
-        """The worker processes of loaded model ``name`` (``process`` executors; none for
-        models that run in this process or on Ray)."""
+        """The worker processes of loaded model ``name`` (``process`` executors), or the
+        child processes an in-process model runs itself; none for Ray."""
         executor = self._models[name].executor
+        if isinstance(executor, InlineExecutor | ThreadExecutor):
+            return executor.model.processes() if executor.model is not None else []
         if not isinstance(executor, ProcessExecutor):
             return []
         return [w.pid for w in executor.workers if w is not None]

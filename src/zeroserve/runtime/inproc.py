@@ -18,10 +18,9 @@ Strategy
 * Hung work (``thread``): a thread cannot be killed, so work abandoned by its requests
   (a batch, or a stream's step) keeps its thread until it returns; still running
   ``hang_grace_s`` past its abandonment (its deadline, or its client's disconnect) it is
-  counted ``stuck``. A stuck batch holds its
-  slot; a stuck step holds one of the pool's threads. The model has capacity while a
-  slot that is not stuck has a thread that is not stuck
-  (docs/decisions/0020-hung-work-is-reclaimed.md).
+  counted ``stuck``. A stuck batch holds its slot; a stuck step holds one of the pool's
+  threads. The model has capacity while a slot that is not stuck has a thread that is
+  not stuck (docs/decisions/0020-hung-work-is-reclaimed.md).
 
 Invariants
 ----------
@@ -222,6 +221,8 @@ class InProcessExecutor(Executor):
         self._ready = False
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.model is not None:
+            await asyncio.to_thread(self.model.close)
 
     async def _call(
         self,
