@@ -226,10 +226,16 @@ def models(ctx: SuiteContext) -> Section:
     settings = ctx.settings(full=(3, 20, 2), quick=(1, 5, 0))
     work = settings.work / "models-dir"
     work.mkdir(parents=True, exist_ok=True)
-    for name in ("small", "other"):
-        link = work / f"{name}.gguf"
-        if not link.exists():
-            link.symlink_to(_gguf())
+    link = work / "small.gguf"
+    if not link.exists():
+        link.symlink_to(_gguf())
+    # ``other`` runs its engine in a child process (``engine=process``), so its loads
+    # do not hold this process's GIL (docs/decisions/0050-llamacpp-engine-in-a-child-process.md).
+    (work / "other.gguf").unlink(missing_ok=True)
+    (work / "other").mkdir(exist_ok=True)
+    (work / "other" / "model.toml").write_text(
+        f'spec = "llamacpp:{_gguf()}"\n[options]\nengine = "process"\n'
+    )
     server = _server(work)
     error = server.missing()
     out: dict[str, object] = {}
@@ -271,7 +277,8 @@ def _section(
     lines = [
         "### Models at run time: cold start, swap under load, memory",
         "",
-        "A `--models-dir` holding SmolLM2's GGUF twice (`small`, `other`). Cold start: "
+        "A `--models-dir` holding SmolLM2's GGUF twice: `small`, and `other`, whose "
+        "engine runs in a child process (`engine=process`). Cold start: "
         "`POST /models/unload` of `small`, then a chat stream's first token. The engine "
         "alone: `xllamacpp.Server` on the same GGUF in a fresh Python process, then one "
         "token. A new process: `zeroserve serve --model small=llamacpp:GGUF` started, "

@@ -117,6 +117,16 @@ class Model:
     def load(self) -> None:
         """Load weights. Called once per worker (or once in-process) before serving."""
 
+    def close(self) -> None:
+        """Release what ``load`` started outside this process (an in-process model's
+        child processes); called once when it stops serving. Blocking is fine: it runs
+        on a thread."""
+
+    def processes(self) -> list[int]:
+        """The child processes an in-process model runs itself (their memory is the
+        model's: docs/models.md, "Memory")."""
+        return []
+
     # -- capabilities (override what the model has) -------------------------------------
     def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:
         raise NotImplementedError

@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 from ..errors import GGUFError
 from .base import Model
+from .llamacpp_process import ChildEngine
 from .llamacpp_side import SidePort
 from .native_signals import keep_signal_handlers
 
@@ -93,7 +94,12 @@ _OPTIONS = (
     "embedding",
     "pooling",
     "mmproj",
+    "engine",
 )
+# Where the engine runs (``engine`` option): ``inline``, in the server process (its load
+# holds the GIL, stopping the event loop for its length), or ``process``, a child process
+# the model owns (docs/decisions/0050-llamacpp-engine-in-a-child-process.md).
+ENGINES = ("inline", "process")
 # ``pooling`` option -> llama.cpp's pooling type (``model``: the GGUF's own, which for a
 # chat model is "none" and cannot make one vector per input).
 POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST", "rank": "RANK"}
@@ -206,7 +212,14 @@ class LlamaCppModel(Model):
             )
         mmproj = options.get("mmproj")
         self.mmproj: str | None = None if mmproj in (None, "") else str(mmproj)
-        self.server: Any = None  # the xllamacpp.Server once loaded
+        self.engine = str(options.get("engine", "inline"))
+        if self.engine not in ENGINES:
+            raise ValueError(
+                f"llamacpp option engine must be one of {', '.join(ENGINES)}, not {self.engine!r}"
+            )
+        # The child serving the engine (``engine=process``), once loaded.
+        self.child: ChildEngine | None = None
+        self.server: Any = None  # the xllamacpp.Server once loaded (``engine=inline``)
         self._side_key = ""
         self._side: SidePort | None = None
         # Whether the GGUF's chat template renders tools and the engine parses the model's
@@ -228,6 +241,39 @@ class LlamaCppModel(Model):
         check_gguf(self.path, self.sha256)
         if self.mmproj is not None:
             check_gguf(self.mmproj, None)
+        if self.engine == "process":
+            self._load_child()
+        else:
+            self._load_inline()
+        self._side = SidePort(self.side_address, self._side_key)
+        self.native_tools, self.vision = self._props()
+        self.n_vocab = self._vocabulary_size()
+
+    def _load_child(self) -> None:
+        """Start the engine in a child process (:mod:`.llamacpp_process`)."""
+        options = {k: v for k, v in self.options.items() if k not in ("location", "engine")}
+        factory = f"{type(self).__module__}:{type(self).__qualname__}"
+        location = "" if isinstance(self, SmolLM2Model) else self.path
+        self.child = ChildEngine(factory, location, options)
+        self.child.start(self.timeout)
+        self._side_key = self.child.key
+
+    def close(self) -> None:
+        """Stop the child process (``engine=process``); the in-process engine goes with
+        its last reference."""
+        if self.child is not None:
+            self.child.stop()
+
+    def processes(self) -> list[int]:
+        pid = self.child.pid if self.child is not None else None
+        return [pid] if pid is not None else []
+
+    @property
+    def side_key(self) -> str:
+        """The key of the engine's side port (handed to the parent by a child engine)."""
+        return self._side_key
+
+    def _load_inline(self) -> None:
         try:
             import xllamacpp
         except ImportError as exc:
@@ -264,23 +310,31 @@ class LlamaCppModel(Model):
                 raise GGUFError(
                     f"GGUF file {self.path}: the engine failed to load it: {exc}"
                 ) from None
-        self._side = SidePort(self.side_address, self._side_key)
-        self.native_tools, self.vision = self._props()
-        self.n_vocab = self._vocabulary_size()
 
     # -- the engine's calls (blocking: each runs in one of the runtime's slot threads) ---
     def chat_call(self, payload: bytes, on_chunk: Callable[[bytes], bool]) -> None:
         """A chat completion (``payload``: its JSON body, streamed); each chunk goes to
         ``on_chunk``, whose True stops the slot at its next token."""
+        if self.child is not None:
+            self._restart_child()
+            self.child.stream("/v1/chat/completions", payload, on_chunk)
+            return
         self.server.handle_chat_completions(payload, on_chunk)
 
     def completion_call(self, payload: bytes, on_chunk: Callable[[bytes], bool]) -> None:
         """A text completion, as :meth:`chat_call`."""
+        if self.child is not None:
+            self._restart_child()
+            self.child.stream("/v1/completions", payload, on_chunk)
+            return
         self.server.handle_completions(payload, on_chunk)
 
     def embed_call(self, payload: bytes) -> bytes:
         """Embeddings of the inputs of ``payload`` (OpenAI's request): OpenAI's answer,
         or the engine's ``{"error": ...}``. It cannot be stopped once it runs."""
+        if self.child is not None:
+            self._restart_child()
+            return self.child.call("/v1/embeddings", payload)
         return bytes(self.server.handle_embeddings(payload))
 
     async def prompt_tokens(self, chat: bytes | None, prompt: str | None, timeout: float) -> int:
@@ -316,7 +370,18 @@ class LlamaCppModel(Model):
     def rerank_call(self, payload: bytes) -> bytes:
         """Scores of a rerank request (``{"query", "documents"}``): the engine's answer,
         or its ``{"error": ...}``. It cannot be stopped once it runs."""
+        if self.child is not None:
+            self._restart_child()
+            return self.child.call("/v1/rerank", payload)
         return bytes(self.server.handle_rerank(payload))
+
+    def _restart_child(self) -> None:
+        """A child that died is started again by the next call (in its slot thread)."""
+        assert self.child is not None
+        if self.child.died is not None:
+            self.child.restart(self.timeout)
+            self._side = SidePort(self.side_address, self.child.key)
+            self._side_key = self.child.key
 
     def _vocabulary_size(self) -> int:
         """The engine's vocabulary size (``meta.n_vocab`` of its ``/v1/models``)."""
@@ -350,6 +415,8 @@ class LlamaCppModel(Model):
     @property
     def side_address(self) -> str:
         """llama.cpp's own (locked) listening address, e.g. ``http://127.0.0.1:40123``."""
+        if self.child is not None:
+            return self.child.address
         return str(self.server.listening_address) if self.server is not None else ""
 
 

@@ -345,7 +345,7 @@ class Engine:
 
     def worker_pids(self, name: str) -> list[int]:
         """The processes on this machine that hold loaded model ``name``: ``process``
-        workers, Ray actors on this server's node; none for models in this process."""
+        workers, Ray actors on this server's node, an in-process model's own children."""
         return self._models[name].executor.local_pids()
 
     def _went_idle(self, name: str) -> None:

@@ -11,17 +11,13 @@ Strategy
   the GIL (numpy, onnxruntime, torch). A sync generator is stepped one ``next()`` per
   pool call, and only once the channel has room, so a slow consumer stops the model
   instead of buffering its output. A lock serialises ``next()`` and ``close()`` so an
-  abort that lands mid-step closes the generator right after that step (the close is
-  queued only once the step returned, so a hung step holds one thread, not two). Async
-  methods of a model on the ``thread`` executor run on the loop (they do not need a
-  thread).
+  abort that lands mid-step closes the generator right after that step (queued once the
+  step returned: a hung step holds one thread, not two). Async methods run on the loop.
 * Hung work (``thread``): a thread cannot be killed, so work abandoned by its requests
   (a batch, or a stream's step) keeps its thread until it returns; still running
   ``hang_grace_s`` past its abandonment (its deadline, or its client's disconnect) it is
-  counted ``stuck``. A stuck batch holds its
-  slot; a stuck step holds one of the pool's threads. The model has capacity while a
-  slot that is not stuck has a thread that is not stuck
-  (docs/decisions/0020-hung-work-is-reclaimed.md).
+  counted ``stuck``. A stuck batch holds its slot; a stuck step holds one of the pool's
+  threads. Capacity: a slot not stuck with a thread not stuck (docs/decisions/0020).
 
 Invariants
 ----------
@@ -222,6 +218,11 @@ class InProcessExecutor(Executor):
         self._ready = False
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.model is not None:
+            await asyncio.to_thread(self.model.close)
+
+    def local_pids(self) -> list[int]:  # the child processes the model runs, if any
+        return self.model.processes() if self.model is not None else []
 
     async def _call(
         self,
