@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="serve OpenAI's Files and Batch APIs (/v1/files, /v1/batches), keeping their "
         "SQLite database and files in DIR; batches survive a restart and resume "
-        "(default: off; needs --workers 1)",
+        "(default: off; with --workers N the workers share DIR, and one runs each batch)",
     )
     serve.add_argument("--log-level", help="debug, info, warning, error")
     run_time = serve.add_argument_group(

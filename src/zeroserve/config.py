@@ -36,7 +36,8 @@ TOML layout (every key optional)::
                # cors_allow_credentials, access_log, request_ids, tracing
     [tls]      # certfile, keyfile, ca_certs (client certificates: mTLS)
     [batch]    # the Batch API's limits: max_file_bytes, max_lines, max_line_bytes,
-               # max_open_batches (per key), min_free_bytes, lines_per_model (app/batch/options.py)
+               # max_open_batches (per key), min_free_bytes, lines_per_model,
+               # lines_queued (app/batch/options.py)
     [images]   # allow_urls (hosts chat images may be fetched from; none: off),
                # allow_loopback_urls (unsafe: tests), fetch_timeout_s (docs/images.md)
 
@@ -64,6 +65,7 @@ from .app.backends.images import FETCH_TIMEOUT_S, ImageFetchPolicy
 from .app.batch import BatchOptions
 from .app.batch.options import (
     LINES_PER_MODEL,
+    LINES_QUEUED,
     MAX_FILE_BYTES,
     MAX_LINE_BYTES,
     MAX_LINES,
@@ -163,6 +165,7 @@ class BatchConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_open_batches: int = MAX_OPEN_BATCHES
     min_free_bytes: int = MIN_FREE_BYTES
     lines_per_model: int = LINES_PER_MODEL
+    lines_queued: int = LINES_QUEUED
 
 
 class Tls(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -343,15 +346,8 @@ def load_config(
         if not 0 < value < float("inf"):
             raise ConfigError(f"invalid configuration: key 'runtime.{key}': must be > 0 seconds")
     for key, value in msgspec.structs.asdict(cfg.batch).items():
-        if value < (0 if key == "min_free_bytes" else 1):
+        if value < (0 if key in ("min_free_bytes", "lines_queued") else 1):
             raise ConfigError(f"invalid configuration: key 'batch.{key}': must be positive")
-    if cfg.data_dir is not None and cfg.workers > 1:
-        # One runner owns a data directory's batches (docs/architecture.md, "The Batch API").
-        raise ConfigError(
-            "invalid configuration: key 'data_dir': needs workers = 1 (one process runs a "
-            "data directory's batches: each worker's runner would run every line again; "
-            "serve the Files and Batch APIs with --workers 1)"
-        )
     if not 0 <= cfg.loop_rt_priority <= MAX_RT_PRIORITY:
         raise ConfigError(
             f"invalid configuration: key 'loop_rt_priority': must be 0 to {MAX_RT_PRIORITY}"

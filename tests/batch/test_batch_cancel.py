@@ -22,6 +22,7 @@ def test_cancel_keeps_what_finished_and_reports_the_rest(tmp_path: Path, gate: G
         **gate.env,
         "ZEROSERVE_BATCH__MAX_OPEN_BATCHES": "1",
         "ZEROSERVE_BATCH__LINES_PER_MODEL": "1",
+        "ZEROSERVE_BATCH__LINES_QUEUED": "0",
     }
     server = start_server("--model", MODEL, "--data-dir", str(tmp_path / "data"), env=env)
     try:

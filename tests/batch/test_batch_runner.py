@@ -96,7 +96,10 @@ def test_the_runner_keeps_to_one_line_beside_interactive_work(tmp_path: Path) ->
 
     async def main() -> None:
         app = await _app(
-            tmp_path, {"gated": ModelConfig("gated", GatedModel, workers=8)}, lines_per_model=4
+            tmp_path,
+            {"gated": ModelConfig("gated", GatedModel, workers=8)},
+            lines_per_model=4,
+            lines_queued=0,
         )
         handle = app.engine.model("gated")
         assert app.batch is not None
@@ -145,6 +148,7 @@ def test_a_batch_past_its_window_expires_with_its_unrun_lines_reported(tmp_path:
             {"gated": ModelConfig("gated", GatedModel, workers=4)},
             wall,
             lines_per_model=1,
+            lines_queued=0,
         )
         assert app.batch is not None
         runner, store = app.batch.runner, app.batch.store

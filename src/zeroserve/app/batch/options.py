@@ -35,11 +35,24 @@ COMPLETION_WINDOW_S = 24 * 3600
 # few engine slots busy, and few enough that an interactive request that arrives waits
 # behind at most this many lines.
 LINES_PER_MODEL = 4
+# Lines queued per model beyond ``lines_per_model`` while no interactive request is, so
+# the next line already waits in the engine's queue when a slot frees (interactive
+# requests still go first: the engine's queue orders by class). Off by default: measured,
+# it did not raise a batch's throughput within this machine's noise, and queued lines run
+# after a cancel (docs/decisions/0054-batch-leases-and-queued-lines.md).
+LINES_QUEUED = 0
 # Lines in flight per model while interactive requests are admitted on it: one, so the
 # batch still advances and yields the rest at once.
 LINES_BESIDE_INTERACTIVE = 1
 # Lines read from the store per scheduling pass (the window the runner picks from).
 SCHEDULE_WINDOW = 64
+# A runner's lease on a batch, seconds: several worker processes share a data directory,
+# and exactly one runs a batch; a worker killed with its lease leaves it to another this
+# long after its last renewal (or at once, when its pid is seen gone on this host).
+LEASE_S = 5.0
+# How often a runner renews its leases, and the longest it goes without reading a
+# batch's status (a cancel through another worker is seen within this), seconds.
+LEASE_RENEW_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,4 +67,5 @@ class BatchOptions:
     max_open_batches: int = MAX_OPEN_BATCHES
     min_free_bytes: int = MIN_FREE_BYTES
     lines_per_model: int = LINES_PER_MODEL
+    lines_queued: int = LINES_QUEUED
     wall: Callable[[], float] = time.time

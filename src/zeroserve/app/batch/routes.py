@@ -10,9 +10,12 @@ the disk space when it is created.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
+import sqlite3
 from collections.abc import Callable
+from typing import Any
 
 from ...edge import Edge
 from ...errors import Overloaded, PayloadTooLarge, RequestError, ZeroserveError
@@ -70,7 +73,9 @@ class BatchApi:
         self.runner = BatchRunner(self.store, options, router, engine, edge)
 
     def register(self, router: Router) -> None:
-        add = router.add
+        def add(method: str, path: str, handler: Callable[[Request], Response], **kw: Any) -> None:
+            router.add(method, path, _busy_answered(handler), **kw)
+
         add(
             "POST",
             "/v1/files",
@@ -292,3 +297,19 @@ def _closer(mapped: mmap.mmap, view: memoryview) -> Callable[[], None]:
             pass
 
     return close
+
+
+def _busy_answered(handler: Callable[[Request], Response]) -> Callable[[Request], Response]:
+    """``handler``, with the store's lock wait past ``LOOP_BUSY_S`` (another worker holds
+    the database's write lock) answered 503 with ``Retry-After`` (docs/batch.md)."""
+
+    @functools.wraps(handler)
+    def answered(req: Request) -> Response:
+        try:
+            return handler(req)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            raise Overloaded("the batch store is busy; retry", status=503) from None
+
+    return answered

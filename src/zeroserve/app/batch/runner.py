@@ -23,6 +23,14 @@ waits out the ``Retry-After`` and runs again.
 
 Durability: a line's result is committed with its completion (``store``); lines in
 flight when the process dies are pending after restart and run then.
+
+Several workers
+---------------
+Worker processes may share the store. Each runner works only on the batches whose lease
+it holds (``store.take_lease``: a conditional upsert), renews them every
+``LEASE_RENEW_S`` and commits a line or ends a batch only while it still holds the
+lease, so exactly one runner's results count. A killed worker's leases are taken over
+once expired (``LEASE_S``), or at once when its pid is gone on this host.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import logging
 import os
 import re
 import secrets
+import socket
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -48,10 +58,21 @@ from ..request import Request
 from ..response import Response, StreamResponse
 from ..router import Router
 from . import schemas as s
-from .options import BATCH_PRIORITY, LINES_BESIDE_INTERACTIVE, SCHEDULE_WINDOW, BatchOptions
+from .options import (
+    BATCH_PRIORITY,
+    LEASE_RENEW_S,
+    LEASE_S,
+    LINES_BESIDE_INTERACTIVE,
+    SCHEDULE_WINDOW,
+    BatchOptions,
+)
 from .store import BatchStore, NewLine
 
 log = logging.getLogger("zeroserve.batch")
+
+# The pause before a line's commit is tried again after the store's busy wait ran out,
+# seconds: about one short write of another process.
+COMMIT_RETRY_S = 0.02
 
 _BLANK = re.compile(rb"\s*")
 
@@ -102,6 +123,10 @@ class BatchRunner:
         self._admitted: Counter[str] = Counter()  # of which admitted (holding tickets)
         self._held: dict[tuple[str, int], float] = {}  # refused lines -> when to retry
         self.lines_run = 0  # lines whose handler ran to an answer (statistics, tests)
+        # This runner's name in the leases: host/pid/nonce (the pid: a takeover at once
+        # when it is gone; the nonce: a restarted worker that reuses a pid is another).
+        self.holder = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+        self._leases: dict[str, float] = {}  # batch -> when our lease on it ends
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -118,6 +143,12 @@ class BatchRunner:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._task = None
+        for bid in self._leases:  # another worker (or this one restarted) goes on at once
+            try:
+                self.store.release_lease(bid, self.holder)
+            except Exception:
+                log.exception("releasing the lease on batch %s failed", bid)
+        self._leases.clear()
 
     async def _main(self) -> None:
         while True:
@@ -133,14 +164,22 @@ class BatchRunner:
                 pass
 
     # -- one pass over the open batches ----------------------------------------------------
-    def step(self) -> float | None:
+    def step(self) -> float:
         """Advance every open batch; the seconds until a timed event (retry, expiry)."""
         store = self.store
         now_wall = store.now()
         wait: list[float] = []
-        for batch in store.open_batches():
+        batches = store.open_batches()
+        for gone in self._leases.keys() - {b.id for b in batches}:
+            del self._leases[gone]
+        for batch in batches:
             bid = batch.id
             flying = self._flight.get(bid)
+            free_in = self._hold(bid)
+            if free_in is not None:
+                wait.append(free_in)  # another worker runs it: look again when it may end
+                continue
+            wait.append(LEASE_RENEW_S)  # renew the lease, and read its status again
             if bid in self._validating:
                 continue  # its thread is still inserting its lines
             if batch.status == "validating":
@@ -164,7 +203,24 @@ class BatchRunner:
                     retry = self._schedule(batch, pending)
                     if retry is not None:
                         wait.append(retry)
-        return max(0.0, min(wait)) if wait else None
+        # Idle, it still looks every LEASE_S: a batch created through another worker is
+        # this runner's to take over if that worker dies (nothing wakes this one then).
+        return max(0.0, min(wait)) if wait else LEASE_S
+
+    def _hold(self, bid: str) -> float | None:
+        """None when this runner holds ``bid``'s lease (renewed when due, taken when
+        free); else the seconds until the other holder's lease ends."""
+        now = self.store.lease_clock()
+        until = self._leases.get(bid)
+        if until is not None and until - now > LEASE_S - LEASE_RENEW_S:
+            return None
+        held = self.store.lease(bid)
+        dead = held[0] if held is not None and _gone(held[0], self.holder) else None
+        if self.store.take_lease(bid, self.holder, LEASE_S, dead):
+            self._leases[bid] = now + LEASE_S
+            return None
+        self._leases.pop(bid, None)
+        return LEASE_RENEW_S if held is None else max(LEASE_RENEW_S / 10, held[1] - now)
 
     def _cap(self, model: str) -> int:
         """Lines of batches this model may have in flight now."""
@@ -174,7 +230,9 @@ class BatchRunner:
             return self.options.lines_per_model  # not served: its lines fail at once
         # Admission's count less the lines it admitted: the model's interactive requests.
         others = handle.statistics().queue.in_flight - self._admitted[model]
-        return LINES_BESIDE_INTERACTIVE if others > 0 else self.options.lines_per_model
+        if others > 0:
+            return LINES_BESIDE_INTERACTIVE
+        return self.options.lines_per_model + self.options.lines_queued
 
     def _schedule(self, batch: s.BatchObject, pending: int) -> float | None:
         bid = batch.id
@@ -221,12 +279,26 @@ class BatchRunner:
                     ),
                 )
             )
-            self.store.finish_line(bid, idx, result, 200 <= status < 300)
+            if not await self._commit(bid, idx, result, 200 <= status < 300):
+                log.warning("batch %s line %d: not committed (done, or the lease lost)", bid, idx)
             self.lines_run += 1
         finally:
             self._flight.get(bid, {}).pop(idx, None)
             self._per_model[model] -= 1
             self.wake()
+
+    async def _commit(self, bid: str, idx: int, result: bytes, ok: bool) -> bool:
+        """Commit a line's result; while another process holds the write lock past the
+        loop's short busy wait (``store.LOOP_BUSY_S``), retry after a pause on the loop
+        rather than inside SQLite, within the lease (a lease lost: not committed)."""
+        deadline = self._clock() + LEASE_S
+        while True:
+            try:
+                return self.store.finish_line(bid, idx, result, ok, self.holder)
+            except sqlite3.OperationalError:
+                if self._clock() >= deadline:
+                    raise
+                await asyncio.sleep(COMMIT_RETRY_S)
 
     async def _call(
         self, owner: str, endpoint: str, body: bytes, model: str
@@ -348,8 +420,25 @@ class BatchRunner:
                 outputs[kind] = (fid, part, n)
             else:
                 part.unlink()
-        self.store.end(batch.id, status, outputs, (counts[0], counts[1]))
+        if not self.store.end(batch.id, status, outputs, (counts[0], counts[1]), self.holder):
+            log.warning("batch %s: not ended here (its lease was lost)", batch.id)
         self._flight.pop(batch.id, None)
+        self._leases.pop(batch.id, None)
+
+
+def _gone(holder: str, me: str) -> bool:
+    """Whether lease ``holder`` is a process of this host that no longer exists."""
+    host, _, rest = holder.partition("/")
+    pid = rest.partition("/")[0]
+    if holder == me or host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _joined(resp: Response) -> bytes:

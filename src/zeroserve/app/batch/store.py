@@ -61,6 +61,9 @@ CREATE TABLE IF NOT EXISTS lines (
     done INTEGER NOT NULL DEFAULT 0, ok INTEGER NOT NULL DEFAULT 0, result BLOB,
     PRIMARY KEY (batch_id, idx)
 );
+CREATE TABLE IF NOT EXISTS leases (
+    batch_id TEXT PRIMARY KEY, holder TEXT NOT NULL, until REAL NOT NULL
+);
 """
 _BATCH_COLUMNS = (
     "id, owner, endpoint, input_file_id, completion_window, status, created_at, "
@@ -73,8 +76,21 @@ _DB_NAME = "batches.sqlite3"
 # of the write lock each on the development machine, the longest the loop's own
 # statements wait behind it.
 START_CHUNK = 1000
-# How long a statement waits for another connection's write lock before failing, seconds.
+# How long the validating thread's statements wait for another connection's write lock
+# before failing, seconds (off the loop: waiting there stalls nothing else).
 _BUSY_S = 30.0
+# The same wait for the connection the event loop uses. Several worker processes share
+# the database (docs/batch.md), so a loop write may wait for another process's write
+# lock, and on a loaded machine that wait was measured at up to 0.5 s (another process
+# validating 50,000 lines, load average 14: docs/decisions/0054-batch-leases-and-queued-lines.md).
+# This bounds how long the loop can stall there; past it the statement fails with
+# ``sqlite3.OperationalError`` and its caller retries off the wait: a line's commit after
+# an ``asyncio.sleep``, the runner's pass a second later, a route answers 503.
+LOOP_BUSY_S = 0.05
+# Files younger than this, seconds, are never collected as orphans at start: another
+# worker sharing the directory may be writing them (an upload's ``.part``) or about to
+# commit their row (between the rename and the insert).
+ORPHAN_AGE_S = 600.0
 _INSERT_LINE = (
     "INSERT INTO lines (batch_id, idx, custom_id, body, done, ok, result) "
     "VALUES (?, ?, ?, ?, ?, 0, ?)"
@@ -140,6 +156,7 @@ class BatchStore:
         self._clock = clock
         self._db = sqlite3.connect(data_dir / _DB_NAME, isolation_level=None, timeout=_BUSY_S)
         self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA busy_timeout={int(LOOP_BUSY_S * 1000)}")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._collect_orphans()
@@ -157,11 +174,17 @@ class BatchStore:
         self._db.close()
 
     def _collect_orphans(self) -> None:
-        """Remove what a killed process left: partial writes and files with no row."""
+        """Remove what a killed process left: partial writes and files with no row, once
+        older than ``ORPHAN_AGE_S`` (a live worker's may be young)."""
         known = {row[0] for row in self._db.execute("SELECT id FROM files")}
+        old = time.time() - ORPHAN_AGE_S
         for path in self.files_dir.iterdir():
             if path.suffix == ".part" or path.name not in known:
-                path.unlink(missing_ok=True)
+                try:
+                    if path.stat().st_mtime < old:
+                        path.unlink(missing_ok=True)
+                except FileNotFoundError:
+                    pass
 
     # -- space -----------------------------------------------------------------------------
     def check_space(self, needed: int, min_free: int) -> None:
@@ -382,13 +405,47 @@ class BatchStore:
         out = [(int(i), c, bytes(b)) for i, c, b in rows if i not in skip]
         return out[:limit]
 
-    def finish_line(self, bid: str, idx: int, result: bytes, ok: bool) -> None:
-        """Line ``idx`` is done: its result, committed with the mark (exactly once)."""
-        self._db.execute(
+    def finish_line(self, bid: str, idx: int, result: bytes, ok: bool, holder: str) -> bool:
+        """Line ``idx`` is done: its result, committed with the mark, only while the line
+        is pending and ``holder`` holds the batch's lease (one statement: two runners can
+        never both commit a line). Whether it was committed."""
+        cur = self._db.execute(
             "UPDATE lines SET done = 1, ok = ?, result = ?, body = NULL "
-            "WHERE batch_id = ? AND idx = ? AND done = 0",
-            (int(ok), result, bid, idx),
+            "WHERE batch_id = ? AND idx = ? AND done = 0 AND EXISTS (SELECT 1 FROM leases "
+            "WHERE batch_id = ? AND holder = ? AND until > ?)",
+            (int(ok), result, bid, idx, bid, holder, time.time()),
         )
+        return cur.rowcount == 1
+
+    # -- leases: which worker runs a batch -------------------------------------------------
+    def take_lease(self, bid: str, holder: str, ttl: float, dead: str | None = None) -> bool:
+        """Take or renew batch ``bid``'s lease for ``ttl`` seconds: granted when no one
+        holds it, ``holder`` does, it has expired, or its holder is ``dead`` (known gone).
+        One conditional upsert, atomic in SQLite. Whether ``holder`` now holds it."""
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO leases (batch_id, holder, until) VALUES (?, ?, ?) "
+            "ON CONFLICT (batch_id) DO UPDATE SET holder = excluded.holder, "
+            "until = excluded.until WHERE leases.holder = excluded.holder "
+            "OR leases.until <= ? OR leases.holder = ?",
+            (bid, holder, now + ttl, now, dead),
+        )
+        return cur.rowcount == 1
+
+    def lease(self, bid: str) -> tuple[str, float] | None:
+        """(holder, until in epoch seconds) of batch ``bid``'s lease, if any."""
+        row = self._db.execute(
+            "SELECT holder, until FROM leases WHERE batch_id = ?", (bid,)
+        ).fetchone()
+        return None if row is None else (str(row[0]), float(row[1]))
+
+    def release_lease(self, bid: str, holder: str) -> None:
+        self._db.execute("DELETE FROM leases WHERE batch_id = ? AND holder = ?", (bid, holder))
+
+    def lease_clock(self) -> float:
+        """The leases' clock: epoch seconds, shared by every process on the host (never
+        the injected ``clock``, which is the batches' window)."""
+        return time.time()
 
     def counts(self, bid: str) -> tuple[int, int, int]:
         """(done ok, done failed, pending) of a batch's lines."""
@@ -428,15 +485,26 @@ class BatchStore:
         status: str,
         outputs: dict[str, tuple[str, Path, int]],
         counts: tuple[int, int],
-    ) -> None:
+        holder: str,
+    ) -> bool:
         """End a batch: its result files' rows (``outputs``: kind -> (id, whole part
-        file, lines)), its final status and counts, and its lines dropped, in one
-        transaction."""
+        file, lines)), its final status and counts, and its lines and lease dropped, in
+        one transaction, only while ``holder`` holds its lease (else the part files are
+        removed). Whether it ended."""
         db = self._db
         owner = self.owner_of(bid)
         now = self.now()
         db.execute("BEGIN IMMEDIATE")
         try:
+            held = db.execute(
+                "SELECT 1 FROM leases WHERE batch_id = ? AND holder = ? AND until > ?",
+                (bid, holder, time.time()),
+            ).fetchone()
+            if held is None:
+                db.execute("ROLLBACK")
+                for _, part, _ in outputs.values():
+                    part.unlink(missing_ok=True)
+                return False
             ids: dict[str, str | None] = {"output": None, "error": None}
             for kind, (fid, part, n) in outputs.items():
                 self.add_file(fid, part, owner, f"{bid}_{kind}.jsonl", "batch_output", n)
@@ -450,10 +518,12 @@ class BatchStore:
                 (status, now, ids["output"], ids["error"], counts[0], counts[1], bid),
             )
             db.execute("DELETE FROM lines WHERE batch_id = ?", (bid,))
+            db.execute("DELETE FROM leases WHERE batch_id = ?", (bid,))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        return True
 
     def _public(self, row: tuple[Any, ...]) -> s.BatchObject:
         (bid, _owner, endpoint, input_file_id, window, status, created_at, in_progress_at,
