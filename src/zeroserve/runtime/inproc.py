@@ -16,8 +16,8 @@ Strategy
 * Hung work (``thread``): a thread cannot be killed, so work abandoned by its requests
   (a batch, or a stream's step) keeps its thread until it returns; still running
   ``hang_grace_s`` past its abandonment (its deadline, or its client's disconnect) it is
-  counted ``stuck``. A stuck batch holds its slot; a stuck step holds one of the pool's
-  threads. Capacity: a slot not stuck with a thread not stuck (docs/decisions/0020).
+  counted ``stuck``: it holds its slot or thread; capacity is a slot and a thread not
+  stuck (docs/decisions/0020-hung-work-is-reclaimed.md).
 
 Invariants
 ----------
