@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from ..runtime.model_manager import DEFAULT_KEEP_ALIVE_S, ModelManager
 from ..runtime.priority import raise_loop
 from . import memory
 from .metrics_peers import MetricsPeers
-from .server import Server
+from .server import Server, bind_socket
 
 if TYPE_CHECKING:
     from ..app.batch import BatchOptions
@@ -39,6 +39,8 @@ log = logging.getLogger("zeroserve")
 _CHILD_ENV = "ZEROSERVE_INTERNAL_CHILD"
 # The directory where the HTTP processes of one --workers N server meet for /metrics.
 _METRICS_DIR_ENV = "ZEROSERVE_INTERNAL_METRICS_DIR"
+# The port a supervisor chose for its children when it was given --port 0.
+_PORT_ENV = "ZEROSERVE_INTERNAL_PORT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +201,9 @@ def serve(
     image_fetch: ImageFetchPolicy | None = None,
 ) -> int:
     if workers > 1 and not os.environ.get(_CHILD_ENV):
-        return _supervise(workers)
+        return _supervise(workers, options)
+    if port := os.environ.get(_PORT_ENV):  # the supervisor's choice for --port 0
+        options = replace(options, port=int(port))
     raise_loop(loop_rt_priority)  # this thread runs the loop; each --workers child raises its own
     run_loop(
         loop,
@@ -219,11 +223,19 @@ def serve(
     return 0
 
 
-def _supervise(workers: int) -> int:
+def _supervise(workers: int, options: ServerOptions) -> int:
     """Run ``workers`` HTTP processes sharing the port through SO_REUSEPORT. Each child
-    is this same command line; signals are forwarded and the parent waits for all."""
+    is this same command line; signals are forwarded and the parent waits for all.
+
+    ``--port 0`` is resolved here, once: a socket of the reuse-port group is bound (never
+    listening, so it takes no connection) and held while the children run, so every child
+    binds the same port and it stays this server's when one of them dies."""
     peers_dir = tempfile.mkdtemp(prefix="zeroserve-metrics-")
     env = dict(os.environ, **{_CHILD_ENV: "1", _METRICS_DIR_ENV: peers_dir})
+    reserved = None
+    if options.port == 0:
+        reserved = bind_socket(options.host, 0, reuse_port=True)
+        env[_PORT_ENV] = str(reserved.getsockname()[1])
     argv = [sys.executable, "-m", "zeroserve", *sys.argv[1:]]
     children = [subprocess.Popen(argv, env=env) for _ in range(workers)]
 
@@ -238,4 +250,6 @@ def _supervise(workers: int) -> int:
     for child in children:
         status = max(status, child.wait())
     shutil.rmtree(peers_dir, ignore_errors=True)
+    if reserved is not None:
+        reserved.close()
     return status
