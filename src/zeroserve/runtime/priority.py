@@ -106,9 +106,13 @@ async def call_lowered(fn: Callable[[], T], nice: int) -> T:
     def run() -> None:
         lower_thread(nice)
         try:
-            done.set_result(fn())
+            result = fn()
         except BaseException as exc:
-            done.set_exception(exc)
+            if not done.cancelled():  # the caller gave up (a timeout): nobody reads it
+                done.set_exception(exc)
+        else:
+            if not done.cancelled():
+                done.set_result(result)
 
     threading.Thread(target=run, name="zeroserve-model-load", daemon=True).start()
     return await asyncio.wrap_future(done)
