@@ -57,8 +57,6 @@ DEFAULT_N_CTX = 4096
 # Concurrent sequences decoded together (continuous batching). On 2 cores 4 slots already
 # saturate the matrix units; more only lengthens every stream's inter-token time.
 DEFAULT_PARALLEL = 4
-# Decode threads: every core (llama.cpp's own default is the physical core count).
-DEFAULT_THREADS = os.cpu_count() or 1
 # Seconds a request may take in all (waiting for a slot, then generating): the runtime's
 # default request deadline, five minutes (a long answer of a small model on 2 cores).
 DEFAULT_TIMEOUT_S = 300.0
@@ -103,6 +101,18 @@ ENGINES = ("inline", "process")
 # ``pooling`` option -> llama.cpp's pooling type (``model``: the GGUF's own, which for a
 # chat model is "none" and cannot make one vector per input).
 POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST", "rank": "RANK"}
+
+
+def default_threads() -> int:
+    """Decode threads when a spec names none: every CPU this process may run on (its
+    affinity, which a cpuset or ``taskset`` narrows), never more. The engine's threads meet
+    at every layer and spin while they wait, so one more than the CPUs it may use makes each
+    step wait for a thread that is not running: a server pinned to one CPU with two threads
+    loaded a second model in minutes instead of seconds (docs/models.md)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
 
 
 def check_gguf(path: str, sha256: str | None) -> None:
@@ -183,7 +193,7 @@ class LlamaCppModel(Model):
         self.path = str(location)
         self.n_ctx = _positive("n_ctx", options.get("n_ctx", DEFAULT_N_CTX))
         self.parallel = _positive("parallel", options.get("parallel", DEFAULT_PARALLEL))
-        self.threads = _positive("threads", options.get("threads", DEFAULT_THREADS))
+        self.threads = _positive("threads", options.get("threads", default_threads()))
         try:
             self.timeout = float(options.get("timeout", DEFAULT_TIMEOUT_S))
         except (TypeError, ValueError):
