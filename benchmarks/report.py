@@ -19,10 +19,13 @@ from .machine import is_realtime, load_average, steal_line
 from .runner import Grid, RunResult
 from .scenarios import Case
 from .servers import Server
+from .stats import median, median_interval
 
 # A target counts as met only if at most this share of the subject's requests failed.
 MAX_ERROR_SHARE = 0.01
 _PREFIX = "<!-- zeroserve-bench:"
+# The hand-written part that follows every group's block (what the tables fall short of).
+SHORTFALLS = "## Where zeroserve falls short"
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,11 @@ def merge(existing: str, sections: dict[str, Section]) -> str:
             body += [b, part, e, ""]
         begin, end = _marks(group)
         text = "\n".join([begin, *body, end])
+        at = out.find(SHORTFALLS)
         if found:
             out = out[: found[0]] + text + out[found[1] :]
+        elif at >= 0:  # a new group goes with the others, before the hand-written end
+            out = out[:at] + text + "\n\n" + out[at:]
         else:
             out = out.rstrip("\n") + ("\n\n" if out.strip() else "") + text + "\n"
     return out
@@ -109,6 +115,11 @@ def mark(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "**missed**")
 
 
+# The verdict of a goal the point estimate misses while its 95 % interval reaches it: the
+# run cannot tell the two apart, so it says so instead of "missed".
+WITHIN_NOISE = "level, within noise"
+
+
 def rps(r: RunResult) -> float:
     return r.rps
 
@@ -141,6 +152,7 @@ class Target:
     met: Callable[[float], bool]
     note: str = ""
     error_share: float = 0.0
+    interval: tuple[float, float] | None = None  # the value's 95 % interval, if known
 
     def row(self) -> str:
         if math.isnan(self.value):
@@ -151,7 +163,26 @@ class Target:
                 f"| {self.name} | {self.goal} | {measured} with "
                 f"{100 * self.error_share:.1f}% failed requests | **missed** |"
             )
-        return f"| {self.name} | {self.goal} | {measured} | {mark(self.met(self.value))} |"
+        return f"| {self.name} | {self.goal} | {measured} | {self.verdict()} |"
+
+    def verdict(self) -> str:
+        if self.met(self.value):
+            return "met"
+        low, high = self.interval or (math.nan, math.nan)
+        if not math.isnan(low) and (self.met(low) or self.met(high)):
+            return WITHIN_NOISE
+        return "**missed**"
+
+
+def round_ratios(
+    name: str, goal: str, ratios: Sequence[float], met: Callable[[float], bool]
+) -> Target:
+    """A goal on per-round ratios (each round's subject / its peer in the same round): the
+    median, judged with its 95 % interval (``stats.median_interval``)."""
+    low, high = median_interval(ratios)
+    note = f"(95 % interval {low:.2f}x-{high:.2f}x, {len(ratios)} rounds)"
+    value = median(ratios) if ratios else math.nan
+    return Target(name, goal, value, "{:.2f}x", met, note=note, interval=(low, high))
 
 
 def targets(rows: Sequence[Target]) -> list[str]:

@@ -18,9 +18,9 @@ from typing import Any
 
 from ..context import Settings, SuiteContext
 from ..procs import ServerFailed
-from ..report import Section, Target, footer, num, probe_note, targets, times
+from ..report import Section, Target, footer, num, probe_note, round_ratios, targets, times
 from ..servers import BASELINE, SUBJECT, Server, importable, started, zeroserve
-from ..stats import median, median_interval, percentile
+from ..stats import median, percentile
 from ..streamclient import StreamStats, stream_load
 from ._api import GROUP, GROUP_TITLE
 from ._health import PROBE_SLACK_S, HealthProbe, floor_lines, measure_floor
@@ -287,18 +287,13 @@ def _targets(
 ) -> list[str]:
     """The issue's targets, judged on this run's point estimates, each with its interval."""
 
-    def paired(name: str, goal: str, vs: list[float], met: Callable[[float], bool]) -> Target:
-        low, high = median_interval(vs)
-        note = f"(95 % interval {low:.2f}x-{high:.2f}x, {len(vs)} rounds)"
-        return Target(name, goal, median(vs) if vs else math.nan, "{:.2f}x", met, note=note)
-
     against_llamacpp: list[tuple[str, str, Callable[..., list[float]], Callable[[float], bool]]]
     against_llamacpp = [
         ("tokens/s", "≥0.97x llama.cpp's server", ratios, lambda v: v >= 0.97),
         ("TTFT p99", "≤1x llama.cpp's server's", ttft_ratios, lambda v: v <= 1.0),
     ]
     rows = [
-        paired(f"{what}, {_streams(conc)}", goal, per_round(conc, SUBJECT, "llama.cpp"), met)
+        round_ratios(f"{what}, {_streams(conc)}", goal, per_round(conc, SUBJECT, "llama.cpp"), met)
         for what, goal, per_round, met in against_llamacpp
         for conc in CONCURRENCY
     ]

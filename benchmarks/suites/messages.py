@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Callable
 
 from ..context import Settings, SuiteContext
 from ..procs import ServerFailed
-from ..report import Section, Target, footer, num, targets
+from ..report import Section, footer, num, round_ratios, targets
 from ..servers import started, zeroserve
-from ..stats import median, median_interval, percentile
+from ..stats import median, percentile
 from ..streamclient import StreamStats, stream_load
 from ._api import GROUP, GROUP_TITLE
 from .llamacpp import MAX_TOKENS, N_CTX, PARALLEL, QUICK_MAX_TOKENS
@@ -135,15 +134,10 @@ def _section(
                 f"| {sum(s.failures for s in runs)} |"
             )
 
-    def paired(name: str, goal: str, vs: list[float], met: Callable[[float], bool]) -> Target:
-        low, high = median_interval(vs)
-        note = f"(95 % interval {low:.2f}x-{high:.2f}x, {len(vs)} rounds)"
-        return Target(name, goal, median(vs) if vs else math.nan, "{:.2f}x", met, note=note)
-
     rows = []
     for conc in CONCURRENCY:
         rows.append(
-            paired(
+            round_ratios(
                 f"tokens/s, {conc} streams",
                 f"Messages ≥{LEVEL:g}x chat",
                 ratios(conc),
@@ -151,7 +145,7 @@ def _section(
             )
         )
         rows.append(
-            paired(
+            round_ratios(
                 f"TTFT p99, {conc} streams",
                 f"Messages ≤{1 / LEVEL:.2f}x chat",
                 ttft_ratios(conc),

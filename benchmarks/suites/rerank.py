@@ -18,9 +18,9 @@ import numpy as np
 
 from ..context import Settings, SuiteContext
 from ..procs import ServerFailed
-from ..report import Section, Target, footer, num, targets
+from ..report import Section, footer, num, round_ratios, targets
 from ..servers import started, zeroserve
-from ..stats import median, median_interval
+from ..stats import median
 from ._api import GROUP, GROUP_TITLE
 
 DOCUMENTS = 64
@@ -161,17 +161,13 @@ def _section(
         if runs:
             lines.append(f"| {way} | {num(median(rates(way)))} | {sum(r.failures for r in runs)} |")
     ratios = [a / b for a, b in zip(rates("rerank"), rates("embeddings"), strict=False) if b]
-    low, high = median_interval(ratios)
-    note = f"(95 % interval {low:.2f}x-{high:.2f}x, {len(ratios)} rounds)"
     lines += targets(
         [
-            Target(
+            round_ratios(
                 "requests/s, rerank / embeddings + client cosine",
                 "rerank ≥1x",
-                median(ratios) if ratios else math.nan,
-                "{:.2f}x",
+                ratios,
                 lambda v: v >= 1.0,
-                note=note,
             )
         ]
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cli import PREAMBLE, describe_tree, reproduce
-from benchmarks.report import Section, merge
+from benchmarks.report import WITHIN_NOISE, Section, merge, round_ratios
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "BENCHMARKS.md"
@@ -106,3 +106,26 @@ def test_a_new_report_starts_with_the_preamble() -> None:
     new = merge(PREAMBLE, {"W3": Section("API", "## API suites", "### W3\n\n| a |\n|---|")})
     assert new.startswith("# Benchmarks\n")
     assert "make bench" in new.split("<!--", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("ratios", "verdict"),
+    [
+        ([1.02, 1.04, 1.03, 1.05, 1.01], "met"),
+        ([0.95, 0.83, 1.05, 0.97, 0.92], WITHIN_NOISE),  # the interval reaches 1x
+        ([0.80, 0.82, 0.81, 0.79, 0.80], "**missed**"),
+    ],
+)
+def test_a_ratio_whose_interval_reaches_its_goal_reads_level_within_noise(
+    ratios: list[float], verdict: str
+) -> None:
+    row = round_ratios("requests/s", "≥1x", ratios, lambda v: v >= 1.0).row()
+    assert row.endswith(f"| {verdict} |")
+    assert "95 % interval" in row
+
+
+def test_a_new_group_goes_before_the_shortfalls() -> None:
+    existing = "# Benchmarks\n\n<!-- zeroserve-bench:A begin -->\nA\n<!-- zeroserve-bench:A end -->\n\n## Where zeroserve falls short\n\n- A: slow\n"
+    out = merge(existing, {"B": Section("B", "## B", "### B part")})
+    assert out.index("zeroserve-bench:B end") < out.index("## Where zeroserve falls short")
+    assert out.endswith("- A: slow\n")
