@@ -186,9 +186,10 @@ class ModelManager(RoomKeeping):
         return {name: self._snapshot(name, m) for name, m in self._machines.items()}
 
     def _snapshot(self, name: str, machine: ModelStateMachine) -> ModelStateSnapshot:
-        if name in self._replacing and machine.state is ModelState.LOADED:
-            return dataclasses.replace(machine.status, replacing=True)
-        return machine.status
+        if machine.state is not ModelState.LOADED:
+            return machine.status
+        replacing, fault = name in self._replacing, self._engine.fault(name)
+        return dataclasses.replace(machine.status, replacing=replacing, fault=fault)
 
     def statistics(self) -> dict[str, ModelManagerStatistics]:
         """Loads, failures, unloads and evictions by model (an immutable snapshot)."""
