@@ -317,3 +317,39 @@ def test_rerank_through_the_child_scores_as_in_process(server: ServerProcess) ->
     for name in ("rr", "rr_inline"):
         httpx.post(server.url + "/models/unload", json={"model": name}).raise_for_status()
     assert _alive_children(server) == before
+
+
+def test_a_child_killed_during_its_load_fails_the_load_with_the_reason(
+    server: ServerProcess,
+) -> None:
+    url = server.url
+    before = _alive_children(server)
+    answers: list[httpx.Response] = []
+
+    def load() -> None:
+        answers.append(
+            httpx.post(url + "/models/load", json={"model": "frail"}, timeout=scaled(60))
+        )
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    (child,) = wait_until(lambda: _alive_children(server) - before, 30, "the child to start")
+    os.kill(child, signal.SIGSTOP)  # held: its load cannot end now
+    stopped = _state(server, "frail") == "loading"
+    os.kill(child, signal.SIGKILL)
+    loader.join()
+    if not stopped:  # it had loaded before the stop: nothing to see this time
+        httpx.post(url + "/models/unload", json={"model": "frail"}).raise_for_status()
+        pytest.skip("the child loaded before the test could stop it")
+    (answer,) = answers
+    assert answer.status_code == 500, answer.text
+    assert "SIGKILL" in answer.json()["error"]["message"]
+    status = _status(server, "frail")
+    assert status["value"] == "unloaded" and status["failed"] is True
+    assert f"{child} was killed by SIGKILL" in str(status["reason"])
+    assert _alive_children(server) == before  # nothing left of it
+    # The admin's load tries again at once, and serves.
+    again = httpx.post(url + "/models/load", json={"model": "frail"}, timeout=scaled(60))
+    assert again.status_code == 200, again.text
+    assert _status(server, "frail") == {"value": "loaded"}
+    httpx.post(url + "/models/unload", json={"model": "frail"}).raise_for_status()

@@ -32,6 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -159,7 +160,11 @@ class ChildEngine:
             proc.stdin.write(self._config + b"\n")
             proc.stdin.flush()  # the pipe stays open: its end of file is our death
             answer = _read_line(proc.stdout, timeout)
-            ready = json.loads(answer) if answer else {"error": _ended(proc)}
+            if not answer:  # it ended before a word: say how (its exit is near)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(HEALTH_POLL_S * 20)
+                raise GGUFError(f"the llama.cpp process {proc.pid} {_ended(proc)} while loading")
+            ready = json.loads(answer)
             if "error" in ready:
                 raise GGUFError(str(ready["error"]))
             self.port, self.key = int(ready["port"]), str(ready["key"])
