@@ -273,9 +273,12 @@ class ChildEngine:
     def _post(
         self, path: str, payload: bytes
     ) -> tuple[subprocess.Popen[bytes], http.client.HTTPConnection, http.client.HTTPResponse]:
-        proc = self.proc
-        if self.down is not None or proc is None:
-            raise UpstreamUnavailable(self.down or "the llama.cpp process is not running")
+        proc, down = self.proc, self.down
+        if down is not None or proc is None:
+            # How the last child ended, not why a new one failed (that may name paths).
+            raise UpstreamUnavailable(
+                (down or "the llama.cpp process is not running").partition("; ")[0]
+            )
         conn = http.client.HTTPConnection(self.host, self.port)
         try:
             conn.request(
