@@ -3,7 +3,9 @@ models/llamacpp_process.py; docs/architecture.md, "The llama.cpp backend").
 
 Real SmolLM2 in a real server process (``zeroserve serve --models-dir``), driven by the
 openai SDK and httpx. The child is found by PID among the server's children
-(``/proc``), so "no child left" is checked on the process table itself.
+(``/proc``), so "no child left" is checked on the process table itself. A child killed
+while its GGUF is away cannot be started again, so the state between its death and a
+new child is held as long as the test reads it, without timing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import openai
 import pytest
 
 from tests.support import ServerProcess, scaled, start_server, wait_until
+from tests.support.observe import model_metric
 from tests.support.smollm2 import require_llamacpp
+from zeroserve.cli import main
 from zeroserve.models.llamacpp import smollm2_path
 
 require_llamacpp()
@@ -38,6 +42,9 @@ N_CTX = 4096
 # abandoned one was stopped.
 LONG_TOKENS = 4000
 POLL_S = 30.0
+# Documents reranked through the child: more than one engine call's 8.
+DOCS = [f"Document number {i} is about {'Paris' if i % 3 else 'bananas'}." for i in range(20)]
+QUERY = "What is the capital of France?"
 
 
 def _children(pid: int) -> list[int]:
@@ -66,13 +73,27 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding ``frail.gguf``, a link to SmolLM2 that a test takes away."""
+    folder = tmp_path_factory.mktemp("weights")
+    (folder / "frail.gguf").symlink_to(smollm2_path())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, weights: Path) -> Iterator[ServerProcess]:
     root = tmp_path_factory.mktemp("models")
-    for name, more in (("iso", ""), ("vec", 'embedding = true\npooling = "mean"\n')):
+    rank = 'embedding = true\npooling = "rank"\n'
+    for name, gguf, more in (
+        ("iso", smollm2_path(), 'engine = "process"\n'),
+        ("vec", smollm2_path(), 'engine = "process"\nembedding = true\npooling = "mean"\n'),
+        ("frail", str(weights / "frail.gguf"), 'engine = "process"\n'),
+        ("rr", smollm2_path(), 'engine = "process"\n' + rank),
+        ("rr_inline", smollm2_path(), rank),
+    ):
         (root / name).mkdir()
         (root / name / "model.toml").write_text(
-            f'spec = "llamacpp:{smollm2_path()}"\n[options]\n'
-            f'engine = "process"\nparallel = 1\nn_ctx = {N_CTX}\n{more}'
+            f'spec = "llamacpp:{gguf}"\n[options]\nparallel = 1\nn_ctx = {N_CTX}\n{more}'
         )
     s = start_server("--models-dir", str(root), "--model", "echo")
     yield s
@@ -86,9 +107,18 @@ def _client(server: ServerProcess) -> openai.OpenAI:
     )
 
 
+def _status(server: ServerProcess, name: str) -> dict[str, object]:
+    models = httpx.get(server.url + "/models", timeout=scaled(30)).json()["data"]
+    status: dict[str, object] = next(m for m in models if m["id"] == name)["status"]
+    return status
+
+
 def _state(server: ServerProcess, name: str) -> str:
-    models = httpx.get(server.url + "/models").json()["data"]
-    return str(next(m for m in models if m["id"] == name)["status"]["value"])
+    return str(_status(server, name)["value"])
+
+
+def _alive_children(server: ServerProcess) -> set[int]:
+    return {p for p in _children(server.proc.pid) if _alive(p)}
 
 
 def test_health_answers_while_the_child_loads(server: ServerProcess) -> None:
@@ -200,3 +230,126 @@ def test_a_killed_server_leaves_no_child(tmp_path: Path) -> None:
     os.kill(s.proc.pid, signal.SIGKILL)
     s.proc.wait()
     wait_until(lambda: not _alive(child), 30, "the orphaned child to exit")
+
+
+def test_a_killed_child_is_failed_with_the_reason_until_a_new_one_serves(
+    server: ServerProcess, weights: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, client = server.url, _client(server)
+    before = _alive_children(server)
+    client.chat.completions.create(model="frail", messages=HI, max_tokens=2)  # type: ignore[arg-type]
+    (child,) = _alive_children(server) - before
+    memory = model_metric(url, "zeroserve_model_memory_bytes", "frail")
+    assert memory > 0
+    gguf, away = weights / "frail.gguf", weights / "frail.away"
+    gguf.rename(away)  # every new child fails to load until it is back
+    try:
+        os.kill(child, signal.SIGKILL)
+
+        def failed() -> dict[str, object] | None:
+            status = _status(server, "frail")
+            return status if "starting another failed" in str(status.get("reason")) else None
+
+        status = wait_until(failed, 60, "frail failed with the reason of its death", model=True)
+        assert status["value"] == "loaded" and status["failed"] is True
+        reason = str(status["reason"])
+        assert f"{child} was killed by SIGKILL" in reason, reason
+        assert "frail.gguf" in reason and str(weights) not in reason  # no server path
+        cards = httpx.get(url + "/v1/models", timeout=scaled(30)).json()["data"]
+        assert next(c for c in cards if c["id"] == "frail")["status"]["failed"] is True
+        ready = httpx.get(url + "/ready", timeout=scaled(30))
+        assert ready.status_code == 503
+        frail = ready.json()["detail"]["models"]["frail"]
+        assert frail["ready"] is False and f"{child} was killed by SIGKILL" in frail["reason"]
+        assert main(["models", "--url", url]) == 0
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("frail ")]
+        assert line.split()[1] == "failed" and "killed by SIGKILL" in line
+        assert model_metric(url, "zeroserve_workers_crashes_total", "frail") == 1
+        assert model_metric(url, "zeroserve_workers_restarts_total", "frail") == 0
+    finally:
+        away.rename(gguf)
+    # The next request is served by a new child, and the model is itself again.
+    answer = client.chat.completions.create(model="frail", messages=HI, max_tokens=2)  # type: ignore[arg-type]
+    assert answer.choices[0].message.content is not None
+    assert _status(server, "frail") == {"value": "loaded"}
+    assert httpx.get(url + "/ready", timeout=scaled(30)).status_code == 200
+    assert model_metric(url, "zeroserve_workers_restarts_total", "frail") == 1
+    (new,) = _alive_children(server) - before
+    assert new != child
+    # Its memory is the new child's: measured again, about what the first one cost.
+    again = model_metric(url, "zeroserve_model_memory_bytes", "frail")
+    assert memory / 2 < again < memory * 2, (memory, again)
+    # The new child's side port answers (its port and key are new).
+    tokens = httpx.post(
+        url + "/tokenize", json={"model": "frail", "prompt": "Hello"}, timeout=scaled(30)
+    )
+    assert tokens.status_code == 200 and tokens.json()["count"] > 0, tokens.text
+    httpx.post(url + "/models/unload", json={"model": "frail"}).raise_for_status()
+    assert not _alive(new)
+
+
+def test_rerank_through_the_child_scores_as_in_process(server: ServerProcess) -> None:
+    before = _alive_children(server)
+    answers = {}
+    for name in ("rr", "rr_inline"):
+        # /v1/rerank does not load a model on demand: load it first.
+        load = httpx.post(
+            server.url + "/models/load", json={"model": name}, timeout=scaled(LOAD_WAIT_S)
+        )
+        assert load.status_code == 200, load.text
+        r = httpx.post(
+            server.url + "/v1/rerank",
+            json={"model": name, "query": QUERY, "documents": DOCS},
+            timeout=scaled(LOAD_WAIT_S),
+        )
+        assert r.status_code == 200, r.text
+        answers[name] = r.json()
+        if name == "rr":
+            assert len(_alive_children(server) - before) == 1  # served by its child
+    results = answers["rr"]["results"]
+    assert sorted(x["index"] for x in results) == list(range(len(DOCS)))  # 3 engine calls
+    scores = [x["relevance_score"] for x in results]
+    assert scores == sorted(scores, reverse=True)
+    assert answers["rr"]["usage"]["prompt_tokens"] > 0
+    inline = {x["index"]: x["relevance_score"] for x in answers["rr_inline"]["results"]}
+    for x in results:
+        assert x["relevance_score"] == pytest.approx(inline[x["index"]], abs=1e-4)
+    for name in ("rr", "rr_inline"):
+        httpx.post(server.url + "/models/unload", json={"model": name}).raise_for_status()
+    assert _alive_children(server) == before
+
+
+def test_a_child_killed_during_its_load_fails_the_load_with_the_reason(
+    server: ServerProcess,
+) -> None:
+    url = server.url
+    before = _alive_children(server)
+    answers: list[httpx.Response] = []
+
+    def load() -> None:
+        answers.append(
+            httpx.post(url + "/models/load", json={"model": "frail"}, timeout=scaled(60))
+        )
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    (child,) = wait_until(lambda: _alive_children(server) - before, 30, "the child to start")
+    os.kill(child, signal.SIGSTOP)  # held: its load cannot end now
+    stopped = _state(server, "frail") == "loading"
+    os.kill(child, signal.SIGKILL)
+    loader.join()
+    if not stopped:  # it had loaded before the stop: nothing to see this time
+        httpx.post(url + "/models/unload", json={"model": "frail"}).raise_for_status()
+        pytest.skip("the child loaded before the test could stop it")
+    (answer,) = answers
+    assert answer.status_code == 500, answer.text
+    assert "SIGKILL" in answer.json()["error"]["message"]
+    status = _status(server, "frail")
+    assert status["value"] == "unloaded" and status["failed"] is True
+    assert f"{child} was killed by SIGKILL" in str(status["reason"])
+    assert _alive_children(server) == before  # nothing left of it
+    # The admin's load tries again at once, and serves.
+    again = httpx.post(url + "/models/load", json={"model": "frail"}, timeout=scaled(60))
+    assert again.status_code == 200, again.text
+    assert _status(server, "frail") == {"value": "loaded"}
+    httpx.post(url + "/models/unload", json={"model": "frail"}).raise_for_status()

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +22,8 @@ from zeroserve.models.catalog import CatalogEntry
 from zeroserve.models.loader import ModelRef
 from zeroserve.runtime import ManualClock, ModelLoadError
 from zeroserve.runtime.model_manager import ModelManager
+from zeroserve.runtime.model_memory import rss_bytes
+from zeroserve.runtime.model_room import Room
 from zeroserve.runtime.model_state import ModelState
 
 SECRET_DIR = "/srv/private/models"
@@ -206,3 +213,60 @@ def test_the_idle_period_keeps_the_longest_keep_alive_its_requests_asked(
             assert info.value.param == "keep_alive"
 
     run(main())
+
+
+def test_a_worker_started_again_is_measured_again(run: Any, arena: Any, tmp_path: Path) -> None:
+    size = tmp_path / "mib"
+    size.write_text(str(BALLAST_MIB))
+    catalog = {"a": _entry("a", "FileBallast", "process", path=str(size))}
+
+    async def main() -> None:
+        async with engine("process", {}, arena=arena) as eng:
+            mgr = ModelManager(eng, catalog)
+            await mgr.load("a")
+            (first,) = eng.worker_pids("a")
+            cost = mgr.statistics()["a"].memory_bytes
+            assert cost >= BALLAST_MIB << 20
+            size.write_text(str(3 * BALLAST_MIB))  # the next worker holds twice as much more
+            os.kill(first, signal.SIGKILL)
+            await until(lambda: eng.worker_pids("a") not in ([], [first]), "a new worker")
+            again = mgr.statistics()["a"].memory_bytes
+            assert again - cost >= (2 * BALLAST_MIB << 20) * 9 // 10, (cost, again)
+            assert mgr.memory().used == again
+            assert mgr.room.measured["a"] == again  # what its next load expects
+
+    run(main())
+
+
+def test_the_room_follows_the_processes_of_a_model() -> None:
+    pids: dict[str, list[int]] = {"a": [os.getpid()]}
+    room = Room(None, None, lambda name: pids[name])
+    grown = 1000
+    room.counted["a"] = room.measure("a", grown, pids["a"])
+    first = room.count("a")
+    assert first > grown
+    pids["a"] = []  # none serves (being started again): it keeps what it counted
+    assert room.count("a") == first
+    # Another process serves it: measured once, its RSS and the load's growth.
+    other = subprocess.Popen(
+        [sys.executable, "-c", "print(flush=True); import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == b"\n"  # it runs
+        pids["a"] = [other.pid]
+        counted = room.count("a")
+        rss = rss_bytes(other.pid)
+        assert rss is not None and abs(counted - grown - rss) < (1 << 20)
+        assert room.measured["a"] == counted and room.used() == counted
+        del pids["a"]  # loading again (the engine does not have it): left to its load
+        assert room.count("a") == counted
+        del room.counted["a"]  # unloaded: forgotten
+        room.follow()
+        assert room.count("a") == 0
+    finally:
+        for pipe in (other.stdin, other.stdout):
+            assert pipe is not None
+            pipe.close()  # its stdin's end ends it
+        other.wait()

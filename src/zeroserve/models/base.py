@@ -76,6 +76,20 @@ class TensorSpec(msgspec.Struct, frozen=True):
     shape: tuple[int, ...]
 
 
+class ChildHealth(msgspec.Struct, frozen=True):
+    """The child processes an in-process model runs itself (``Model.child_health``):
+    how many died unasked and how many were started again since the load (exported with
+    the workers' ``crashes`` and ``restarts``), and why the model cannot serve now (None:
+    it can; the model is then not ready, docs/models.md, "Models at run time")."""
+
+    deaths: int = 0
+    restarts: int = 0
+    down: str | None = None
+
+
+NO_CHILDREN = ChildHealth()
+
+
 class Model:
     """Base class for every model served by zeroserve.
 
@@ -124,8 +138,13 @@ class Model:
 
     def processes(self) -> list[int]:
         """The child processes an in-process model runs itself (their memory is the
-        model's: docs/models.md, "Memory")."""
+        model's: docs/models.md, "Memory"), once they serve."""
         return []
+
+    def child_health(self) -> ChildHealth:
+        """How those child processes fare (an in-process model that starts one again
+        when it dies: ``ChildHealth.down`` while none serves)."""
+        return NO_CHILDREN
 
     # -- capabilities (override what the model has) -------------------------------------
     def infer(self, batch: Sequence[Inputs]) -> Sequence[Outputs]:

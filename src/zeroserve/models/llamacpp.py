@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import GGUFError
-from .base import Model
+from .base import NO_CHILDREN, ChildHealth, Model
 from .llamacpp_process import ChildEngine
 from .llamacpp_side import SidePort
 from .native_signals import keep_signal_handlers
@@ -278,6 +278,12 @@ class LlamaCppModel(Model):
         pid = self.child.pid if self.child is not None else None
         return [pid] if pid is not None else []
 
+    def child_health(self) -> ChildHealth:
+        child = self.child
+        if child is None:
+            return NO_CHILDREN
+        return ChildHealth(deaths=child.deaths, restarts=child.restarts, down=child.down)
+
     @property
     def side_key(self) -> str:
         """The key of the engine's side port (handed to the parent by a child engine)."""
@@ -351,8 +357,7 @@ class LlamaCppModel(Model):
         """Exact prompt tokens: the chat request ``chat`` through the engine's chat
         template, or
         ``prompt``, through its tokenizer (the side port, within ``timeout`` seconds)."""
-        assert self._side is not None, "the model is not loaded"
-        return await self._side.prompt_tokens(chat, prompt, timeout)
+        return await self._side_port().prompt_tokens(chat, prompt, timeout)
 
     async def side_tokenize(
         self,
@@ -363,13 +368,11 @@ class LlamaCppModel(Model):
     ) -> list[int]:
         """Token ids of ``prompt``, or of the chat request ``chat`` through the chat
         template."""
-        assert self._side is not None, "the model is not loaded"
-        return await self._side.tokenize(chat, prompt, add_special, timeout)
+        return await self._side_port().tokenize(chat, prompt, add_special, timeout)
 
     async def side_detokenize(self, tokens: Sequence[int], timeout: float) -> str:
         """The text of ``tokens`` (each below :attr:`n_vocab`)."""
-        assert self._side is not None, "the model is not loaded"
-        return await self._side.detokenize(tokens, timeout)
+        return await self._side_port().detokenize(tokens, timeout)
 
     @property
     def reranks(self) -> bool:
@@ -386,12 +389,20 @@ class LlamaCppModel(Model):
         return bytes(self.server.handle_rerank(payload))
 
     def _restart_child(self) -> None:
-        """A child that died is started again by the next call (in its slot thread)."""
+        """A child that died is started again by the next call (in its slot thread), if
+        the thread that saw it die has not done so yet (``ChildEngine.ensure``)."""
         assert self.child is not None
-        if self.child.died is not None:
-            self.child.restart(self.timeout)
-            self._side = SidePort(self.side_address, self.child.key)
-            self._side_key = self.child.key
+        self.child.ensure()
+
+    def _side_port(self) -> SidePort:
+        """The side port of the engine serving now (a child started again has its own
+        port and key); a dead child's answers nothing, so its questions fail (503)."""
+        child = self.child
+        if child is not None and child.down is None and child.key != self._side_key:
+            self._side = SidePort(child.address, child.key)
+            self._side_key = child.key
+        assert self._side is not None, "the model is not loaded"
+        return self._side
 
     def _vocabulary_size(self) -> int:
         """The engine's vocabulary size (``meta.n_vocab`` of its ``/v1/models``)."""

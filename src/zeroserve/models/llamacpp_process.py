@@ -21,14 +21,21 @@ Invariants:
   the in-process engine's chunks (the ``data:`` payloads, ``[DONE]`` left out). When
   ``on_chunk`` asks to stop, the connection is closed: llama.cpp sees it and frees the
   slot at its next token;
-* a child that dies fails the calls in flight (503, with how it ended) and is started
-  again by the next call.
+* a child that dies unasked fails the calls in flight (503, with how it ended) and is
+  started again at once by the thread that watched it die (back-off doubling from
+  ``RESTART_BACKOFF_S`` while starts fail); a call that comes meanwhile waits for that
+  start, or makes it. Until a new child answers, :attr:`ChildEngine.down` says why the
+  engine cannot serve (the model is then not ready: docs/models.md, "Memory" and
+  "Models at run time"), and :attr:`ChildEngine.pid` is None, so the model's memory is
+  measured again on the new child, once it serves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -45,11 +52,19 @@ from ..errors import GGUFError, UpstreamUnavailable
 HEALTH_POLL_S = 0.05
 # Seconds a stopped (SIGKILLed) child may take to be reaped before we give up waiting.
 REAP_TIMEOUT_S = 10.0
+# Seconds before starting a dead child again once a start failed, doubled after each
+# failed start up to RESTART_BACKOFF_MAX_S: the process executor's worker back-off
+# (runtime/process/executor.py), so a GGUF gone from disk costs a child start a minute,
+# not a busy loop.
+RESTART_BACKOFF_S = 1.0
+RESTART_BACKOFF_MAX_S = 60.0
 # Bytes read per receive of a streamed answer (http.client's own buffer size).
 _LINE_BYTES = 64 * 1024
 _DATA = b"data: "
 _ERROR = b"error: "
 _DONE = b"[DONE]"
+
+log = logging.getLogger("zeroserve")
 
 
 class ChildEngine:
@@ -61,17 +76,26 @@ class ChildEngine:
             {"factory": factory, "location": location, "options": dict(options)}
         ).encode()
         self._lock = threading.Lock()  # one start or stop at a time
+        self._noting = threading.Lock()  # one death noted once
+        self._closed = threading.Event()  # stopped for good: no start; ends a back-off
+        self._timeout = 0.0  # seconds a start may take (``start``'s)
         self.proc: subprocess.Popen[bytes] | None = None
         self.host = "127.0.0.1"
         self.port = 0
         self.key = ""
-        self._stopping = False
-        # How the last child ended when it was not stopped by us (None: alive or stopped).
-        self.died: str | None = None
+        # Why the engine cannot serve now: its child died unasked and no new one answers
+        # yet (None: serving, or not started).
+        self.down: str | None = None
+        self.deaths = 0  # children that died unasked
+        self.restarts = 0  # children started again after one died
+        self._noted: subprocess.Popen[bytes] | None = None  # the last child noted dead
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
+        """The serving child's process id (None while none serves: its memory is the
+        model's only once it does)."""
+        proc = self.proc
+        return proc.pid if proc is not None and self.down is None else None
 
     @property
     def address(self) -> str:
@@ -79,25 +103,51 @@ class ChildEngine:
 
     def start(self, timeout: float) -> None:
         """Start the child and return once its engine answers ``/health``; raises
-        ``GGUFError`` with the child's reason when it cannot load (the child is gone)."""
+        ``GGUFError`` with the child's reason when it cannot load (the child is gone).
+        ``timeout`` bounds this start and every later one."""
+        self._timeout = timeout
         with self._lock:
-            self._start(timeout)
+            self._start()
 
-    def restart(self, timeout: float) -> None:
-        """Start a new child if the last one died (the next call after a crash)."""
+    def ensure(self) -> None:
+        """Return once a child serves: at once while one does; else after starting one
+        (or waiting for the start under way). Raises ``UpstreamUnavailable`` (503) with
+        why none serves when a start fails or the engine was stopped."""
+        if self.down is None and self.proc is not None:
+            return
         with self._lock:
-            if self.died is not None:
+            if self._closed.is_set():
+                raise UpstreamUnavailable("the llama.cpp process was stopped")
+            if self.down is None:
+                return  # started again while we waited
+            dead = self.down.partition("; ")[0]
+            self.down = f"{dead}; another is starting"
+            try:
                 self._kill()
-                self._start(timeout)
+                self._start()
+            except Exception as exc:  # GGUFError, or no process could be started
+                # The cause may name server paths: /ready and /models shorten it
+                # (runtime/load_reasons.py), the log keeps it whole, a call gets neither.
+                self.down = f"{dead}; starting another failed: {exc}"
+                log.warning("%s", self.down)
+                raise UpstreamUnavailable(f"{dead}; starting another failed") from None
+            self.restarts += 1
+            self.down = None
 
     def stop(self) -> None:
-        """Kill the child's process group and reap it (idempotent)."""
+        """Kill the child's process group and reap it (idempotent); a start under way
+        ends at once, and none follows."""
+        self._closed.set()
+        proc = self.proc
+        if proc is not None:
+            _kill_group(proc)  # a start holding the lock sees its child end
         with self._lock:
             self._kill()
 
-    def _start(self, timeout: float) -> None:
-        self._stopping = False
-        self.died = None
+    def _start(self) -> None:
+        if self._closed.is_set():
+            raise GGUFError("the llama.cpp process was stopped")
+        timeout = self._timeout
         proc = subprocess.Popen(
             [sys.executable, "-m", __name__],
             stdin=subprocess.PIPE,
@@ -110,17 +160,21 @@ class ChildEngine:
             proc.stdin.write(self._config + b"\n")
             proc.stdin.flush()  # the pipe stays open: its end of file is our death
             answer = _read_line(proc.stdout, timeout)
-            ready = json.loads(answer) if answer else {"error": _ended(proc)}
+            if not answer:  # it ended before a word: say how (its exit is near)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(HEALTH_POLL_S * 20)
+                raise GGUFError(f"the llama.cpp process {proc.pid} {_ended(proc)} while loading")
+            ready = json.loads(answer)
             if "error" in ready:
                 raise GGUFError(str(ready["error"]))
             self.port, self.key = int(ready["port"]), str(ready["key"])
-            self._wait_health(time.monotonic() + timeout)
+            self._wait_health(proc, time.monotonic() + timeout)
         except BaseException:
             self._kill()
             raise
         threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
 
-    def _wait_health(self, end: float) -> None:
+    def _wait_health(self, proc: subprocess.Popen[bytes], end: float) -> None:
         while True:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=HEALTH_POLL_S * 20)
             try:
@@ -131,25 +185,48 @@ class ChildEngine:
                 pass
             finally:
                 conn.close()
+            if proc.poll() is not None:
+                raise GGUFError(f"the llama.cpp process {proc.pid} {_ended(proc)}")
             if time.monotonic() > end:
                 raise GGUFError("the llama.cpp process did not answer /health in time")
             time.sleep(HEALTH_POLL_S)
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        """Wait for ``proc`` to end; one that died unasked is started again, at once, then
+        after a back-off while starts fail, until one serves or ``stop``."""
         proc.wait()
-        if not self._stopping and proc is self.proc:
-            self.died = f"the llama.cpp process {proc.pid} {_ended(proc)}"
+        if not self._note_death(proc):
+            return
+        delay = RESTART_BACKOFF_S
+        while not self._closed.is_set():
+            try:
+                self.ensure()
+                return  # the new child has its own watcher
+            except UpstreamUnavailable:
+                pass
+            if self._closed.wait(delay):
+                return
+            delay = min(delay * 2, RESTART_BACKOFF_MAX_S)
+
+    def _note_death(self, proc: subprocess.Popen[bytes] | None) -> bool:
+        """Record that ``proc``, the serving child, died unasked (once): True the first
+        time; False for a child we stopped or one already noted."""
+        with self._noting:
+            if proc is None or proc is not self.proc or proc is self._noted:
+                return False
+            if proc.poll() is None or self._closed.is_set():
+                return False
+            self._noted = proc
+            self.deaths += 1
+            self.down = f"the llama.cpp process {proc.pid} {_ended(proc)}"
+            return True
 
     def _kill(self) -> None:
         proc, self.proc = self.proc, None
         self.port = 0
         if proc is None:
             return
-        self._stopping = True
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(proc)
         try:
             proc.wait(REAP_TIMEOUT_S)
         finally:
@@ -161,12 +238,12 @@ class ChildEngine:
     def stream(self, path: str, payload: bytes, on_chunk: Callable[[bytes], bool]) -> None:
         """POST ``payload`` to ``path`` and hand each SSE event's payload (or a refusal's
         ``{"error": ...}`` body) to ``on_chunk``; its True closes the connection."""
-        conn, resp = self._post(path, payload)
+        proc, conn, resp = self._post(path, payload)
         try:
             if resp.status != 200 or not resp.getheader("content-type", "").startswith(
                 "text/event-stream"
             ):
-                on_chunk(self._read(resp))
+                on_chunk(self._read(proc, resp))
                 return
             while line := resp.readline(_LINE_BYTES):
                 if line.startswith(_DATA):
@@ -179,25 +256,29 @@ class ChildEngine:
                     continue
                 if on_chunk(data):
                     return  # closing the connection stops the slot
-            raise self._lost(EOFError("the answer ended before its last event"))
+            raise self._lost(proc, EOFError("the answer ended before its last event"))
         except (OSError, http.client.HTTPException) as exc:
-            raise self._lost(exc) from None
+            raise self._lost(proc, exc) from None
         finally:
             conn.close()
 
     def call(self, path: str, payload: bytes) -> bytes:
         """POST ``payload`` to ``path``: the engine's whole answer (an error's too)."""
-        conn, resp = self._post(path, payload)
+        proc, conn, resp = self._post(path, payload)
         try:
-            return self._read(resp)
+            return self._read(proc, resp)
         finally:
             conn.close()
 
     def _post(
         self, path: str, payload: bytes
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        if self.died is not None or self.proc is None:
-            raise UpstreamUnavailable(self.died or "the llama.cpp process is not running")
+    ) -> tuple[subprocess.Popen[bytes], http.client.HTTPConnection, http.client.HTTPResponse]:
+        proc, down = self.proc, self.down
+        if down is not None or proc is None:
+            # How the last child ended, not why a new one failed (that may name paths).
+            raise UpstreamUnavailable(
+                (down or "the llama.cpp process is not running").partition("; ")[0]
+            )
         conn = http.client.HTTPConnection(self.host, self.port)
         try:
             conn.request(
@@ -206,30 +287,33 @@ class ChildEngine:
                 payload,
                 {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"},
             )
-            return conn, conn.getresponse()
+            return proc, conn, conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise self._lost(exc) from None
+            raise self._lost(proc, exc) from None
 
-    def _read(self, resp: http.client.HTTPResponse) -> bytes:
+    def _read(self, proc: subprocess.Popen[bytes], resp: http.client.HTTPResponse) -> bytes:
         try:
             return resp.read()
         except (OSError, http.client.HTTPException) as exc:
-            raise self._lost(exc) from None
+            raise self._lost(proc, exc) from None
 
-    def _lost(self, exc: BaseException) -> UpstreamUnavailable:
-        proc = self.proc
-        if proc is not None:
-            try:
-                proc.wait(HEALTH_POLL_S * 20)  # a crash: let the watcher record it
-            except subprocess.TimeoutExpired:
-                pass
-        self._watch_now(proc)
-        return UpstreamUnavailable(self.died or f"the llama.cpp process broke the call: {exc}")
+    def _lost(self, proc: subprocess.Popen[bytes], exc: BaseException) -> UpstreamUnavailable:
+        """The error of a call whose exchange with ``proc`` broke: how ``proc`` ended,
+        when it did (noted: it is started again)."""
+        try:
+            proc.wait(HEALTH_POLL_S * 20)  # a crash: its end is what the caller needs
+        except subprocess.TimeoutExpired:
+            return UpstreamUnavailable(f"the llama.cpp process broke the call: {exc}")
+        self._note_death(proc)
+        return UpstreamUnavailable(f"the llama.cpp process {proc.pid} {_ended(proc)}")
 
-    def _watch_now(self, proc: subprocess.Popen[bytes] | None) -> None:
-        if proc is not None and proc.poll() is not None and not self._stopping:
-            self.died = f"the llama.cpp process {proc.pid} {_ended(proc)}"
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _read_line(pipe: IO[bytes], timeout: float) -> bytes:

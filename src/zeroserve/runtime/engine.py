@@ -328,9 +328,7 @@ class Engine:
     def ready(self) -> bool:
         """Every model loaded and every worker up."""
         return (
-            self._started
-            and not self._closed
-            and all(rt.executor.ready() for rt in self._models.values())
+            self._started and not self._closed and all(rt.ready() for rt in self._models.values())
         )
 
     def status(self) -> EngineStatus:
@@ -342,6 +340,13 @@ class Engine:
         """When loaded model ``name`` last had nothing in flight and no stream open (on
         the engine's clock); None while it has."""
         return self._models[name].admission.idle_since
+
+    def fault(self, name: str) -> str | None:
+        """Why loaded model ``name`` cannot serve now though it takes requests (its
+        engine's child process died; ``ModelRuntime.fault``); None while it can, or
+        when it is not loaded."""
+        rt = self._models.get(name)
+        return rt.fault() if rt is not None else None
 
     def worker_pids(self, name: str) -> list[int]:
         """The processes on this machine that hold loaded model ``name``: ``process``
@@ -418,7 +423,7 @@ class Engine:
         )
         metrics.register_source(
             "workers",
-            lambda: {n: rt.executor.statistics() for n, rt in models.items()},
+            lambda: {n: rt.worker_statistics() for n, rt in models.items()},
             counters=("restarts", "crashes", "reclaimed"),
         )
         metrics.register_source(

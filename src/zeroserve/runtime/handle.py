@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from .channel import Channel, Policy
 from .classes import DEFAULT_PRIORITY, ClassStatistics, Priority, merge_classes
 from .clock import Clock, call_at
 from .contract import Executor
+from .load_reasons import public_reason
 from .options import ResolvedModel, RuntimeOptions
 from .results import InferResult, WorkerStatistics
 from .slots import SlotPool, SlotStatistics
@@ -50,7 +52,7 @@ class ModelStatus:
     workers: int
     ready_workers: int
     # Why the model cannot take work (``ModelRuntime.refusal``): hung work, workers being
-    # restarted, a lost cluster.
+    # restarted, a lost cluster; or why it cannot serve though it takes work (``fault``).
     reason: str | None = None
 
 
@@ -201,7 +203,7 @@ class ModelRuntime:
             queue=self.admission.statistics(),
             infer_batches=self.infer_batcher.statistics() if self.infer_batcher else None,
             embed_batches=self.embed_batcher.statistics() if self.embed_batcher else None,
-            workers=self.executor.statistics(),
+            workers=self.worker_statistics(),
             slots=self.slots.statistics() if self.slots is not None else None,
         )
 
@@ -212,14 +214,38 @@ class ModelRuntime:
             parts.append(self.slots.class_statistics())
         return merge_classes(parts)
 
-    def status(self) -> ModelStatus:
+    def worker_statistics(self) -> WorkerStatistics:
+        """The executor's workers, with the child processes an in-process model runs
+        itself: their unasked deaths are crashes, their new starts restarts."""
         workers = self.executor.statistics()
+        children = self.meta.child_health()
+        if children.deaths == 0 and children.restarts == 0:
+            return workers
+        return dataclasses.replace(
+            workers,
+            crashes=workers.crashes + children.deaths,
+            restarts=workers.restarts + children.restarts,
+        )
+
+    def fault(self) -> str | None:
+        """Why the model cannot serve now though it takes requests: its engine's child
+        process died and a new one does not answer yet (the next request waits for it);
+        server paths shortened (docs/models.md, "Models at run time")."""
+        down = self.meta.child_health().down
+        return public_reason(down) if down is not None else None
+
+    def ready(self) -> bool:
+        return self.executor.ready() and self.meta.child_health().down is None
+
+    def status(self) -> ModelStatus:
+        workers = self.worker_statistics()
+        why = self.refusal()
         return ModelStatus(
-            ready=self.executor.ready(),
+            ready=self.ready(),
             executor=workers.executor,
             workers=workers.workers,
             ready_workers=workers.ready,
-            reason=why.message if (why := self.refusal()) is not None else None,
+            reason=why.message if why is not None else self.fault(),
         )
 
     async def submit(

@@ -43,7 +43,7 @@ from .clock import Timer, call_at
 from .engine import Engine
 from .load_reasons import public_reason
 from .model_eviction import RoomKeeping
-from .model_memory import LoadMeter, pids_rss
+from .model_memory import LoadMeter
 from .model_pulls import PullGate, refuse_pulls, resolve_entry
 from .model_replace import EntryVersion, ReplaceListener, entry_version, replace
 from .model_room import Room, RoomStatistics
@@ -139,7 +139,7 @@ class ModelManager(RoomKeeping):
         self._engine = engine
         self._keep_alive_s = keep_alive_s
         self._models_max = models_max
-        self.room = Room(models_max, models_memory)
+        self.room = Room(models_max, models_memory, engine.worker_pids)
         engine.idle_listener = self._went_idle
         self._asked: dict[str, float] = {}  # name -> longest keep_alive asked while busy
         self._idle_keep: dict[str, float] = {}  # name -> keep_alive of this idle period
@@ -169,7 +169,7 @@ class ModelManager(RoomKeeping):
             machine.to(ModelState.LOADING)
             machine.to(ModelState.LOADED)
             # Loaded before the manager: its workers' RSS if it has any, else its estimate.
-            self.room.counted[name] = pids_rss(engine.worker_pids(name)) or (
+            self.room.counted[name] = self.room.measure(name, 0, engine.worker_pids(name)) or (
                 self.room.need(self._entries[name]) if models_memory is not None else 0
             )
             self._versions[name] = entry_version(self._entries[name])
@@ -186,9 +186,10 @@ class ModelManager(RoomKeeping):
         return {name: self._snapshot(name, m) for name, m in self._machines.items()}
 
     def _snapshot(self, name: str, machine: ModelStateMachine) -> ModelStateSnapshot:
-        if name in self._replacing and machine.state is ModelState.LOADED:
-            return dataclasses.replace(machine.status, replacing=True)
-        return machine.status
+        if machine.state is not ModelState.LOADED:
+            return machine.status
+        replacing, fault = name in self._replacing, self._engine.fault(name)
+        return dataclasses.replace(machine.status, replacing=replacing, fault=fault)
 
     def statistics(self) -> dict[str, ModelManagerStatistics]:
         """Loads, failures, unloads and evictions by model (an immutable snapshot)."""
@@ -202,9 +203,7 @@ class ModelManager(RoomKeeping):
                 unloads=counts.unloads,
                 evictions=counts.evictions,
                 load_seconds=counts.load_seconds,
-                memory_bytes=self.room.counted.get(name, 0)
-                if machine.state is ModelState.LOADED
-                else 0,
+                memory_bytes=self.room.count(name) if machine.state is ModelState.LOADED else 0,
             )
         return out
 
@@ -528,7 +527,7 @@ class ModelManager(RoomKeeping):
                     )
                 resolved = await resolve_entry(entry, self.pulls)
                 await self._engine.load(name, config_for(resolved.ref))
-                cost = meter.cost(self._engine.worker_pids(name))
+                cost = self.room.measure(name, meter.grown(), self._engine.worker_pids(name))
                 await self._announce(name)
             except Exception as exc:
                 self._engine_loads.discard(name)

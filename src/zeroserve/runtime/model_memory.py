@@ -7,7 +7,11 @@ resident set sizes (``/proc/PID/statm``):
   server's RSS after the load less its RSS before (never below 0). Two loads that run at
   once share that window, so each may count some of the other's pages.
 * ``process`` models: the RSS of each of their worker processes, plus the server's own
-  RSS delta across the load (the executor's pipes and buffers).
+  RSS delta across the load (the executor's pipes and buffers). An in-process model that
+  runs a child process of its own (llama.cpp's ``engine=process``) counts the child's
+  RSS the same way. A worker or child that dies and is started again is measured again
+  once the new one serves (``model_room.Room.follow``): the load's server delta plus
+  the new processes' RSS.
 * ``ray`` and ``ray-serve`` models: the RSS of their actors on this server's Ray node
   (the same node id as the server's driver; for ``ray-serve``, the replica that answered
   the load), plus the server's RSS delta. Actors on other nodes are not measured: a
@@ -66,7 +70,8 @@ def pids_rss(pids: Iterable[int]) -> int:
 
 
 class LoadMeter:
-    """Measures one load: ``LoadMeter()`` before it, ``cost(pids)`` after it."""
+    """Measures one load: ``LoadMeter()`` before it, ``grown()`` after it (the workers'
+    RSS is added by ``model_room.Room.measure``)."""
 
     def __init__(self, rss: Callable[[], int | None] = rss_bytes) -> None:
         self._rss = rss
@@ -75,11 +80,10 @@ class LoadMeter:
         gc.collect()
         self._before = rss()
 
-    def cost(self, worker_pids: Iterable[int] = ()) -> int:
-        """The server's RSS growth across the load plus the workers' RSS (bytes)."""
+    def grown(self) -> int:
+        """The server's RSS growth across the load (bytes, never below 0)."""
         after = self._rss()
-        grown = 0 if after is None or self._before is None else max(0, after - self._before)
-        return grown + pids_rss(worker_pids)
+        return 0 if after is None or self._before is None else max(0, after - self._before)
 
 
 def _read(f: BinaryIO, fmt: str) -> Any:

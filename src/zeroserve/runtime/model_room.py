@@ -8,16 +8,21 @@ to have (``need``: its last measured cost, else its estimate). A load that does 
 and finds nothing to evict (every other model busy or pinned) ``wait``s until ``wake``:
 a model went idle, was unloaded, or a load ended
 (docs/decisions/0040-model-memory-measured-and-loads-wait-for-room.md).
+
+A loaded model's worker processes may change after its load: a process worker or an
+engine's child that died is started again. ``follow`` measures such a model again once
+its new processes serve (as many as were measured, or more), so what it counts is the
+processes that hold it now, not ones gone (docs/models.md, "Memory").
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..models.catalog import CatalogEntry
-from .model_memory import estimate_bytes
+from .model_memory import estimate_bytes, pids_rss
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +39,14 @@ class RoomStatistics:
 class Room:
     """The caps, each model's counted bytes, and the loads waiting for room."""
 
-    def __init__(self, models_max: int | None, models_memory: int | None) -> None:
+    def __init__(
+        self,
+        models_max: int | None,
+        models_memory: int | None,
+        pids: Callable[[str], list[int]] | None = None,
+    ) -> None:
+        """``pids(name)``: the processes holding loaded model ``name`` now (``KeyError``
+        when it is not loaded), for ``follow``."""
         if models_memory is not None and models_memory < 1:
             raise ValueError(f"models_memory must be at least 1 byte, not {models_memory!r}")
         self.models_max = models_max
@@ -42,6 +54,39 @@ class Room:
         self.counted: dict[str, int] = {}  # loaded or loading model -> bytes it counts
         self.measured: dict[str, int] = {}  # model -> its last load's measured cost
         self._waiters: list[asyncio.Future[None]] = []
+        self._pids = pids
+        # loaded model -> the server's RSS growth across its load, and the processes
+        # measured with it
+        self._workers: dict[str, tuple[int, tuple[int, ...]]] = {}
+
+    def measure(self, name: str, grown: int, pids: list[int]) -> int:
+        """What loaded ``name`` costs now: ``grown`` (the server's RSS growth across its
+        load) plus the RSS of ``pids``, its processes; remembered for ``follow``."""
+        self._workers[name] = (grown, tuple(pids))
+        return grown + pids_rss(pids)
+
+    def follow(self) -> None:
+        """Measure again every loaded model whose processes changed since they were
+        measured, once as many serve as then: its load's growth plus their RSS (counted
+        and remembered as its last measured cost). While fewer serve (a worker or child
+        being started again) it keeps what it counted."""
+        if self._pids is None:
+            return
+        for name, (grown, measured) in list(self._workers.items()):
+            if name not in self.counted:
+                del self._workers[name]  # unloaded
+                continue
+            try:
+                now = tuple(self._pids(name))
+            except KeyError:
+                continue  # loading again: its load measures it
+            if now != measured and len(now) >= len(measured):
+                self.counted[name] = self.measured[name] = self.measure(name, grown, list(now))
+
+    def count(self, name: str) -> int:
+        """Bytes ``name`` counts now (``follow`` first)."""
+        self.follow()
+        return self.counted.get(name, 0)
 
     def need(self, entry: CatalogEntry) -> int:
         """The bytes ``entry`` is expected to take: its last measured cost, else its
@@ -50,7 +95,8 @@ class Room:
         return known if known is not None else estimate_bytes(entry)
 
     def used(self, names: Iterable[str] | None = None) -> int:
-        """Bytes counted by ``names`` (every model by default)."""
+        """Bytes counted by ``names`` (every model by default; ``follow`` first)."""
+        self.follow()
         if names is None:
             return sum(self.counted.values())
         return sum(self.counted.get(n, 0) for n in names)

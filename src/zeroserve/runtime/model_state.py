@@ -8,6 +8,12 @@ state. Triton's names for the same states (the KServe V2 repository extension) a
 ``TRITON_STATE``.
 
 Invariant: ``reason`` is set exactly when the state is ``failed``.
+
+A loaded model whose engine child process died (``llamacpp`` with ``engine=process``)
+stays ``loaded``: the engine still serves it, and the next request is served by a new
+child, which the model starts at once. Until that child answers, its snapshot's
+``fault`` says why it cannot serve (clients read it as ``failed`` with that reason), and
+the model is not ready. ``fault`` is set only on a ``loaded`` snapshot, by the manager.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ class ModelStateSnapshot:
     # A new version loads or serves while the old one finishes its work (the manager
     # sets it; runtime/model_replace.py). The state stays ``loaded`` throughout.
     replacing: bool = False
+    # Why a loaded model cannot serve now (its engine's child process died and no new one
+    # answers yet); the manager sets it from the engine. None: it can.
+    fault: str | None = None
 
 
 class ModelStateMachine:

@@ -151,6 +151,20 @@ class Ballast(Model):
         return list(batch)
 
 
+class FileBallast(Ballast):
+    """A ``Ballast`` whose size each ``load`` reads from the file ``path`` (MiB), so a
+    worker started again can hold more than the one before."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def load(self) -> None:
+        with open(self.path) as f:
+            self.mib = int(f.read())
+        super().load()
+
+
 class Finisher(Model):
     """Yields the prompt's words and returns why it stopped, like a real LLM's generate."""
 

@@ -24,9 +24,13 @@ from ..request import Request
 
 
 def load_status(snapshot: ModelStateSnapshot) -> ModelLoadStatus:
-    """A state in llama.cpp router's shape (a failed model is ``unloaded``, ``failed``)."""
+    """A state in llama.cpp router's shape (a failed model is ``unloaded``, ``failed``;
+    a loaded one whose engine process died is ``loaded``, ``failed``, until a new one
+    serves)."""
     if snapshot.state is ModelState.FAILED:
         return ModelLoadStatus(value="unloaded", failed=True, reason=snapshot.reason or "")
+    if snapshot.fault is not None:
+        return ModelLoadStatus(value="loaded", failed=True, reason=snapshot.fault)
     return ModelLoadStatus(value=snapshot.state.value, replacing=snapshot.replacing)  # type: ignore[arg-type]
 
 

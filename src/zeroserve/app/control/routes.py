@@ -92,14 +92,16 @@ class ModelControl:
         out: list[c.RepositoryModel] = []
         for name, snapshot in self.manager.statuses().items():
             loaded = snapshot.state is ModelState.LOADED
-            if ready and not loaded:
+            if ready and (not loaded or snapshot.fault is not None):
                 continue
+            why = snapshot.reason or snapshot.fault  # a dead engine process: UNAVAILABLE
+            state = "UNAVAILABLE" if snapshot.fault else TRITON_STATE[snapshot.state]
             out.append(
                 c.RepositoryModel(
                     name=name,
-                    state=TRITON_STATE[snapshot.state],  # type: ignore[arg-type]
+                    state=state,  # type: ignore[arg-type]
                     version=VERSION if loaded else UNSET,
-                    reason=snapshot.reason if snapshot.reason is not None else UNSET,
+                    reason=why if why is not None else UNSET,
                 )
             )
         return _json(out)

@@ -456,7 +456,9 @@ class ModelCapabilities(Struct):
 class ModelLoadStatus(Struct, omit_defaults=True):
     """A catalog model's state, in llama.cpp's router shape: ``value`` is ``unloaded``,
     ``loading``, ``loaded`` or ``unloading``; a model whose last load failed is
-    ``unloaded`` with ``failed`` true and the ``reason``. ``replacing`` is true while a
+    ``unloaded`` with ``failed`` true and the ``reason``; a loaded model whose engine
+    process died is ``loaded`` with ``failed`` true and the ``reason`` until a new one
+    serves (it is started at once). ``replacing`` is true while a
     loaded model's new version loads and its old version finishes its work (docs/
     models.md, "Replacing a loaded model")."""
 
