@@ -38,7 +38,7 @@ between its `zeroserve-bench` markers; each part's footer names the machine it r
 # Options that say where results go, not what is measured: left out of "Reproduce".
 _OUTPUT_OPTIONS = ("--out", "--results-dir")
 # Suites whose load is the harness's own clients; every other one drives wrk.
-WITHOUT_WRK = frozenset({"W5", "W6", "W7", "tinyllm", "priorities"})
+WITHOUT_WRK = frozenset({"W5", "W6", "W7", "tinyllm", "priorities", "cycles"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
         "--servers",
         default=None,
         help="W1/W2: comma-separated server names (default: every one that can "
-        "run: zeroserve, fastapi, granian, aiohttp)",
+        "run: zeroserve, fastapi, granian, aiohttp); cycles: the kinds to cycle "
+        "(default: all, inline,thread,process,ray,ray-serve,llamacpp,llamacpp-process)",
     )
     p.add_argument(
         "--zeroserve-args",

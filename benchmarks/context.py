@@ -44,7 +44,7 @@ class SuiteContext:
     duration_s: int | None = None
     warmup_s: int | None = None
     count_writes: bool = True  # strace write counting (W2)
-    servers: tuple[str, ...] | None = None  # W1/W2: only these servers
+    servers: tuple[str, ...] | None = None  # W1/W2: only these servers; cycles: these kinds
     zeroserve_args: tuple[str, ...] = ("--model", ECHO)
     cpu_at_start: CpuTimes | None = None  # the CPUs' times when this part started
 

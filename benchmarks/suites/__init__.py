@@ -15,6 +15,7 @@ from collections.abc import Callable
 from ..context import SuiteContext
 from ..report import Section
 from . import (
+    cycles,
     edge,
     gateway,
     llamacpp,
@@ -58,4 +59,5 @@ SUITES: dict[str, Suite] = {
     "RAY": ray.ray,  # executor=ray on the same node vs process: 4 MiB V2 binary, 256-token SSE
     "EDGE": edge.edge,  # API key vs none (W1 64 KiB, W2); W1 over TLS vs uvicorn and granian
     "replace": replace.replace,  # 8 clients while the model is replaced 5 times: 0 failures
+    "cycles": cycles.cycles,  # 200 load/unload cycles per executor kind leave nothing behind
 }

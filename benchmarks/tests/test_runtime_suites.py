@@ -1,4 +1,5 @@
-"""The runtime suites (W5-W8, P64): the report merge, and a --quick W6 run end to end.
+"""The runtime suites (W5-W8, P64): the report merge, and --quick W6 and cycles runs end
+to end.
 
 No timing assertions: only that the section is written with measured numbers.
 """
@@ -23,7 +24,7 @@ def test_runtime_suites_are_registered() -> None:
 
 def test_catalog_names_every_suite_once_per_module() -> None:
     """The catalog is explicit: W1-W8, P64, RAY, EDGE, the default model, rerank, priorities,
-    models at run time, the gateway and replace, each a function of its own module under
+    models at run time, the gateway, replace and cycles, each a function of its own module under
     benchmarks/suites/."""
     assert list(SUITES) == [
         "W1",
@@ -45,6 +46,7 @@ def test_catalog_names_every_suite_once_per_module() -> None:
         "RAY",
         "EDGE",
         "replace",
+        "cycles",
     ]
     modules = [fn.__module__ for fn in SUITES.values()]
     assert len(set(modules)) == len(modules)
@@ -93,3 +95,25 @@ def test_quick_w6_writes_a_section_with_numbers(tmp_path: Path) -> None:
         assert row, text
     rows = json.loads((tmp_path / "results" / "runtime-W6.json").read_text())
     assert [len(r["trials"]) for r in rows] == [5, 5, 5]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(
+    importlib.util.find_spec("zeroserve.cli") is None, reason="zeroserve server not importable"
+)
+def test_quick_cycles_leave_nothing_behind_for_each_in_process_kind(tmp_path: Path) -> None:
+    out = tmp_path / "BENCHMARKS.md"
+    results = tmp_path / "results"
+    kinds = ("inline", "thread", "process")
+    args = ["--suites", "cycles", "--quick", "--servers", ",".join(kinds)]
+    rc = main([*args, "--out", str(out), "--results-dir", str(results)])
+    assert rc == 0
+    text = out.read_text()
+    assert "<!-- zeroserve-bench:MODELS_CYCLES/cycles begin -->" in text
+    for kind in kinds:
+        assert re.search(rf"^\| {kind} \| 3 \| .* \| yes \|$", text, re.M), text
+    runs = json.loads((results / "cycles.json").read_text())
+    assert [(r["kind"], r["cycles"], r["stopped"]) for r in runs] == [(k, 3, "") for k in kinds]
+    for r in runs:  # the process worker was a child while loaded, and is gone
+        assert r["after"]["children"] == r["before"]["children"], r

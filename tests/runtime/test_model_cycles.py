@@ -9,7 +9,9 @@ cost. Measured on the 2-core development machine under load (load average 11.8):
 process cycles took 38 s, about 3.5 s each, against 0.5 s for an inline cycle; 200 would
 be about 12 minutes there and still minutes on a quiet machine, past what one test of
 ``make test`` may take, while 25 already shows a per-cycle leak of fds, threads,
-children or more than 16 MiB / 25 of RSS."""
+children or more than 16 MiB / 25 of RSS. The full 200 cycles of every kind (the Ray
+kinds and llama.cpp's too) are the ``cycles`` benchmark suite's, through a served
+``--models-dir`` (``python -m benchmarks --suites cycles``)."""
 
 from __future__ import annotations
 
