@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, replace
@@ -27,6 +26,7 @@ from ..runtime.priority import raise_loop
 from . import memory
 from .metrics_peers import MetricsPeers
 from .server import Server, bind_socket
+from .supervisor import WorkerSupervisor
 
 if TYPE_CHECKING:
     from ..app.batch import BatchOptions
@@ -91,8 +91,6 @@ async def serve_async(
     peers = MetricsPeers(peers_dir) if peers_dir else None
     try:
         await engine.start()
-        if peers is not None:
-            await peers.start()
         if edge is not None and edge.tracing:
             configure_otlp()
         manager = ModelManager(
@@ -119,6 +117,9 @@ async def serve_async(
         app.start()
         server = Server(app, arena, options)
         await server.start()
+        if peers is not None:
+            # After the listener is up: the supervisor reads this socket as "it serves".
+            await peers.start()
         server.install_signal_handlers()
         manager.start()
         if models_dir is not None:
@@ -224,8 +225,8 @@ def serve(
 
 
 def _supervise(workers: int, options: ServerOptions) -> int:
-    """Run ``workers`` HTTP processes sharing the port through SO_REUSEPORT. Each child
-    is this same command line; signals are forwarded and the parent waits for all.
+    """Run ``workers`` HTTP processes sharing the port through SO_REUSEPORT, each replaced
+    when it dies (``supervisor.py``). Each child is this same command line.
 
     ``--port 0`` is resolved here, once: a socket of the reuse-port group is bound (never
     listening, so it takes no connection) and held while the children run, so every child
@@ -237,19 +238,9 @@ def _supervise(workers: int, options: ServerOptions) -> int:
         reserved = bind_socket(options.host, 0, reuse_port=True)
         env[_PORT_ENV] = str(reserved.getsockname()[1])
     argv = [sys.executable, "-m", "zeroserve", *sys.argv[1:]]
-    children = [subprocess.Popen(argv, env=env) for _ in range(workers)]
-
-    def forward(signum: int, frame: Any) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    status = 0
-    for child in children:
-        status = max(status, child.wait())
-    shutil.rmtree(peers_dir, ignore_errors=True)
-    if reserved is not None:
-        reserved.close()
-    return status
+    try:
+        return WorkerSupervisor(argv, env, workers, Path(peers_dir)).run()
+    finally:
+        shutil.rmtree(peers_dir, ignore_errors=True)
+        if reserved is not None:
+            reserved.close()
