@@ -39,12 +39,16 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.support import ServerProcess, scaled, start_server
+from tests.support import ServerProcess, model_scaled, start_server
 from tests.support.smollm2 import require_llamacpp, smollm2_arg
 from zeroserve.app.chat.request import OPTIONAL_PARAMETERS
 
 schemathesis = pytest.importorskip("schemathesis")
 require_llamacpp()
+
+# Its smollm2 cases wait on the niced decode: pytest-timeout by model_slowdown
+# (tests/conftest.py; docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+pytestmark = pytest.mark.niced
 
 from schemathesis import checks  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
@@ -256,7 +260,7 @@ def test_valid_requests_are_answered_as_documented(
     document = _document_for(doc, route, model, card, narrow=True)
     operation = next(iter(document.get_all_operations())).ok()
 
-    with httpx.Client(base_url=url, timeout=scaled(60)) as client:
+    with httpx.Client(base_url=url, timeout=model_scaled(60)) as client:
 
         @DRAW
         @given(operation.as_strategy(generation_mode=GenerationMode.POSITIVE))

@@ -25,11 +25,15 @@ import httpx
 import openai
 import pytest
 
-from tests.support import ROOT, ServerProcess, scaled, start_server
+from tests.support import ROOT, ServerProcess, model_scaled, start_server
 from zeroserve.app.chat.request import OPTIONAL_PARAMETERS
 from zeroserve.app.openai.schemas import ModelCapabilities
 
 pytest.importorskip("xllamacpp")
+
+# Its smollm2 cases wait on the niced decode: pytest-timeout by model_slowdown
+# (tests/conftest.py; docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+pytestmark = pytest.mark.niced
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 # guidellm's synthetic benchmark asks for this many output tokens by default here.
@@ -60,7 +64,7 @@ def gateway(llm: ServerProcess) -> Iterator[ServerProcess]:
 
 
 def _client(server: ServerProcess) -> openai.OpenAI:
-    return server.client(timeout=scaled(120))
+    return server.client(timeout=model_scaled(120))
 
 
 def _guidellm_body() -> dict[str, Any]:
@@ -135,7 +139,7 @@ def test_completions_stream_carries_usage_on_every_chunk(llm: ServerProcess) -> 
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         },
-        timeout=scaled(60),
+        timeout=model_scaled(60),
     ) as r:
         assert r.status_code == 200
         events = [
@@ -155,7 +159,7 @@ def test_each_extension_is_honoured_by_the_engine_and_refused_by_generate(
         r = httpx.post(
             llm.url + "/v1/chat/completions",
             json={"model": model, "messages": FRANCE, "max_tokens": 2, name: EXTENSIONS[name]},
-            timeout=scaled(60),
+            timeout=model_scaled(60),
         )
         assert r.status_code == status, (model, r.text)
         if status == 400:
@@ -181,7 +185,7 @@ def test_what_cannot_be_served_is_a_400_naming_it(
     r = httpx.post(
         llm.url + "/v1/chat/completions",
         json={"model": "smollm2", "messages": FRANCE, "max_tokens": 4, **extra},
-        timeout=scaled(60),
+        timeout=model_scaled(60),
     )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
@@ -200,7 +204,7 @@ def test_neutral_values_are_served_everywhere(llm: ServerProcess) -> None:
     r = httpx.post(
         llm.url + "/v1/chat/completions",
         json={"model": "echo", "messages": FRANCE, "max_tokens": 2, **neutral},
-        timeout=scaled(60),
+        timeout=model_scaled(60),
     )
     assert r.status_code == 200, r.text
 
@@ -226,8 +230,8 @@ def test_zeroserve_bench_with_ignore_eos_gets_exact_lengths(llm: ServerProcess) 
     out = subprocess.run(
         [sys.executable, "-m", "zeroserve", "bench", llm.url, "--model", "smollm2",
          "-c", "2", "-n", "4", "--max-tokens", str(FIXED), "--ignore-eos", "--json",
-         "--timeout", str(scaled(60))],
-        capture_output=True, text=True, timeout=scaled(300), cwd=ROOT, check=False,
+         "--timeout", str(model_scaled(60))],
+        capture_output=True, text=True, timeout=model_scaled(300), cwd=ROOT, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)

@@ -21,11 +21,15 @@ import httpx
 import openai
 import pytest
 
-from tests.support import ServerProcess, scaled, start_server
+from tests.support import ServerProcess, model_scaled, start_server
 from tests.support.image_server import serve_images
 from tests.support.vision import WEBP_HEAD, gif, png, write_projector
 
 pytest.importorskip("xllamacpp")
+
+# Its smollm2 cases wait on the niced decode: pytest-timeout by model_slowdown
+# (tests/conftest.py; docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+pytestmark = pytest.mark.niced
 
 # Small limits, so the 413 and the count are reached with small bodies.
 IMAGE_BYTES = 64 * 1024
@@ -69,7 +73,7 @@ def vision(projector: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def http(vision: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=vision.url, timeout=scaled(120)) as c:
+    with httpx.Client(base_url=vision.url, timeout=model_scaled(120)) as c:
         yield c
 
 
@@ -399,7 +403,7 @@ def test_a_remote_image_is_fetched_and_read(fetching: ServerProcess, images: str
     text = client.chat.completions.create(model="eye", messages=user(), max_tokens=2)  # type: ignore[arg-type]
     assert answer.usage is not None and text.usage is not None
     assert answer.usage.prompt_tokens > text.usage.prompt_tokens
-    with httpx.Client(base_url=fetching.url, timeout=scaled(60)) as http:
+    with httpx.Client(base_url=fetching.url, timeout=model_scaled(60)) as http:
         assert copied(http, "image_base64") > 0  # fetched bytes, encoded once for the engine
 
 
@@ -410,6 +414,6 @@ def test_a_remote_image_is_fetched_and_read(fetching: ServerProcess, images: str
 def test_a_remote_image_redirected_away_is_refused_by_name(
     fetching: ServerProcess, images: str, path: str, why: str
 ) -> None:
-    with httpx.Client(base_url=fetching.url, timeout=scaled(60)) as http:
+    with httpx.Client(base_url=fetching.url, timeout=model_scaled(60)) as http:
         error = refused(chat(http, "eye", user(image_part(images + path))), 400, PART)
     assert error["code"] == "image_url_refused" and why in error["message"]

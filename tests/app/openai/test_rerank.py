@@ -20,10 +20,14 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.support import ServerProcess, scaled, start_server
+from tests.support import ServerProcess, model_scaled, start_server
 from zeroserve.models.llamacpp import smollm2_path
 
 pytest.importorskip("xllamacpp")
+
+# Its smollm2 cases wait on the niced decode: pytest-timeout by model_slowdown
+# (tests/conftest.py; docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+pytestmark = pytest.mark.niced
 
 QUERY = "What is the capital of France?"
 DOCS = [
@@ -53,7 +57,7 @@ def gateway(srv: ServerProcess) -> Iterator[ServerProcess]:
 
 
 def _rerank(url: str, path: str = "/v1/rerank", **body: Any) -> httpx.Response:
-    return httpx.post(url + path, json=body, timeout=scaled(120))
+    return httpx.post(url + path, json=body, timeout=model_scaled(120))
 
 
 def _texts(docs: list[Any]) -> list[str]:
@@ -75,7 +79,7 @@ def test_minilm_ranks_by_the_cosine_of_its_embeddings(srv: ServerProcess) -> Non
     emb = httpx.post(
         srv.url + "/v1/embeddings",
         json={"model": "minilm", "input": [QUERY, *_texts(DOCS)]},
-        timeout=scaled(60),
+        timeout=model_scaled(60),
     ).json()
     vecs = np.array([d["embedding"] for d in emb["data"]], dtype=np.float64)
     unit = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)

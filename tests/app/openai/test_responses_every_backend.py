@@ -15,6 +15,10 @@ from tests.support.smollm2 import require_llamacpp, smollm2_arg
 
 require_llamacpp()
 
+# Its smollm2 cases wait on the niced decode: pytest-timeout by model_slowdown
+# (tests/conftest.py; docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+pytestmark = pytest.mark.niced
+
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[ServerProcess]:

@@ -15,9 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import ServerProcess, scaled, start_server
+from tests.support import ServerProcess, model_scaled, start_server
 
 pytest.importorskip("xllamacpp")
+
+# Its smollm2 cases wait on the niced decode: pytest-timeout by model_slowdown
+# (tests/conftest.py; docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+pytestmark = pytest.mark.niced
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 TEXT = "Hello world, héllo wörld! 你好"
@@ -34,7 +38,7 @@ def srv() -> Iterator[ServerProcess]:
 
 
 def _post(srv: ServerProcess, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(srv.url + path, json=body, timeout=scaled(60))
+    return httpx.post(srv.url + path, json=body, timeout=model_scaled(60))
 
 
 def _cards(srv: ServerProcess) -> dict[str, Any]:
