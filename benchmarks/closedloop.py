@@ -85,7 +85,7 @@ async def closed_loop(
                 else:
                     out.latencies_s.append(time.monotonic() - t0)
 
-        tasks = [worker() for _ in range(clients)]
+        tasks: list[Awaitable[None]] = [worker() for _ in range(clients)]
         if beside is not None:
             tasks.append(beside(client, start, out))
         await asyncio.gather(*tasks)

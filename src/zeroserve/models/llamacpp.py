@@ -247,7 +247,7 @@ class LlamaCppModel(Model):
         self.mmproj: str | None = None if mmproj in (None, "") else str(mmproj)
         template = options.get("chat_template_file")
         self.chat_template_file: str | None = None if template in (None, "") else str(template)
-        self.chat_template = ""  # the file's text, read at load ("": the GGUF's own)
+        self.template_text = ""  # the file's text, read at load ("": the GGUF's own)
         self.engine = str(options.get("engine", "inline"))
         if self.engine not in ENGINES:
             raise ValueError(
@@ -278,7 +278,7 @@ class LlamaCppModel(Model):
         if self.mmproj is not None:
             check_gguf(self.mmproj, None)
         if self.chat_template_file is not None:  # checked here too for a child engine
-            self.chat_template = read_chat_template(self.chat_template_file)
+            self.template_text = read_chat_template(self.chat_template_file)
         if self.engine == "process":
             self._load_child()
         else:
@@ -336,9 +336,9 @@ class LlamaCppModel(Model):
         params.model_alias = {self.alias}  # what the engine writes into "model"
         if self.mmproj is not None:
             params.mmproj.path = self.mmproj
-        if self.chat_template:
+        if self.template_text:
             params.use_jinja = True  # the text is a Jinja template, not a built-in's name
-            params.chat_template = self.chat_template
+            params.chat_template = self.template_text
         if self.embedding:
             params.embedding = True
             params.pooling_type = getattr(
