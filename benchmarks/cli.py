@@ -38,7 +38,7 @@ between its `zeroserve-bench` markers; each part's footer names the machine it r
 # Options that say where results go, not what is measured: left out of "Reproduce".
 _OUTPUT_OPTIONS = ("--out", "--results-dir")
 # Suites whose load is the harness's own clients; every other one drives wrk.
-WITHOUT_WRK = frozenset({"W5", "W6", "W7", "tinyllm", "priorities", "cycles"})
+WITHOUT_WRK = frozenset({"W5", "W6", "W7", "tinyllm", "priorities", "cycles", "images"})
 
 
 def _parser() -> argparse.ArgumentParser:

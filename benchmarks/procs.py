@@ -143,6 +143,17 @@ class ServerProcess:
             hwm_kib=sum(_status_kib(p, "VmHWM") for p in pids),
         )
 
+    def reset_peak_rss(self) -> bool:
+        """Reset every process's peak RSS (``VmHWM``) to its RSS now (Linux's
+        ``clear_refs`` with 5), so the next :meth:`usage` reads the peak of what runs in
+        between, not of the process's life. False where the kernel refuses it."""
+        try:
+            for pid in self.tree():
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+        except OSError:
+            return False
+        return True
+
     def start_sampling(self) -> None:
         self._peak_rss_kib = 0
         self._sampling.set()

@@ -3,7 +3,9 @@ request (docs/decisions/0032-images-stay-base64.md): what zeroserve allocates an
 copies on the way, against a naive decode (the URL as a ``str``, decoded to ``bytes``,
 encoded again for the engine).
 
-Run: ``.venv/bin/python -m benchmarks.scripts.image_decode [--mib 4] [--rounds 5]``.
+Run: ``.venv/bin/python -m benchmarks.scripts.image_decode [--mib 4] [--rounds 5] [--json]``;
+the ``images`` suite (``python -m benchmarks --suites images``) runs it in a process of
+its own, pinned to the server CPU, and reports it beside a real server's memory.
 
 Both paths start from the same request body (bytes, as the server's arena holds it) and
 end with the same engine request (``bytes``: what ``xllamacpp`` takes). Measured per
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import time
 import tracemalloc
@@ -110,34 +113,49 @@ def copied_by_site() -> dict[str, float]:
     return {site: float(metrics.copied_bytes(site)) for site in SITES}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mib", type=float, default=4.0, help="image size in MiB (default 4)")
-    p.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args(argv)
-    image = PNG_MAGIC + os.urandom(int(args.mib * MiB) - len(PNG_MAGIC))
+def run(mib: float, rounds: int) -> dict[str, Any]:
+    """Both paths on a ``mib`` MiB image: sizes in MiB, CPU in ms (best of ``rounds``),
+    and zeroserve's copies by site (MiB)."""
+    image = PNG_MAGIC + os.urandom(int(mib * MiB) - len(PNG_MAGIC))
     body = body_of(image)
     limits = ApiLimits(image_bytes=len(image))
     front = ChatCompletions(limits)
     start = copied_by_site()
     engine_body = zeroserve_path(body, front)
     metrics.count_copy("engine_body", len(engine_body))  # counted by the backend's start
-    ours_copies = {
-        k: v - start.get(k, 0.0) for k, v in copied_by_site().items() if v != start.get(k, 0.0)
+    sites = {k: (v - start[k]) / MiB for k, v in copied_by_site().items() if v != start[k]}
+    ours = measure(zeroserve_path, body, front, rounds)
+    naive = measure(naive_path, body, None, rounds)
+    return {
+        "image_mib": len(image) / MiB,
+        "body_mib": len(body) / MiB,
+        "rounds": rounds,
+        "zeroserve": {**ours, "copied_mib": sum(sites.values()), "sites": sites},
+        "naive": {**naive, "copied_mib": naive_copies(body) / MiB},
     }
-    ours = measure(zeroserve_path, body, front, args.rounds)
-    naive = measure(naive_path, body, None, args.rounds)
-    print(f"image {len(image) / MiB:.1f} MiB, body {len(body) / MiB:.2f} MiB (base64 text)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mib", type=float, default=4.0, help="image size in MiB (default 4)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+    args = p.parse_args(argv)
+    got = run(args.mib, args.rounds)
+    if args.json:
+        print(json.dumps(got))
+        return 0
+    ours, naive = got["zeroserve"], got["naive"]
+    print(f"image {got['image_mib']:.1f} MiB, body {got['body_mib']:.2f} MiB (base64 text)")
     print("| path | peak allocated beyond the body, MiB | payload bytes copied, MiB | CPU ms |")
     print("|---|---|---|---|")
-    total = sum(ours_copies.values())
-    sites = ", ".join(f"{k}={v / MiB:.2f}" for k, v in sorted(ours_copies.items()))
+    sites = ", ".join(f"{k}={v:.2f}" for k, v in sorted(ours["sites"].items()))
     print(
-        f"| zeroserve | {ours['peak_mib']:.2f} | {total / MiB:.2f} ({sites}) | "
+        f"| zeroserve | {ours['peak_mib']:.2f} | {ours['copied_mib']:.2f} ({sites}) | "
         f"{ours['cpu_ms']:.2f} |"
     )
     print(
-        f"| naive | {naive['peak_mib']:.2f} | {naive_copies(body) / MiB:.2f} (by hand) | "
+        f"| naive | {naive['peak_mib']:.2f} | {naive['copied_mib']:.2f} (by hand) | "
         f"{naive['cpu_ms']:.2f} |"
     )
     return 0

@@ -18,6 +18,7 @@ from . import (
     cycles,
     edge,
     gateway,
+    images,
     llamacpp,
     messages,
     models,
@@ -47,6 +48,7 @@ SUITES: dict[str, Suite] = {
     "tinyllm": tinyllm.tinyllm,  # the default model's streams, vs FastAPI
     "llamacpp": llamacpp.llamacpp,  # smollm2 streams, vs llama.cpp's server and FastAPI
     "messages": messages.messages,  # smollm2 streams: Anthropic Messages vs chat completions
+    "images": images.images,  # a 4 MiB data: URI image: memory and copies, vs a naive decode
     "rerank": rerank.rerank,  # /v1/rerank of 64 documents vs embeddings + a client cosine
     "priorities": priorities.priorities,  # smollm2: p99 beside a batch, batch rate, aging
     "models": models.models,  # models at run time: cold start, swap under load, memory

