@@ -16,6 +16,7 @@ from .config import Config, load_config
 from .errors import ConfigError, ConfigWarning, ZeroserveError
 from .loadgen import add_arguments as add_loadgen_arguments
 from .loadgen import main as loadgen_main
+from .models.cache import cache_dir
 from .models.catalog import CatalogEntry, server_catalog
 from .models.loader import BACKENDS, BUILTINS, ModelRef, parse_spec
 from .models.pull import spec_from_pull
@@ -152,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         "models at run time",
         "a catalog of models loaded and unloaded while the server runs: on a request "
         "(autoload), by POST /models/load and /models/unload, or the KServe V2 repository "
-        "routes (admin only); SIGHUP or POST /v2/repository/index rescans the directory",
+        "routes (admin only); SIGHUP or POST /v2/repository/index rescans the directory "
+        "and the cache",
     )
     run_time.add_argument(
         "--models-dir",
@@ -389,6 +391,15 @@ def _common(p: argparse.ArgumentParser) -> None:
         "such a spec is an error, such an entry is failed, the route answers 403, and "
         "nothing is fetched",
     )
+    p.add_argument(
+        "--serve-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="put the models in the pull cache (as `zeroserve list` names them) in the "
+        "catalog, unloaded; an explicit --model or --models-dir model of the same name wins "
+        "(default: on with --models-dir or --allow-pull and one worker; config key "
+        "serve_cache)",
+    )
     p.add_argument("--config", help="TOML configuration file")
 
 
@@ -417,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ZeroserveError as exc:
             print(f"zeroserve {args.command}: {exc}", file=sys.stderr)
             return 1
-    overrides: dict[str, Any] = {"models": args.models}
+    overrides: dict[str, Any] = {"models": args.models, "serve_cache": args.serve_cache}
     if args.command == "models":
         if args.url is not None:
             return _list_served(args.url)
@@ -482,9 +493,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         _import_from_cwd()
         specs = model_specs(cfg, args.allow_pull)
+        models_dir = Path(cfg.models_dir) if cfg.models_dir is not None else None
+        cache = cache_dir() if cfg.serves_cache(args.allow_pull) else None
         if args.command == "models":
-            models_dir = Path(cfg.models_dir) if cfg.models_dir is not None else None
-            return _list_models(server_catalog(specs, models_dir))
+            return _list_models(server_catalog(specs, models_dir, cache))
         from .server.run import CatalogOptions, serve
 
         return serve(
@@ -499,7 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ui=cfg.ui,
             api_limits=cfg.app_limits(),
             catalog=CatalogOptions(
-                models_dir=Path(cfg.models_dir) if cfg.models_dir is not None else None,
+                models_dir=models_dir,
+                cache=cache,
                 keep_alive_s=cfg.keep_alive_s,
                 models_max=cfg.models_max,
                 models_memory=cfg.models_memory,

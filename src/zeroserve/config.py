@@ -16,6 +16,8 @@ TOML layout (every key optional)::
     models_max = 4              # at most this many --models-dir models loaded at once
     models_memory = 8589934592  # at most this many bytes of loaded models (measured)
     autoload = true             # a request loads the --models-dir model it names
+    serve_cache = true          # the pull cache's models join the catalog (default: on
+                                # with models_dir or --allow-pull, with workers = 1)
     log_level = "info"
     ui = true                   # the playground and dashboard page at /
     data_dir = "/var/lib/zeroserve"  # the Files and Batch APIs' state (off when unset)
@@ -87,7 +89,11 @@ from .server import options as so
 ENV_PREFIX = "ZEROSERVE_"
 # Variables under the prefix that are not configuration (process plumbing, test switches).
 # ZEROSERVE_PURE picks the build at import (buildinfo.PURE_ENV), not a configuration key.
-_NOT_CONFIG = (ENV_PREFIX + "INTERNAL_", ENV_PREFIX + "TEST_", ENV_PREFIX + "PURE")
+# Variables read elsewhere, not configuration keys: the pull cache's (models/cache.py,
+# models/pull.py), the build's and the tests'.
+_NOT_CONFIG = tuple(
+    ENV_PREFIX + name for name in ("INTERNAL_", "TEST_", "PURE", "CACHE", "PULL_ALLOW_HTTP")
+)
 # Variables named for what users expect rather than by the nesting rule.
 _ENV_ALIASES = {ENV_PREFIX + "API_KEY": ("edge", "api_keys")}
 # Keys whose environment value is a comma-separated list.
@@ -249,6 +255,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models_max: int | None = None
     models_memory: int | None = None  # bytes (docs/models.md, "Memory")
     autoload: bool | None = None  # None: on with models_dir
+    serve_cache: bool | None = None  # None: on with models_dir or --allow-pull, workers = 1
     log_level: str = "info"
     ui: bool = True
     # Where the Files and Batch APIs keep their SQLite database and files; unset: no
@@ -266,6 +273,13 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def autoloads(self) -> bool:
         """Whether a request loads the model it names: on by default with models_dir."""
         return self.autoload if self.autoload is not None else self.models_dir is not None
+
+    def serves_cache(self, allow_pull: bool) -> bool:
+        """Whether the pull cache's models join the catalog (docs/models.md, "Pulled models
+        in the catalog"): by default with models_dir or ``--allow-pull``, one HTTP process."""
+        if self.serve_cache is not None:
+            return self.serve_cache
+        return (self.models_dir is not None or allow_pull) and self.workers == 1
 
     images: Images = msgspec.field(default_factory=Images)
 
@@ -362,6 +376,11 @@ def load_config(
         raise ConfigError(
             "invalid configuration: key 'models_dir': needs workers = 1 (each HTTP process "
             "would load its own copy of every model, and a load would reach only one)"
+        )
+    if cfg.serve_cache and cfg.workers > 1:
+        raise ConfigError(
+            "invalid configuration: key 'serve_cache': needs workers = 1 (each HTTP process "
+            "would load its own copy of every cached model, and a load would reach only one)"
         )
     if not 0 <= cfg.runtime.priority_aging_s < float("inf"):
         raise ConfigError(

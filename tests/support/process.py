@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -81,6 +82,9 @@ def server_env(env: dict[str, str] | None = None) -> dict[str, str]:
     full = dict(os.environ)
     full["PYTHONPATH"] = os.pathsep.join([str(ROOT), full.get("PYTHONPATH", "")])
     full["PYTHONUNBUFFERED"] = "1"
+    # A server reads no user's ~/.cache/zeroserve (a --models-dir server serves the pull
+    # cache): a test that pulls names its own ZEROSERVE_CACHE; this one is never created.
+    full.setdefault("ZEROSERVE_CACHE", os.path.join(tempfile.gettempdir(), "zeroserve-no-cache"))
     full.update(env or {})
     return full
 

@@ -3,7 +3,9 @@
 Pulling is opt-in and the default is offline (docs/models.md, "Pulling models"). This module
 owns the parts with no network: the cache directory (``ZEROSERVE_CACHE``, else
 ``$XDG_CACHE_HOME/zeroserve``, else ``~/.cache/zeroserve``), the source syntax, the
-``sha256=`` pin check, and the catalog seam :func:`cached_models`.
+``sha256=`` pin check, and what the cache holds: :func:`cached_models` (every GGUF file, as
+``zeroserve list`` shows them) and :func:`catalog_models` (one file per model name, as the
+catalog serves them; docs/models.md, "Pulled models in the catalog").
 
 Source syntax: ``hf:ORG/REPO[:FILE_OR_QUANT][?sha256=HEX]`` or ``https://...[?sha256=HEX]``: the
 pin is written as a model spec's ``sha256`` option is (``llamacpp:PATH?sha256=HEX``), one syntax
@@ -25,6 +27,9 @@ from zeroserve.errors import RequestError
 HASH_CHUNK_BYTES = 1 << 20
 
 _PIN = re.compile(r"[?&]sha256=([0-9a-fA-F]{64})$")
+#: A model name a client can write in a request's ``model`` (and in a URL path: no ``/``):
+#: what a cached file's name must be to enter the catalog, and what a pull may name.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -136,3 +141,29 @@ def cached_models(root: Path | None = None) -> list[tuple[str, Path]]:
         if path.is_file() and not path.name.endswith(".part")
     ]
     return sorted(found)
+
+
+def catalog_models(root: Path | None = None) -> dict[str, Path]:
+    """The cached files the catalog serves, by model name (docs/models.md, "Pulled models
+    in the catalog").
+
+    A file's model name is its name without ``.gguf``, as ``zeroserve list`` shows it. Left
+    out: a name that is no model name (:data:`MODEL_NAME`), or a path a model spec cannot
+    hold (``?``), and a multimodal projector (``mmproj`` in its name: llama.cpp's router
+    tells projectors apart the same way; one is given to a model as its ``mmproj``
+    option). Two files with one name (two repositories' ``model.gguf``, two revisions of
+    one file): the one written last is served, the other only listed; ties go to the
+    first path in sorted order, so the choice never depends on the directory's order.
+    """
+    chosen: dict[str, tuple[float, Path]] = {}
+    for name, path in cached_models(root):
+        if not MODEL_NAME.match(name) or "?" in str(path) or "mmproj" in name.lower():
+            continue
+        try:
+            written = path.resolve().stat().st_mtime
+        except OSError:  # a link to a blob deleted meanwhile
+            continue
+        held = chosen.get(name)
+        if held is None or written > held[0]:
+            chosen[name] = (written, path)
+    return {name: path for name, (_, path) in sorted(chosen.items())}

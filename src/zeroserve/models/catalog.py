@@ -2,9 +2,10 @@
 
 A catalog entry is a parsed model spec (``ModelRef``) plus where it came from and the
 settings that govern its life at run time (``pin``). Entries come from *sources*: the
-``--model`` specs, a ``--models-dir`` repository, and any other directory of models (the
-pull cache plugs in here as one more ``EntrySource``). Building the catalog opens
-nothing but directory listings and ``model.toml`` files; loading is the runtime's job.
+``--model`` specs, a ``--models-dir`` repository, and the pull cache (``scan_cache``: its
+GGUF files, each named as ``zeroserve list`` names it; docs/models.md, "Pulled models in
+the catalog"). Building the catalog opens nothing but directory listings and
+``model.toml`` files; loading is the runtime's job.
 
 A models directory holds:
 
@@ -37,7 +38,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ..errors import RequestError, SpecError
-from .cache import parse_source
+from .cache import catalog_models, parse_source
 from .loader import BACKENDS, ModelRef, parse_spec
 
 # The file in a model folder that names its spec.
@@ -110,16 +111,48 @@ def build_catalog(
     return join_entries(found)
 
 
-def server_catalog(refs: Iterable[ModelRef], models_dir: Path | None) -> dict[str, CatalogEntry]:
-    """The serving catalog: each ``--model`` (pinned: loaded at start and kept, as a
-    server without a models directory always did) and every entry of ``models_dir``.
+def scan_cache(root: Path) -> list[CatalogEntry]:
+    """Entries for the pull cache's GGUF files (``cache.catalog_models``: one per name), each
+    served by llama.cpp; a cache that does not exist yet holds none."""
+    return [
+        CatalogEntry(ref=parse_spec(f"{name}=llamacpp:{path}"), origin=str(path))
+        for name, path in catalog_models(root).items()
+    ]
 
-    Raises ``SpecError`` when two entries share a name, naming both origins.
+
+def server_catalog(
+    refs: Iterable[ModelRef], models_dir: Path | None, cache: Path | None = None
+) -> dict[str, CatalogEntry]:
+    """The serving catalog: each ``--model`` (pinned: loaded at start and kept, as a
+    server without a models directory always did), every entry of ``models_dir``, and,
+    when ``cache`` is given, the cache's models.
+
+    An explicit entry wins over the cache's: a cache model whose name a ``--model`` or a
+    ``models_dir`` entry gives, or whose file one of them serves (a ``--model`` pulled at
+    start), is left out. Raises ``SpecError`` when two explicit entries share a name,
+    naming both origins.
     """
     found = [CatalogEntry(ref=ref, origin="--model", pin=True) for ref in refs]
     if models_dir is not None:
         found.extend(scan_models_dir(models_dir))
+    if cache is not None:
+        names = {entry.name for entry in found}
+        files = {_served_file(entry) for entry in found} - {None}
+        found.extend(
+            entry
+            for entry in scan_cache(cache)
+            if entry.name not in names and _served_file(entry) not in files
+        )
     return join_entries(found)
+
+
+def _served_file(entry: CatalogEntry) -> Path | None:
+    """The file a llama.cpp entry serves, links resolved (a pulled file is a link into the
+    hub cache's blobs); None for any other entry."""
+    location = entry.ref.options.get("location")
+    if entry.ref.target != BACKENDS["llamacpp"] or not isinstance(location, str):
+        return None
+    return Path(location).resolve()
 
 
 def join_entries(found: Iterable[CatalogEntry]) -> dict[str, CatalogEntry]:

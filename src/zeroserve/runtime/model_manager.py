@@ -44,7 +44,7 @@ from .engine import Engine
 from .load_reasons import public_reason
 from .model_eviction import RoomKeeping
 from .model_memory import LoadMeter
-from .model_pulls import PullGate, refuse_pulls, resolve_entry
+from .model_pulls import PullGate, dropped_at_rescan, refuse_pulls, resolve_entry
 from .model_replace import EntryVersion, ReplaceListener, entry_version, replace
 from .model_room import Room, RoomStatistics
 from .model_state import ModelState, ModelStateMachine, ModelStateSnapshot
@@ -217,8 +217,8 @@ class ModelManager(RoomKeeping):
 
     def add(self, entry: CatalogEntry) -> None:
         """Add (or change) an entry outside the catalog's source (a pull through the API);
-        it starts ``unloaded`` and rescans keep it. A name the source gives is refused
-        (``SpecError`` naming both origins)."""
+        it starts ``unloaded``, and rescans keep it while its file is there. A name the
+        source gives is refused (``SpecError`` naming both origins)."""
         old = self._entries.get(entry.name)
         if old is not None and entry.name not in self._added:
             raise SpecError(
@@ -244,7 +244,7 @@ class ModelManager(RoomKeeping):
         entry that is gone is unloaded first (its admitted work finishes) and then leaves;
         a changed entry is used by its next load. Returns ``(added, removed)`` names."""
         added = [name for name in catalog if name not in self._entries]
-        removed = [n for n in self._entries if n not in catalog and n not in self._added]
+        removed = dropped_at_rescan(self._entries, catalog, self._added)
         for name in removed:
             await self.unload(name)
             task = self._loads.get(name)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +93,24 @@ def refuse_pulls(
         if entry.source is not None and machine.state is ModelState.UNLOADED:
             machine.to(ModelState.LOADING)
             machine.to(ModelState.FAILED, PULL_REFUSED.format(name=name, src=entry.source))
+
+
+def dropped_at_rescan(
+    entries: Mapping[str, CatalogEntry], found: Mapping[str, CatalogEntry], added: Set[str]
+) -> list[str]:
+    """The names a rescan drops: entries the source gave and no longer ``found``, and
+    entries added by a pull (``added``; a rescan keeps them) whose file is gone (``zeroserve
+    rm``, or deleted by hand)."""
+    return [
+        name
+        for name, entry in entries.items()
+        if name not in found and (name not in added or _file_gone(entry))
+    ]
+
+
+def _file_gone(entry: CatalogEntry) -> bool:
+    location = entry.ref.options.get("location")
+    return entry.source is None and isinstance(location, str) and not Path(location).exists()
 
 
 async def resolve_entry(entry: CatalogEntry, pull: PullGate | None) -> CatalogEntry:

@@ -46,10 +46,12 @@ _PORT_ENV = "ZEROSERVE_INTERNAL_PORT"
 @dataclass(frozen=True, slots=True)
 class CatalogOptions:
     """Models at run time (docs/architecture.md, "Models at run time"): the models
-    directory, how long an idle model stays loaded, the cap on loaded models, and whether
-    a request loads the model it names."""
+    directory, the pull cache whose models join the catalog (None: not served;
+    docs/models.md, "Pulled models in the catalog"), how long an idle model stays
+    loaded, the cap on loaded models, and whether a request loads the model it names."""
 
     models_dir: Path | None = None
+    cache: Path | None = None
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
     models_max: int | None = None
     models_memory: int | None = None
@@ -81,8 +83,8 @@ async def serve_async(
     image_fetch: ImageFetchPolicy | None = None,
 ) -> None:
     catalog = catalog or CatalogOptions()
-    models_dir = catalog.models_dir
-    entries = server_catalog(specs, models_dir)  # SpecError before anything starts
+    models_dir, cache = catalog.models_dir, catalog.cache
+    entries = server_catalog(specs, models_dir, cache)  # SpecError before anything starts
     arena = Arena(arena_bytes)
     engine = Engine(engine_configs(specs), arena=arena, options=runtime)
     manager: ModelManager | None = None
@@ -100,7 +102,9 @@ async def serve_async(
             keep_alive_s=catalog.keep_alive_s,
             models_max=catalog.models_max,
             models_memory=catalog.models_memory,
-            source=(lambda: server_catalog(specs, models_dir)) if models_dir else None,
+            source=(lambda: server_catalog(specs, models_dir, cache))
+            if models_dir or cache
+            else None,
             pull=pull if catalog.allow_pull else None,
         )
         app = App(
@@ -122,7 +126,7 @@ async def serve_async(
             await peers.start()
         server.install_signal_handlers()
         manager.start()
-        if models_dir is not None:
+        if manager.can_refresh():
             _rescan_on_sighup(manager)
         memory.settle()
         names = ", ".join(engine.names())
@@ -149,7 +153,8 @@ async def serve_async(
 
 
 def _rescan_on_sighup(manager: ModelManager) -> None:
-    """SIGHUP rescans the models directory (as ``POST /v2/repository/index`` does)."""
+    """SIGHUP rescans the models directory and the cache (as ``POST /v2/repository/index``
+    does)."""
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()
 
@@ -157,9 +162,9 @@ def _rescan_on_sighup(manager: ModelManager) -> None:
         try:
             added, removed = await manager.refresh()
         except Exception as exc:  # a broken model.toml: the catalog stays as it was
-            log.error("rescan of the models directory failed: %s", exc)
+            log.error("rescan of the catalog failed: %s", exc)
             return
-        log.info("models directory rescanned: added %s, removed %s", added, removed)
+        log.info("catalog rescanned: added %s, removed %s", added, removed)
 
     def on_hup() -> None:
         task = asyncio.ensure_future(rescan())

@@ -9,11 +9,11 @@ body names a pull source, never a path: ``hf:ORG/REPO[:FILE_OR_QUANT]`` or an
 ``?sha256=`` pin. The fetch runs in a thread under the manager's ``PullGate`` (one per
 source, ``MAX_PULLS`` at once); the answer comes once the file is checked and the model
 is in the catalog, ``unloaded`` (a load, or a request with ``--autoload``, serves it).
+A file the catalog already serves under that name (the cache's own entry, docs/models.md,
+"Pulled models in the catalog") is not added twice: the pull answers success.
 """
 
 from __future__ import annotations
-
-import re
 
 from msgspec import UNSET
 
@@ -26,7 +26,7 @@ from ...errors import (
     UpstreamError,
     ZeroserveError,
 )
-from ...models.cache import parse_source
+from ...models.cache import MODEL_NAME, parse_source
 from ...models.catalog import CatalogEntry
 from ...models.loader import parse_spec
 from ...runtime.model_manager import ModelManager
@@ -40,9 +40,6 @@ PULL_DISABLED = (
     "pulling models is off: start the server with --allow-pull to let an admin pull "
     "hf: and https:// sources into the cache"
 )
-# A model name a pull may give: what a client can write in a request's "model".
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-
 _pull_request = c.decoder(c.PullRequest)
 
 
@@ -53,7 +50,7 @@ async def router_pull(req: Request, manager: ModelManager, keyed: bool) -> Respo
         raise Forbidden(PULL_DISABLED, code="pull_disabled")
     body = decode(_pull_request, req.body)
     parse_source(body.model)  # 400 naming a bad source before anything is fetched
-    if body.name is not UNSET and not _NAME.match(body.name):
+    if body.name is not UNSET and not MODEL_NAME.match(body.name):
         raise RequestError(f"bad model name {body.name!r}: letters, digits and ._:- only")
     try:
         path = await gate.fetch(body.model)
@@ -69,15 +66,17 @@ async def router_pull(req: Request, manager: ModelManager, keyed: bool) -> Respo
             "the download stopped; pull again to resume"
         ) from None
     name = body.name if body.name is not UNSET else path.stem
-    if not _NAME.match(name):
+    if not MODEL_NAME.match(name):
         raise RequestError(f'the file {path.name!r} makes no model name: give "name"')
     entry = CatalogEntry(
         ref=parse_spec(f"{name}=llamacpp:{path}"), origin=f"POST /models/pull {body.model}"
     )
-    try:
-        manager.add(entry)
-    except SpecError as exc:
-        raise Conflict(exc.message, code="model_exists") from None
+    held = manager.entries().get(name)
+    if held is None or held.ref != entry.ref:
+        try:
+            manager.add(entry)
+        except SpecError as exc:
+            raise Conflict(exc.message, code="model_exists") from None
     answer = c.PullAnswer(success=True, model=name)
     return Response(200, [c.encoder.encode(answer)], content_type=JSON)
 
