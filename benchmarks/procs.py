@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .machine import pin_prefix
 
@@ -222,6 +224,27 @@ def child_env(extra: dict[str, str] | None) -> dict[str, str]:
     env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return env
+
+
+def script_json(argv: list[str], timeout_s: int) -> dict[str, Any] | str:
+    """Run ``argv`` (one of ``scripts/`` with ``--json``, or a ``python -c``) from the
+    repository root: its last line's JSON, or why it gave none."""
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            env=child_env(None),
+            cwd=ROOT,
+        )
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout_s} s"
+    if done.returncode:
+        return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:140]
+    got: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return got
 
 
 def start_server(

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
 import sys
 
 from ..context import SuiteContext
@@ -43,7 +42,7 @@ from ..paired import (
     pair_spread,
     run_pairs,
 )
-from ..procs import child_env
+from ..procs import script_json
 from ..report import Section, Target, cpu, eps, error_text, footer, num, rps, skipped, targets
 from ..runner import Grid, run_grid
 from ..scenarios import Case, cases_for
@@ -135,31 +134,12 @@ def _keys(ctx: SuiteContext) -> tuple[list[Case], Grid, Grid, int]:
     return cases, grid, control, pairs
 
 
-def _script_json(argv: list[str], timeout_s: int) -> dict[str, float] | str:
-    """Run one of ``scripts/`` with ``--json``: its last line's JSON, or why it gave none."""
-    try:
-        done = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-            env=child_env(None),
-        )
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout_s} s"
-    if done.returncode:
-        return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:140]
-    got: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return got
-
-
 def _key_cost(ctx: SuiteContext) -> dict[str, float] | str:
     """The key's cost in-process (``scripts/edge_key_cost.py``), in a process of its own
     pinned to the server CPU, where the servers' CPU per request is measured."""
     script = [sys.executable, "-m", "benchmarks.scripts.edge_key_cost", "--json"]
     argv = [*pin_prefix(ctx.pins.server_cpu), *script, "--key", BENCH_KEY]
-    return _script_json(argv, KEY_COST_TIMEOUT_S)
+    return script_json(argv, KEY_COST_TIMEOUT_S)
 
 
 def _key_instructions(ctx: SuiteContext) -> dict[str, float] | str:
@@ -170,7 +150,7 @@ def _key_instructions(ctx: SuiteContext) -> dict[str, float] | str:
     if ctx.quick:
         argv += ["--requests", str(QUICK_KEY_INSTRUCTIONS_REQUESTS)]
         argv += ["--starts", str(QUICK_KEY_INSTRUCTIONS_STARTS)]
-    return _script_json(argv, KEY_INSTRUCTIONS_TIMEOUT_S)
+    return script_json(argv, KEY_INSTRUCTIONS_TIMEOUT_S)
 
 
 def _instruction_lines(counts: dict[str, float] | str) -> list[str]:

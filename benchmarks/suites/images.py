@@ -26,7 +26,6 @@ import json
 import math
 import os
 import struct
-import subprocess
 import sys
 import time
 import zlib
@@ -38,7 +37,7 @@ import httpx
 
 from ..context import Settings, SuiteContext
 from ..machine import pin_prefix
-from ..procs import ROOT, ServerFailed, ServerProcess, child_env
+from ..procs import ServerFailed, ServerProcess, script_json
 from ..report import Section, Target, footer, num, targets
 from ..servers import importable, started, zeroserve
 from ..stats import median
@@ -126,30 +125,10 @@ def _body(image: bytes) -> bytes:
     ).encode()
 
 
-def _run_json(argv: list[str], timeout_s: int) -> dict[str, Any] | str:
-    """Run ``argv`` from the repository root: its last line's JSON, or why it gave none."""
-    try:
-        done = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-            env=child_env(None),
-            cwd=ROOT,
-        )
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout_s} s"
-    if done.returncode:
-        return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:140]
-    got: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return got
-
-
 def _in_process(ctx: SuiteContext, rounds: int) -> dict[str, Any] | str:
     script = [sys.executable, "-m", "benchmarks.scripts.image_decode", "--json"]
     argv = [*pin_prefix(ctx.pins.server_cpu), *script, "--mib", str(IMAGE_MIB)]
-    return _run_json([*argv, "--rounds", str(rounds)], SCRIPT_TIMEOUT_S)
+    return script_json([*argv, "--rounds", str(rounds)], SCRIPT_TIMEOUT_S)
 
 
 def _projector(work: Path) -> Path | str:
@@ -161,7 +140,7 @@ def _projector(work: Path) -> Path | str:
         "from tests.support.vision import write_projector\n"
         "print(json.dumps({'path': str(write_projector(pathlib.Path(sys.argv[1])))}))\n"
     )
-    got = _run_json([sys.executable, "-c", code, str(path)], PROJECTOR_TIMEOUT_S)
+    got = script_json([sys.executable, "-c", code, str(path)], PROJECTOR_TIMEOUT_S)
     return got if isinstance(got, str) else Path(got["path"])
 
 
