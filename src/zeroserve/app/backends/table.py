@@ -283,6 +283,16 @@ class Backends:
         admit after ``wait_loaded`` instead."""
         return self._loadable(name)
 
+    def served(
+        self, name: str, req: Request, path: str, then: Callable[[Backend], HandlerResult]
+    ) -> HandlerResult:
+        """``then`` on ``name``'s backend, once a catalog model that a request loads (autoload)
+        is loaded: the one way a route that names a model in its body reaches it
+        (``path``: where a relayed model's upstream serves it)."""
+        if self._loadable(name):
+            return self._after_load(name, req, path, then)
+        return then(self.get(name))
+
     async def wait_loaded(self, name: str, req: Request, timeout_s: float | None = None) -> None:
         """Load ``name`` for ``req`` (``Autoload.wait_loaded``); ``ModelNotFound`` when
         autoload is off."""

@@ -96,7 +96,8 @@ class _Extensions:
         if relayed is not None:
             return relayed
         body = s.decode(tokenize_decoder, req.body)
-        self.backends.get(body.model)  # a 404 before the body's own 400s
+        if not self.backends.loadable(body.model):
+            self.backends.get(body.model)  # a 404 before the body's own 400s
         text, chat = self._input(body)
         if body.add_special_tokens is not UNSET and body.add_special is not UNSET:
             raise RequestError(
@@ -106,8 +107,12 @@ class _Extensions:
         add = body.add_special_tokens if body.add_special_tokens is not UNSET else body.add_special
         if add is UNSET:  # vLLM's default for a prompt; llama.cpp's for content
             add = body.prompt is not UNSET
-        backend = self.backends.admitted(body.model, req)  # model work: a ticket
-        return _tokenized(backend, text, chat, bool(add))
+        return self.backends.served(
+            body.model,
+            req,
+            "/tokenize",  # model work: a ticket
+            lambda _: _tokenized(self.backends.admitted(body.model, req), text, chat, bool(add)),
+        )
 
     def _input(self, body: x.TokenizeRequest) -> tuple[str | None, ChatRequest | None]:
         given = [
@@ -156,7 +161,12 @@ class _Extensions:
         if relayed is not None:
             return relayed
         body = s.decode(detokenize_decoder, req.body)
-        return _detokenized(self.backends.admitted(body.model, req), body.tokens)
+        return self.backends.served(
+            body.model,
+            req,
+            "/detokenize",
+            lambda _: _detokenized(self.backends.admitted(body.model, req), body.tokens),
+        )
 
     # -- rerank ----------------------------------------------------------------------------
     def rerank(self, req: Request) -> HandlerResult:
@@ -167,9 +177,12 @@ class _Extensions:
         docs = [d if isinstance(d, str) else d.text for d in body.documents]
         check_count(len(docs), self.limits.embedding_inputs, "documents", "documents")
         req.ask_priority(body.priority)  # over x-priority and the key's default
-        backend = self.backends.get(body.model)
-        work = backend.rerank(body.query, docs, req)
-        return _reranked(work, body, docs)
+        return self.backends.served(
+            body.model,
+            req,
+            "/rerank",
+            lambda b: _reranked(b.rerank(body.query, docs, req), body, docs),
+        )
 
 
 def _check_size(size: int, param: str) -> None:
