@@ -11,7 +11,7 @@ import httpx
 import openai
 from httpx_sse import connect_sse
 
-from tests.support import ServerThread, scaled
+from tests.support import ServerThread, scaled, wait_until
 from tests.support import run_async as run
 from tests.support.models.streams import CLOSED, GATES
 
@@ -127,7 +127,9 @@ def test_closing_a_stream_stops_generation(server: ServerThread, client: openai.
         next(it)
     stream.close()
     assert CLOSED.acquire(timeout=WAIT_S)  # the model's generator was closed
-    assert server.in_flight("endless") == 0
+    # The generator closes on its thread before the handler, on the event loop, lets go
+    # of the request's place; wait for that release rather than race it.
+    wait_until(lambda: server.in_flight("endless") == 0, 10.0, "the stream's release")
     # Later requests are unaffected, on this model (queue depth 1) and on others.
     r = client.chat.completions.create(model="endless", messages=MESSAGES, max_tokens=3)  # type: ignore[arg-type]
     assert r.choices[0].message.content == "x x x "
