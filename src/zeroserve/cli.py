@@ -13,7 +13,7 @@ from typing import Any
 
 from . import __version__, buildinfo
 from .config import Config, load_config
-from .errors import ConfigError, ConfigWarning, ZeroserveError
+from .errors import ConfigError, ConfigWarning, RequestError, ZeroserveError
 from .loadgen import add_arguments as add_loadgen_arguments
 from .loadgen import main as loadgen_main
 from .models.cache import cache_dir
@@ -303,10 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fetch a model into the cache (ZEROSERVE_CACHE, else ~/.cache/zeroserve). "
         "SOURCE is hf:ORG/REPO[:FILE_OR_QUANT] or https://URL, optionally pinned with "
         "?sha256=HEX (checked before use; a mismatch deletes the file). An interrupted "
-        "download resumes on the next pull.",
+        "download resumes on the next pull. The model goes by NAME (default: the file's "
+        "name without .gguf) in `zeroserve list` and rm, and in the catalog of a server "
+        "that serves the cache, across restarts.",
     )
     pull.add_argument("source", metavar="SOURCE")
-    sub.add_parser("list", help="list the models in the cache, with sizes")
+    pull.add_argument("--name", metavar="NAME", help="the model's name (letters, digits, ._:-)")
+    sub.add_parser("list", help="list the models in the cache: name, size in bytes, path")
     rm = sub.add_parser("rm", help="delete a cached model by name (as `zeroserve list` shows it)")
     rm.add_argument("name", metavar="NAME")
     return p
@@ -349,26 +352,29 @@ def _size(text: str) -> int:
 
 
 def _cache_command(args: argparse.Namespace) -> int:
-    from .models.cache import cached_models
+    from .models.cache import MODEL_NAME, cached_models, name_file, remove_model
     from .models.pull import pull
 
     if args.command == "pull":
-        print(pull(args.source))
+        if args.name is not None and not MODEL_NAME.match(args.name):
+            raise RequestError(f"bad model name {args.name!r}: letters, digits and ._:- only")
+        path = pull(args.source)
+        name = args.name or path.stem
+        if MODEL_NAME.match(name):  # else it is listed under the file's own name
+            before = name_file(name, path, args.source)
+            if before is not None:
+                print(
+                    f"zeroserve pull: {name!r} now names this file, not {before}", file=sys.stderr
+                )
+        print(path)
         return 0
-    found = cached_models()
     if args.command == "list":
-        for name, path in found:
+        for name, path in cached_models():
             print(f"{name}\t{path.stat().st_size}\t{path}")
         return 0
-    matches = [path for name, path in found if name == args.name]
-    if not matches:
+    if not remove_model(args.name):
         print(f"zeroserve rm: no cached model named {args.name!r}", file=sys.stderr)
         return 1
-    for path in matches:
-        target = path.resolve()
-        path.unlink()
-        if target != path:
-            target.unlink(missing_ok=True)
     return 0
 
 

@@ -105,3 +105,65 @@ def test_a_pulled_model_is_served_after_a_restart_until_it_is_removed(
         assert r.json()["error"]["param"] == "model"  # error bodies never echo input
     finally:
         assert second.stop() == 0
+
+
+@pytest.mark.niced
+def test_a_named_pull_keeps_its_name_after_a_restart(hub: LoopbackHub, tmp_path: Path) -> None:
+    env = {"HF_ENDPOINT": hub.url, "ZEROSERVE_CACHE": str(tmp_path / "cache")}
+    first = start_server("--model", "echo", "--allow-pull", env=env)
+    try:
+        pull = {"model": SOURCE, "name": "chat"}
+        r = httpx.post(first.url + "/models/pull", json=pull, timeout=scaled(WAIT_S))
+        assert r.status_code == 200, r.text
+        assert r.json() == {"success": True, "model": "chat"}
+    finally:
+        assert first.stop() == 0
+
+    # Restarted (offline, serving the cache): the model is `chat`, not its file's name,
+    # in the catalog, to a request and in `zeroserve list`.
+    (tmp_path / "models").mkdir()
+    second = start_server("--models-dir", str(tmp_path / "models"), "--model", "echo", env=env)
+    try:
+        assert _statuses(second.url) == {"echo": {"value": "loaded"}, "chat": {"value": "unloaded"}}
+        r = _chat(second.url, "chat")
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"]
+        assert _chat(second.url, NAME).status_code == 404
+        listed = _cli(env, "list")
+        assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == ["chat"]
+        # `zeroserve rm chat`, then a rescan: gone, file and name.
+        assert _cli(env, "rm", "chat").returncode == 0
+        assert not any((tmp_path / "cache").rglob("*.gguf"))
+        r = httpx.post(second.url + "/v2/repository/index", json={}, timeout=scaled(WAIT_S))
+        assert r.status_code == 200, r.text
+        assert list(_statuses(second.url)) == ["echo"]
+    finally:
+        assert second.stop() == 0
+
+
+def test_a_corrupt_name_index_does_not_stop_the_server(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "url" / "host.example").mkdir(parents=True)
+    (cache / "url" / "host.example" / "tiny.gguf").write_bytes(b"GGUF")
+    (cache / "names.json").write_bytes(b'{"version": 1, "names": {"tiny": ')
+    env = {"ZEROSERVE_CACHE": str(cache)}
+    (tmp_path / "models").mkdir()
+    server = start_server("--models-dir", str(tmp_path / "models"), "--model", "echo", env=env)
+    try:  # served under its file's name, the index ignored
+        assert _statuses(server.url) == {"echo": {"value": "loaded"}, "tiny": {"value": "unloaded"}}
+    finally:
+        assert server.stop() == 0
+    listed = _cli(env, "models", "--models-dir", str(tmp_path / "models"))
+    assert listed.returncode == 0 and "tiny" in listed.stdout
+    assert "corrupt name index" in listed.stderr  # and said so
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zeroserve", *args],
+        env=server_env(env),
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+        check=False,
+    )

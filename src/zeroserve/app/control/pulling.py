@@ -10,10 +10,15 @@ body names a pull source, never a path: ``hf:ORG/REPO[:FILE_OR_QUANT]`` or an
 source, ``MAX_PULLS`` at once); the answer comes once the file is checked and the model
 is in the catalog, ``unloaded`` (a load, or a request with ``--autoload``, serves it).
 A file the catalog already serves under that name (the cache's own entry, docs/models.md,
-"Pulled models in the catalog") is not added twice: the pull answers success.
+"Pulled models in the catalog") is not added twice: the pull answers success. The name
+(``name``, else the file's) is written to the cache's name index (``models/cache.py``,
+``name_file``; in a thread: it takes a lock and syncs a file), so a server that serves the
+cache serves the model under it after a restart too.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from msgspec import UNSET
 
@@ -26,7 +31,7 @@ from ...errors import (
     UpstreamError,
     ZeroserveError,
 )
-from ...models.cache import MODEL_NAME, parse_source
+from ...models.cache import MODEL_NAME, name_file, parse_source
 from ...models.catalog import CatalogEntry
 from ...models.loader import parse_spec
 from ...runtime.model_manager import ModelManager
@@ -77,6 +82,7 @@ async def router_pull(req: Request, manager: ModelManager, keyed: bool) -> Respo
             manager.add(entry)
         except SpecError as exc:
             raise Conflict(exc.message, code="model_exists") from None
+    await asyncio.to_thread(name_file, name, path, body.model)
     answer = c.PullAnswer(success=True, model=name)
     return Response(200, [c.encoder.encode(answer)], content_type=JSON)
 
