@@ -304,13 +304,17 @@ def build_parser() -> argparse.ArgumentParser:
         "SOURCE is hf:ORG/REPO[:FILE_OR_QUANT] or https://URL, optionally pinned with "
         "?sha256=HEX (checked before use; a mismatch deletes the file). An interrupted "
         "download resumes on the next pull. The model goes by NAME (default: the file's "
-        "name without .gguf) in `zeroserve list` and rm, and in the catalog of a server "
-        "that serves the cache, across restarts.",
+        "name without .gguf) in `zeroserve list` and `zeroserve rm`, and in the catalog "
+        "of a server that serves the cache, across restarts.",
     )
     pull.add_argument("source", metavar="SOURCE")
     pull.add_argument("--name", metavar="NAME", help="the model's name (letters, digits, ._:-)")
     sub.add_parser("list", help="list the models in the cache: name, size in bytes, path")
-    rm = sub.add_parser("rm", help="delete a cached model by name (as `zeroserve list` shows it)")
+    rm = sub.add_parser(
+        "rm",
+        help="remove a cached model's NAME (as `zeroserve list` shows it), and its file "
+        "once no other name uses it",
+    )
     rm.add_argument("name", metavar="NAME")
     return p
 

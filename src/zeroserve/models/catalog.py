@@ -3,8 +3,8 @@
 A catalog entry is a parsed model spec (``ModelRef``) plus where it came from and the
 settings that govern its life at run time (``pin``). Entries come from *sources*: the
 ``--model`` specs, a ``--models-dir`` repository, and the pull cache (``scan_cache``: its
-GGUF files, each named as ``zeroserve list`` names it; docs/models.md, "Pulled models in
-the catalog"). Building the catalog opens nothing but directory listings and
+GGUF files, each named as ``zeroserve list`` names it, by the name it was pulled under
+when the cache's name index has one; docs/models.md, "Pulled models in the catalog"). Building the catalog opens nothing but directory listings and
 ``model.toml`` files; loading is the runtime's job.
 
 A models directory holds:
@@ -112,8 +112,9 @@ def build_catalog(
 
 
 def scan_cache(root: Path) -> list[CatalogEntry]:
-    """Entries for the pull cache's GGUF files (``cache.catalog_models``: one per name), each
-    served by llama.cpp; a cache that does not exist yet holds none."""
+    """Entries for the pull cache's files (``cache.catalog_models``: one per name, a pulled
+    file under the names its pulls gave it), each served by llama.cpp; a cache that does
+    not exist yet holds none."""
     return [
         CatalogEntry(ref=parse_spec(f"{name}=llamacpp:{path}"), origin=str(path))
         for name, path in catalog_models(root).items()
