@@ -100,9 +100,11 @@ def test_a_corrupt_index_falls_back_to_file_names(
         assert catalog_models(tmp_path) == {STEM: path}
         assert cached_models(tmp_path) == [(STEM, path)]
     assert "corrupt name index" in caplog.text
-    # The next named pull replaces it, keeping the bad one beside it.
+    # The next write (an `rm`, even of nothing) keeps the bad index beside a fresh one.
+    assert main(["rm", "nothing"]) == 1
+    assert (tmp_path / (NAMES_FILE + ".bad")).read_bytes() == index
+    assert json.loads((tmp_path / NAMES_FILE).read_text())["names"] == {}
     assert main(["pull", SOURCE, "--name", "small"]) == 0
     assert catalog_models(tmp_path) == {"small": path}
-    assert (tmp_path / (NAMES_FILE + ".bad")).read_bytes() == index
     written = json.loads((tmp_path / NAMES_FILE).read_text())
     assert written["names"]["small"]["source"] == SOURCE

@@ -254,17 +254,19 @@ def _parse_names(base: Path, data: bytes) -> dict[str, NamedFile]:
             or ".." in place.parts
             or not place.parts
         ):
-            raise ValueError(f"a bad entry (the {len(found) + 1}th)")
+            raise ValueError(f"entry number {len(found) + 1} is not a name, a path and a source")
         found[name] = NamedFile(base.joinpath(*place.parts), source)
     return found
 
 
 def _update_names(base: Path, change: Callable[[dict[str, NamedFile]], _T]) -> _T:
-    """Run ``change`` on the index under its lock, and write the index when it changed."""
+    """Run ``change`` on the index under its lock, and write the index when it changed (or
+    was corrupt: moved aside, and a fresh one written)."""
     base.mkdir(parents=True, exist_ok=True)
     index = base / NAMES_FILE
     with (base / _NAMES_LOCK).open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        corrupt = False
         try:
             names = _parse_names(base, index.read_bytes())
         except FileNotFoundError:
@@ -273,10 +275,10 @@ def _update_names(base: Path, change: Callable[[dict[str, NamedFile]], _T]) -> _
             kept = index.with_name(NAMES_FILE + ".bad")
             index.replace(kept)
             log.warning("pull cache: the corrupt name index (%s) was moved to %s", exc, kept)
-            names = {}
+            names, corrupt = {}, True
         before = dict(names)
         result = change(names)
-        if names != before:
+        if corrupt or names != before:
             _write_names(base, names)
         return result
 
