@@ -116,6 +116,10 @@ def test_a_named_pull_keeps_its_name_after_a_restart(hub: LoopbackHub, tmp_path:
         r = httpx.post(first.url + "/models/pull", json=pull, timeout=scaled(WAIT_S))
         assert r.status_code == 200, r.text
         assert r.json() == {"success": True, "model": "chat"}
+        # A rescan lists the file under its name only, not also under the file's.
+        r = httpx.post(first.url + "/v2/repository/index", json={}, timeout=scaled(WAIT_S))
+        assert r.status_code == 200, r.text
+        assert sorted(_statuses(first.url)) == ["chat", "echo"]
     finally:
         assert first.stop() == 0
 
