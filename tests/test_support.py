@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from tests.support import SLOWDOWN_VARIABLE, await_until, scaled, slowdown, wait_until
+from tests.support.process import ROOT, kill_group, server_env
 from tests.support.timing import (
     LOAD_SLOWDOWN_CAP,
     MODEL_SLOWDOWN_CAP,
@@ -117,3 +122,44 @@ def test_a_model_wait_until_names_its_niced_bound(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(SLOWDOWN_VARIABLE, "2")
     with pytest.raises(AssertionError, match=r"after 0\.1s waiting for the model"):
         wait_until(lambda: False, 0.01, "the model", model=True)
+
+
+def test_a_terminated_test_process_leaves_no_server_running() -> None:
+    # A runner's time limit ends pytest with SIGTERM, skipping the fixtures that stop the
+    # servers: the launcher kills the groups it started as the process exits.
+    script = (
+        "import signal\n"
+        "from tests.support import start_server\n"
+        "server = start_server('--model', 'echo')\n"
+        "print(server.proc.pid, flush=True)\n"
+        "while True:\n"
+        "    signal.pause()\n"
+    )
+    runner = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=server_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert runner.stdout is not None
+    with runner.stdout:
+        server_pid = int(runner.stdout.readline())
+    try:
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(scaled(30.0))
+
+        def gone() -> bool:
+            try:
+                os.kill(server_pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_until(gone, 10.0, "the server to go with the process that started it")
+    finally:
+        kill_group(server_pid)
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()

@@ -4,10 +4,16 @@ The server runs in its own process group (its own session), so stopping it can r
 process it started (process-executor workers, llama.cpp's engine) by the group id, and a
 Ctrl-C at the test's terminal does not reach it before the fixture that owns it stops it.
 Its port comes from its own "serving [...] on URL" line: ``--port 0`` lets the kernel pick.
+
+A test process that ends without its fixtures' teardown (SIGTERM from a runner's time
+limit, a run cut short) kills the groups it started at exit, so no server outlives the run
+and spins on a shared machine: SIGTERM is turned into ``KeyboardInterrupt`` (pytest stops as
+at a Ctrl-C) so that exit handlers run. A SIGKILL of the test process cannot be caught.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -65,10 +71,36 @@ class ServerProcess(OpenAIClients):
 
 def kill_group(pgid: int) -> None:
     """SIGKILL what is left of the process group ``pgid`` (one started by this module)."""
+    _started.discard(pgid)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+# The process groups ``start_server`` started that no ``kill_group`` has killed yet.
+_started: set[int] = set()
+
+
+def _kill_started() -> None:
+    for pgid in list(_started):
+        kill_group(pgid)
+
+
+atexit.register(_kill_started)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _track(pgid: int) -> None:
+    """Kill ``pgid`` at this process's exit unless a ``stop`` has killed it by then."""
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+    _started.add(pgid)
 
 
 def serve_argv(*args: str) -> list[str]:
@@ -111,6 +143,7 @@ def start_server(
         cwd=cwd,
         start_new_session=True,
     )
+    _track(proc.pid)
     assert proc.stdout is not None
     deadline = time.monotonic() + scaled(timeout)
     lines: list[str] = []
