@@ -9,7 +9,7 @@ from typing import Literal
 
 import httpx
 
-from tests.fuzz.conftest import IDLE_WAIT_S, Target
+from tests.fuzz.conftest import Target
 
 Format = Literal["openai", "kserve"]
 
@@ -53,7 +53,7 @@ def assert_answer(t: Target, r: httpx.Response, fmt: Format, *, timed: bool = Fa
                 assert timed or err["code"] != "deadline_exceeded", err
     logged = t.errors.take()
     assert not logged, "\n".join(logged)
-    deadline = time.monotonic() + IDLE_WAIT_S
+    deadline = time.monotonic() + t.idle_wait_s
     while not t.idle():
         assert time.monotonic() < deadline, "a lease, ticket or stream was left held"
         time.sleep(0.001)

@@ -6,6 +6,7 @@ passed), never a 5xx, nothing left held (tickets, engine slots, leases)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 
 from tests.fuzz import strategies as fs
@@ -14,6 +15,10 @@ from tests.fuzz.conftest import ENGINE_EXAMPLES, Target
 from tests.support.smollm2 import require_llamacpp
 
 require_llamacpp()
+
+# Every example waits on smollm2's niced decode: pytest-timeout by model_slowdown
+# (tests/conftest.py; docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+pytestmark = pytest.mark.niced
 
 
 def _send(target: Target, path: str, body: bytes, timeouts: dict[str, str]) -> None:

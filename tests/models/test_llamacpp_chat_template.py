@@ -14,10 +14,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import ServerProcess, scaled, start_server
+from tests.support import ServerProcess, model_scaled, start_server
 from tests.support.smollm2 import require_llamacpp, smollm2_arg
 
 require_llamacpp()
+
+# Its answers come from SmolLM2's niced threads (the side port's template and tokenizer, the
+# decode): their bounds by model_scaled, pytest-timeout by model_slowdown
+# (docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+pytestmark = pytest.mark.niced
 
 # SmolLM2's ChatML, plus a system turn naming each tool and each call an assistant made.
 TEMPLATE = """\
@@ -58,7 +63,7 @@ def srv(template: Path) -> Iterator[ServerProcess]:
 
 
 def _post(srv: ServerProcess, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(srv.url + path, json=body, timeout=scaled(60))
+    r = httpx.post(srv.url + path, json=body, timeout=model_scaled(60))
     assert r.status_code == 200, r.text
     out: dict[str, Any] = r.json()
     return out

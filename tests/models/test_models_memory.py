@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import scaled, start_server, wait_until
+from tests.support import model_scaled, scaled, start_server, wait_until
 
 pytest.importorskip("xllamacpp")
 
@@ -27,6 +27,9 @@ def _metric(url: str, line_start: str) -> float:
     raise AssertionError(f"{line_start} is not in /metrics")
 
 
+# Its loads and its chat run on SmolLM2's niced threads: bounded by model_scaled, and
+# pytest-timeout by model_slowdown (docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+@pytest.mark.niced
 def test_a_loads_memory_is_measured_and_over_the_cap_the_idle_model_goes(
     tmp_path: Path,
 ) -> None:
@@ -49,7 +52,7 @@ def test_a_loads_memory_is_measured_and_over_the_cap_the_idle_model_goes(
     try:
         assert _metric(url, "zeroserve_models_memory_cap_bytes") == estimate + 1
         assert _metric(url, "zeroserve_models_memory_used_bytes") == 0
-        with httpx.Client(timeout=scaled(LOAD_WAIT_S)) as http:
+        with httpx.Client(timeout=model_scaled(LOAD_WAIT_S)) as http:
             assert http.post(url + "/models/load", json={"model": "small"}).status_code == 200
             used = _metric(url, 'zeroserve_model_memory_bytes{name="small"}')
             assert used > 0 and _metric(url, "zeroserve_models_memory_used_bytes") == used

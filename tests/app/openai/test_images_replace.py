@@ -12,11 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import scaled, start_server
+from tests.support import model_scaled, scaled, start_server
 from tests.support.image_server import image_server
 from tests.support.vision import write_projector
 
 pytest.importorskip("xllamacpp")
+
+# Its loads and its chat run on SmolLM2's niced threads: their bounds, and pytest-timeout's,
+# are scaled by model_slowdown (docs/decisions/0055-model-waits-scaled-for-the-niced-share.md).
+pytestmark = pytest.mark.niced
 
 # The longest a load of SmolLM2 with its projector may take on a loaded machine.
 LOAD_WAIT_S = 60.0
@@ -43,7 +47,7 @@ def test_a_chat_fetching_an_image_during_a_replace_is_served_by_the_new_version(
             "--allow-image-urls", "127.0.0.1", "--allow-image-urls-loopback",
         )  # fmt: skip
         try:
-            with httpx.Client(base_url=server.url, timeout=scaled(LOAD_WAIT_S)) as http:
+            with httpx.Client(base_url=server.url, timeout=model_scaled(LOAD_WAIT_S)) as http:
                 assert http.post("/models/load", json={"model": "eye"}).status_code == 200
                 url = f"http://127.0.0.1:{images.server_address[1]}/gated"
                 body = {
@@ -66,7 +70,7 @@ def test_a_chat_fetching_an_image_during_a_replace_is_served_by_the_new_version(
                     r = http.post("/models/load", json={"model": "eye"})
                     assert r.status_code == 200, r.text  # the new version serves
                     images.gate.set()
-                    answer = chat.result(scaled(LOAD_WAIT_S))
+                    answer = chat.result(model_scaled(LOAD_WAIT_S))
                 assert answer.status_code == 200, answer.text
                 assert answer.json()["usage"]["prompt_tokens"] > 0
         finally:
