@@ -11,8 +11,12 @@ one checked request (a KServe V2 infer of ``echo``; a one-token chat of SmolLM2)
 /models/unload`` and a wait for the model's ``unloaded`` state: the real manager's path.
 The first cycle warms up (imports, pools, Ray's first join, Serve's controller); the
 footprint is read once it is steady after it, and again after the last cycle, once it
-settled (pool threads ending, Ray's last leave: at most ``SETTLE_S`` each). The Ray kinds join a one-node local Ray
-the suite starts (``_localray``) and count its processes.
+settled (pool threads ending, Ray's last leave: at most ``SETTLE_S`` each). The Ray kinds
+join a one-node local Ray the suite starts (``_localray``) and count its processes; run
+the suite under ``tools/loopback-netns`` for them (outside a loopback-only namespace Ray
+registers the node on the host's routable address and the server's join fails). Each Ray
+cycle joins and leaves Ray, and Ray 2.60's own ``ray.init``/``ray.shutdown`` leaves one
+native thread per round (docs/decisions/0058-load-unload-cycles.md): the table shows it.
 
 Bounded: at most ``CYCLES`` cycles per kind (``QUICK_CYCLES`` with ``--quick``), and at
 most ``--duration`` seconds of cycles per kind (``KIND_BUDGET_S`` by default); a kind
@@ -100,6 +104,13 @@ KINDS = (
     Kind("ray-serve", _echo("ray-serve", num_cpus=0), ray=True),
     Kind("llamacpp", _llama(None), llama=True),
     Kind("llamacpp-process", _llama("process"), llama=True),
+)
+
+
+RAY_KINDS = {k.name for k in KINDS if k.ray}
+RAY_NOTE = (
+    " (each cycle joins and leaves Ray; Ray 2.60's ray.init/ray.shutdown alone leaves one "
+    "native thread a round: docs/decisions/0058-load-unload-cycles.md)."
 )
 
 
@@ -402,5 +413,11 @@ def _section(ctx: SuiteContext, budget_s: int, count: int, runs: list[KindRun]) 
         )
         if run.stopped:
             notes.append(f"{run.kind}: {run.cycles} of {count} cycles ({run.stopped}).")
+        if run.cycles and run.kind in RAY_KINDS:
+            grew = [
+                f"{name} {(getattr(run.after, name) - getattr(run.before, name)) / run.cycles:+.2f}"
+                for name in ("fds", "threads")
+            ]
+            notes.append(f"{run.kind}: per cycle, " + ", ".join(grew) + RAY_NOTE)
     lines += footer(ctx, notes=notes)
     return Section(GROUP, GROUP_TITLE, "\n".join(lines))

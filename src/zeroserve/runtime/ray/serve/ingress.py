@@ -87,6 +87,8 @@ log = logging.getLogger("zeroserve.runtime.ray")
 # How often the executor reads its deployment's health from Serve (``serve.status()``,
 # one call to Serve's controller): ``/ready`` follows Serve within about this.
 STATUS_INTERVAL_S = 0.5
+# How long closing waits for one Serve handle's router to stop (its loop thread).
+ROUTER_STOP_S = 10.0
 
 
 def serve_executor(spec: ResolvedModel, arena: Arena, options: RuntimeOptions) -> RayExecutor:
@@ -221,13 +223,19 @@ class ServeFleet:
 
     async def close(self) -> None:
         """Fail the calls in flight, then delete the application and kill the control
-        (a lost cluster took them with it)."""
+        (a lost cluster took them with it). A health read still running on its thread is
+        waited for: ``serve.status()`` joins Ray itself when the process is not joined, so
+        a read that outlived the executor's leave would join again, a connection nobody
+        leaves (its threads and descriptors stay) and one the next load's join trips on."""
         roster = self.roster
         for w in roster.handles:
             w.ready = False
             for fut in list(w.tasks):
                 fut.cancel()
         roster.notify()
+        reading = self._reading
+        if reading is not None:
+            await asyncio.wait([reading])
         if self._deployed and roster.cluster_up:
             from ray import serve
 
@@ -243,6 +251,21 @@ class ServeFleet:
                     ray.kill(self.control, no_restart=True)
                 except Exception:  # the cluster is already gone
                     pass
+        await self._shutdown_routers()
+
+    async def _shutdown_routers(self) -> None:
+        """Stop the handles' routers (Serve runs each on a loop thread of its own, polling
+        the controller): left running past the executor's leave, their next call joins
+        Ray again on their own, a connection nobody leaves and a join that races the next
+        load's (bounded: a router that does not stop in ``ROUTER_STOP_S`` is left)."""
+        handles = [w.actor for w in self.roster.handles]
+        for handle in [*handles, self.stream_handle]:
+            if handle is None:
+                continue
+            try:
+                await asyncio.wait_for(handle.shutdown_async(), ROUTER_STOP_S)
+            except Exception as exc:  # a router never started, or already stopped
+                log.debug("model %r: a Serve router did not stop: %r", self.app, exc)
 
     # -- health-checked --------------------------------------------------------------------
     def serving(self) -> bool:

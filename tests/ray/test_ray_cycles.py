@@ -1,0 +1,186 @@
+"""Load/unload cycles of Ray models leave nothing behind (docs/models.md, "Models at run
+time"): ``CYCLES`` cycles of one ``--models-dir`` model through llama.cpp router's
+routes, on the real two-node cluster, for Ray actors on the server's node (attached and
+linked) and for a Serve deployment. After them no actor, Serve application or replica of
+the server is on the cluster, every process that held the model has exited, and the
+server holds the same shared-memory segments and processes in its group as after the
+first cycle. Actors on the other node (``same_node=never``) are not here: their server's
+descriptors and threads grew past the bound below, cause not read yet (0058).
+
+Its file descriptors and threads may grow by ``RAY_RESIDUE`` per cycle and no more: each
+cycle joins Ray and leaves it (the last model using Ray leaves the cluster), and Ray
+2.60's own ``ray.init``/``ray.shutdown`` leaves one native thread in the driver per
+round, with no zeroserve code in it (measured in
+docs/decisions/0058-load-unload-cycles.md). A Serve handle's router left running past
+the leave joined Ray again on its own: six threads and descriptors a cycle, and a join
+that raced the next load's ("ray.init twice"); that is what the bound catches.
+
+A cycle joins Ray, places the actor or deploys the Serve application, answers one
+request, unloads and leaves Ray: seconds, so the count is small. The full count per
+kind is the ``cycles`` benchmark suite's (``python -m benchmarks --suites cycles``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.ray.cluster import RayCluster
+from tests.ray.test_ray_load_unload import LOAD_WAIT_S, _doubles, _pids, _state
+from tests.support import ServerProcess, scaled, start_server, wait_until
+
+pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+CYCLES = 3
+# Descriptors and threads a Ray join and leave may leave in the server (module doc).
+RAY_RESIDUE = 1
+SERVER_START_TIMEOUT_S = 180.0
+PLACEMENTS = {
+    "near-actors": {"executor": "ray", "num_cpus": 0, "resources": '{"node_a":0.1}'},
+    "near-serve": {"executor": "ray-serve", "num_cpus": 0, "resources": '{"node_a":0.1}'},
+}
+
+# The server's named actors and Serve applications still on the cluster (their names
+# carry the server's pid: runtime/ray/actors.py, runtime/ray/serve/deployment.py).
+_LEFT = """
+import json
+from ray import serve
+from ray.util import list_named_actors
+ours = (sys.argv[1] + "-", "zeroserve-" + sys.argv[1] + "-")
+actors = [a["name"] for a in list_named_actors(all_namespaces=True)]
+try:
+    apps = list(serve.status().applications)
+except Exception:  # no Serve controller: no application
+    apps = []
+print(json.dumps(sorted(n for n in actors + apps if n.startswith(ours))))
+"""
+
+
+@pytest.fixture(scope="module")
+def cycled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ray-cycled")
+    for name, placement in PLACEMENTS.items():
+        folder = root / name
+        folder.mkdir()
+        options = {**placement, "pids": str(root / f"{name}.pids")}
+        lines = [f"{key} = {json.dumps(value)}" for key, value in options.items()]
+        spec = 'spec = "tests.support.models.ray_actors:Recorded"'
+        (folder / "model.toml").write_text("\n".join([spec, "[options]", *lines]) + "\n")
+    return root
+
+
+def _group(pgid: int) -> set[int]:
+    out = set()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.add(int(p.name))
+    return out
+
+
+def _segments(pid: int) -> set[str]:
+    """The memfd and /dev/shm files ``pid`` maps (the arena, Ray's object store)."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {
+        f"{parts[3]}:{parts[4]}"
+        for parts in (line.split(None, 5) for line in maps)
+        if len(parts) == 6 and parts[5].startswith(("/memfd:", "/dev/shm/"))
+    }
+
+
+def _fds(pid: int, port: int) -> int:
+    """``pid``'s file descriptors, less its HTTP clients' connections (each request of
+    the test is a connection of its own, which the server closes a moment after the
+    client: not the model's)."""
+    clients = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] != "0A":  # 0A: listening
+                clients.add(f"socket:[{f[9]}]")
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return sum(1 for link in links if link not in clients)
+
+
+def _footprint(server: ServerProcess) -> tuple[int, int, set[int], set[str]]:
+    pid = server.proc.pid
+    threads = len(os.listdir(f"/proc/{pid}/task"))
+    return _fds(pid, server.port), threads, _group(pid), _segments(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _cycle(server: ServerProcess, name: str) -> None:
+    r = httpx.post(server.url + "/models/load", json={"model": name}, timeout=scaled(LOAD_WAIT_S))
+    assert r.status_code == 200, r.text
+    _doubles(server, name)
+    r = httpx.post(server.url + "/models/unload", json={"model": name}, timeout=scaled(LOAD_WAIT_S))
+    assert r.status_code == 200, r.text
+    wait_until(lambda: _state(server, name) == "unloaded", LOAD_WAIT_S, f"{name} unloaded")
+
+
+def _left(ray_cluster: RayCluster, server: ServerProcess) -> list[str]:
+    out = ray_cluster.driver(_LEFT, str(server.proc.pid)).strip().splitlines()[-1]
+    return list(json.loads(out))
+
+
+@pytest.mark.parametrize("name", list(PLACEMENTS))
+def test_ray_load_unload_cycles_leave_no_actor_app_process_fd_segment_or_thread(
+    ray_cluster: RayCluster, cycled: Path, name: str
+) -> None:
+    server = start_server(
+        "--models-dir",
+        str(cycled),
+        env=ray_cluster.env(),
+        timeout=SERVER_START_TIMEOUT_S,
+    )
+    try:
+        _cycle(server, name)  # warm: Ray's imports and one-time allocations
+        fds, threads, group, segments = _footprint(server)
+        for _ in range(CYCLES):
+            _cycle(server, name)
+        held = _pids(cycled, name)
+        assert len(held) >= CYCLES + 1  # a fresh actor or replica each load
+        wait_until(
+            lambda: not any(_alive(p) for p in held), LOAD_WAIT_S, f"every process of {name} gone"
+        )
+        # Ray's threads and sockets of the last leave may still be closing: wait, bounded.
+        most_fds, most_threads = fds + CYCLES * RAY_RESIDUE, threads + CYCLES * RAY_RESIDUE
+
+        def within() -> bool:
+            now = _footprint(server)
+            return now[0] <= most_fds and now[1] <= most_threads
+
+        what = f"at most {most_fds} fds and {most_threads} threads (after the first cycle: "
+        wait_until(within, LOAD_WAIT_S, what + f"{fds} and {threads})")
+        now = _footprint(server)
+        assert (now[2], now[3]) == (group, segments), (now, group, segments)
+        assert _left(ray_cluster, server) == []
+    finally:
+        status = server.stop()
+    assert status == 0
