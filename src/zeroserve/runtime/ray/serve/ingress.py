@@ -87,7 +87,8 @@ log = logging.getLogger("zeroserve.runtime.ray")
 # How often the executor reads its deployment's health from Serve (``serve.status()``,
 # one call to Serve's controller): ``/ready`` follows Serve within about this.
 STATUS_INTERVAL_S = 0.5
-# How long closing waits for one Serve handle's router to stop (its loop thread).
+# How long closing waits for a health read in progress, and for one Serve handle's
+# router to stop (its loop thread).
 ROUTER_STOP_S = 10.0
 
 
@@ -234,8 +235,8 @@ class ServeFleet:
                 fut.cancel()
         roster.notify()
         reading = self._reading
-        if reading is not None:
-            await asyncio.wait([reading])
+        if reading is not None:  # bounded: a read a lost cluster holds is left behind
+            await asyncio.wait([reading], timeout=ROUTER_STOP_S)
         if self._deployed and roster.cluster_up:
             from ray import serve
 
