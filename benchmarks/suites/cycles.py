@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+from tests.support.observe import server_fds
 
 from ..context import SuiteContext
 from ..procs import ServerFailed, ServerProcess, child_env, descendants
@@ -161,34 +162,11 @@ def _live(pid: int) -> bool:
         return False
 
 
-def _fds(pid: int, port: int) -> int:
-    """``pid``'s file descriptors, less the connections of its HTTP clients on ``port``
-    (the harness's keep-alive connection may be open at one reading and closed by the
-    server's idle timeout at the next: not the model's)."""
-    clients = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            f = row.split()
-            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] != "0A":  # 0A: listening
-                clients.add(f"socket:[{f[9]}]")
-    links = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            continue
-    return sum(1 for link in links if link not in clients)
-
-
 def footprint(proc: ServerProcess, ray: LocalRay | None) -> Footprint:
     pid = proc.pid
     return Footprint(
         rss=_rss(pid),
-        fds=_fds(pid, proc.port),
+        fds=server_fds(pid, proc.port),
         threads=len(os.listdir(f"/proc/{pid}/task")),
         children=sum(1 for c in descendants(pid) if _live(c)),
         segments=_segments(pid),

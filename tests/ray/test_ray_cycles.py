@@ -29,8 +29,9 @@ import httpx
 import pytest
 
 from tests.ray.cluster import RayCluster
-from tests.ray.test_ray_load_unload import LOAD_WAIT_S, _doubles, _pids, _state
+from tests.ray.test_ray_load_unload import LOAD_WAIT_S, _doubles, _pids, _state, write_models
 from tests.support import ServerProcess, scaled, start_server, wait_until
+from tests.support.observe import server_fds
 
 pytest.importorskip("ray")
 
@@ -63,15 +64,7 @@ print(json.dumps(sorted(n for n in actors + apps if n.startswith(ours))))
 
 @pytest.fixture(scope="module")
 def cycled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ray-cycled")
-    for name, placement in PLACEMENTS.items():
-        folder = root / name
-        folder.mkdir()
-        options = {**placement, "pids": str(root / f"{name}.pids")}
-        lines = [f"{key} = {json.dumps(value)}" for key, value in options.items()]
-        spec = 'spec = "tests.support.models.ray_actors:Recorded"'
-        (folder / "model.toml").write_text("\n".join([spec, "[options]", *lines]) + "\n")
-    return root
+    return write_models(tmp_path_factory.mktemp("ray-cycled"), PLACEMENTS)
 
 
 def _group(pgid: int) -> set[int]:
@@ -98,33 +91,10 @@ def _segments(pid: int) -> set[str]:
     }
 
 
-def _fds(pid: int, port: int) -> int:
-    """``pid``'s file descriptors, less its HTTP clients' connections (each request of
-    the test is a connection of its own, which the server closes a moment after the
-    client: not the model's)."""
-    clients = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            f = row.split()
-            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] != "0A":  # 0A: listening
-                clients.add(f"socket:[{f[9]}]")
-    links = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            continue
-    return sum(1 for link in links if link not in clients)
-
-
 def _footprint(server: ServerProcess) -> tuple[int, int, set[int], set[str]]:
     pid = server.proc.pid
     threads = len(os.listdir(f"/proc/{pid}/task"))
-    return _fds(pid, server.port), threads, _group(pid), _segments(pid)
+    return server_fds(pid, server.port), threads, _group(pid), _segments(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -32,10 +32,10 @@ PLACEMENTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ray-models")
-    for name, placement in PLACEMENTS.items():
+def write_models(root: Path, placements: dict[str, dict[str, object]]) -> Path:
+    """A ``--models-dir`` under ``root``: one ``Recorded`` model per placement, each
+    recording its actors' pids in ``root/NAME.pids``."""
+    for name, placement in placements.items():
         folder = root / name
         folder.mkdir()
         options = {**placement, "pids": str(root / f"{name}.pids")}
@@ -43,6 +43,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
         spec = 'spec = "tests.support.models.ray_actors:Recorded"'
         (folder / "model.toml").write_text("\n".join([spec, "[options]", *lines]) + "\n")
     return root
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_models(tmp_path_factory.mktemp("ray-models"), PLACEMENTS)
 
 
 def _serve(ray_cluster: RayCluster, models: Path) -> ServerProcess:

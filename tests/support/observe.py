@@ -1,12 +1,13 @@
 """What a test reads back from a running server or a held worker: a per-model metric from
-``/metrics``, a FIFO a held worker waits on, and the answers of a model whose only worker is
-restarting (docs/architecture.md, "Deadlines")."""
+``/metrics``, a FIFO a held worker waits on, the answers of a model whose only worker is
+restarting (docs/architecture.md, "Deadlines"), and a server's file descriptors."""
 
 from __future__ import annotations
 
 import errno
 import os
 import re
+from pathlib import Path
 
 import httpx
 
@@ -53,3 +54,26 @@ def assert_restarting(url: str, model: str, reason: str, other: str = "echo") ->
     assert r.json()["error"]["code"] == "worker_failed"
     answer = httpx.post(f"{url}/v1/raw/{other}", content=b"fine", timeout=scaled(READ_S))
     assert answer.content == b"fine"
+
+
+def server_fds(pid: int, port: int) -> int:
+    """``pid``'s file descriptors, less the connections of its HTTP clients on ``port``
+    (a client's keep-alive connection may be open at one reading and closed by the
+    server's idle timeout at the next: not the model's)."""
+    clients = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] != "0A":  # 0A: listening
+                clients.add(f"socket:[{f[9]}]")
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return sum(1 for link in links if link not in clients)
