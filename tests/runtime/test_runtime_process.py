@@ -8,13 +8,16 @@ import multiprocessing
 import os
 import socket
 from multiprocessing import resource_tracker
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.runtime.helpers import counter, engine, flag, until
+from tests.support import await_until
 from tests.support.models.engine import Counter, Echo, Faulty
+from tests.support.observe import release_fifo
 from zeroserve import errors, metrics
 from zeroserve.models.base import GenerateRequest
 
@@ -82,7 +85,9 @@ def test_input_outside_the_arena_is_copied_once_and_counted(run: Any, arena: Any
     run(main())
 
 
-def test_worker_crash_fails_in_flight_restarts_and_reclaims(run: Any, arena: Any) -> None:
+def test_worker_crash_fails_in_flight_restarts_and_reclaims(
+    run: Any, arena: Any, tmp_path: Path
+) -> None:
     async def main() -> None:
         resource_tracker.ensure_running()  # spawn starts it once per interpreter
         await _warm_loop()
@@ -109,11 +114,17 @@ def test_worker_crash_fails_in_flight_restarts_and_reclaims(run: Any, arena: Any
         assert list(r.outputs["x"]) == [0, 1, 2, 3]
         r.release()
         # A crash mid-stream fails the stream after the pieces before it.
-        pieces: list[Any] = []
+        hold = str(tmp_path / "crash-hold")
+        os.mkfifo(hold)
+        stream = h.generate(h.admit(), GenerateRequest(prompt=f"crash:{hold}"))
+        assert await anext(stream) == "one"
+
+        async def released() -> bool:
+            return release_fifo(hold)
+
+        await await_until(released, 30, "the worker to wait on its crash hold")
         with pytest.raises(errors.WorkerError, match="died"):
-            async for piece in h.generate(h.admit(), GenerateRequest(prompt="crash")):
-                pieces.append(piece)
-        assert pieces == ["one"]
+            await anext(stream)
         await until(eng.ready, "worker restarted again")
         stats = h.statistics()
         assert stats.workers.crashes == 2 and stats.workers.restarts == 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -108,8 +107,11 @@ class Faulty(Model):
 
     def generate(self, req: GenerateRequest) -> Iterator[Piece]:
         yield "one"
-        if req.prompt == "crash":
-            time.sleep(0.01)
+        if req.prompt.startswith("crash:"):
+            # Exits once the test, holding "one", writes to the FIFO named after the colon:
+            # the piece is out before the crash, whatever the machine's speed.
+            with open(req.prompt.removeprefix("crash:"), "rb") as hold:
+                hold.read(1)
             os._exit(4)
         raise ValueError("generation failed")
 
