@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests.runtime.helpers import engine
+from tests.support import wait_until
 from zeroserve.models.catalog import CatalogEntry
 from zeroserve.models.loader import ModelRef
 from zeroserve.runtime.model_manager import ModelManager
@@ -88,11 +89,21 @@ def test_load_unload_cycles_leave_rss_fds_threads_and_processes(
         for _ in range(CYCLES[executor]):
             run(cycle(mgr, eng))  # each cycle bounded by the suite's timeout
         gc.collect()
-        fds, threads, children = _footprint()
         assert rss is not None and (rss_bytes() or 0) - rss < RSS_SLACK
-        # Pool threads may end while idle; none is left behind by an unload.
-        names = sorted(t.name for t in threading.enumerate())
-        assert (fds, children) == (before[0], before[2]) and threads <= before[1], names
+
+        # An unload lets its threads end on their own (a pool shut down without waiting):
+        # on a busy machine the last cycle's may still be ending, so the footprint is
+        # polled back to where it was, bounded; one that never returns is a leak. Pool
+        # threads may end while idle; none is left behind by an unload.
+        def settled() -> bool:
+            fds, threads, children = _footprint()
+            return (fds, children) == (before[0], before[2]) and threads <= before[1]
+
+        try:
+            wait_until(settled, 10.0, "the footprint of the first cycle")
+        except AssertionError:
+            names = sorted(t.name for t in threading.enumerate())
+            raise AssertionError(f"{_footprint()} against {before}: {names}") from None
         assert len(_pool_threads()) <= min(32, (os.cpu_count() or 1) + 4)  # the pool's bound
         assert mgr.statistics()["echo"].loads == CYCLES[executor] + 1
     finally:
