@@ -13,7 +13,7 @@ from typing import Any
 
 from . import __version__, buildinfo
 from .config import Config, load_config
-from .errors import ConfigError, ConfigWarning, RequestError, ZeroserveError
+from .errors import ConfigError, ConfigWarning, ZeroserveError
 from .loadgen import add_arguments as add_loadgen_arguments
 from .loadgen import main as loadgen_main
 from .models.cache import cache_dir
@@ -356,12 +356,18 @@ def _size(text: str) -> int:
 
 
 def _cache_command(args: argparse.Namespace) -> int:
-    from .models.cache import MODEL_NAME, cached_models, name_file, remove_model
+    from .models.cache import (
+        MODEL_NAME,
+        cached_models,
+        check_model_name,
+        name_file,
+        remove_model,
+    )
     from .models.pull import pull
 
     if args.command == "pull":
-        if args.name is not None and not MODEL_NAME.match(args.name):
-            raise RequestError(f"bad model name {args.name!r}: letters, digits and ._:- only")
+        if args.name is not None:
+            check_model_name(args.name)  # before anything is fetched
         path = pull(args.source)
         name = args.name or path.stem
         if MODEL_NAME.match(name):  # else it is listed under the file's own name

@@ -151,6 +151,13 @@ def verify_pin(path: Path, expected: str | None) -> None:
         )
 
 
+def check_model_name(name: str) -> str:
+    """``name`` if it is a model name (:data:`MODEL_NAME`), else ``RequestError`` naming it."""
+    if not MODEL_NAME.match(name):
+        raise RequestError(f"bad model name {name!r}: letters, digits and ._:- only")
+    return name
+
+
 @dataclass(frozen=True, slots=True)
 class NamedFile:
     """One name in the index: the cached file it names and the source it was pulled from."""
@@ -187,8 +194,7 @@ def name_file(name: str, path: Path, source: str, root: Path | None = None) -> P
         RequestError: ``name`` is no model name, or ``path`` is not in the cache.
     """
     base = cache_dir() if root is None else root
-    if not MODEL_NAME.match(name):
-        raise RequestError(f"bad model name {name!r}: letters, digits and ._:- only")
+    check_model_name(name)
     try:
         relative = Path(os.path.abspath(path)).relative_to(os.path.abspath(base))
     except ValueError:

@@ -4,8 +4,9 @@ A catalog entry is a parsed model spec (``ModelRef``) plus where it came from an
 settings that govern its life at run time (``pin``). Entries come from *sources*: the
 ``--model`` specs, a ``--models-dir`` repository, and the pull cache (``scan_cache``: its
 GGUF files, each named as ``zeroserve list`` names it, by the name it was pulled under
-when the cache's name index has one; docs/models.md, "Pulled models in the catalog"). Building the catalog opens nothing but directory listings and
-``model.toml`` files; loading is the runtime's job.
+when the cache's name index has one; docs/models.md, "Pulled models in the catalog").
+Building the catalog opens nothing but directory listings and ``model.toml`` files;
+loading is the runtime's job.
 
 A models directory holds:
 

@@ -31,7 +31,7 @@ from ...errors import (
     UpstreamError,
     ZeroserveError,
 )
-from ...models.cache import MODEL_NAME, name_file, parse_source
+from ...models.cache import MODEL_NAME, check_model_name, name_file, parse_source
 from ...models.catalog import CatalogEntry
 from ...models.loader import parse_spec
 from ...runtime.model_manager import ModelManager
@@ -55,8 +55,8 @@ async def router_pull(req: Request, manager: ModelManager, keyed: bool) -> Respo
         raise Forbidden(PULL_DISABLED, code="pull_disabled")
     body = decode(_pull_request, req.body)
     parse_source(body.model)  # 400 naming a bad source before anything is fetched
-    if body.name is not UNSET and not MODEL_NAME.match(body.name):
-        raise RequestError(f"bad model name {body.name!r}: letters, digits and ._:- only")
+    if body.name is not UNSET:
+        check_model_name(body.name)  # 400 naming a bad name before anything is fetched
     try:
         path = await gate.fetch(body.model)
     except ZeroserveError:
