@@ -41,6 +41,13 @@ SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 # raised to a year unless the operator set the variable; ``reachable`` does the watching.
 GCS_RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
 GCS_RECONNECT_TIMEOUT_S = 365 * 24 * 3600
+# Ray's metrics through OpenTelemetry, off in this process unless the operator set the
+# variable: each ``ray.init`` starts an OpenTelemetry metric reader thread
+# (``PeriodicExportingMetricReader``) that ``ray.shutdown`` never stops (Ray 2.60), so a
+# server that joins and leaves Ray as its Ray models come and go gained a thread a round.
+# Off, Ray's metrics from this process take its OpenCensus path, whose one harvester
+# thread serves every round (docs/decisions/0058-load-unload-cycles.md).
+OPEN_TELEMETRY_ENV = "RAY_enable_open_telemetry"
 # How often an executor checks that its cluster is there, and how long one TCP connect
 # to the GCS or the raylet may take before the cluster counts as gone: a refused
 # connection is seen at once, an unreachable host after this timeout.
@@ -87,6 +94,7 @@ def connect(address: str | None) -> None:
     if local and "ray" not in sys.modules:
         os.environ.setdefault(SINGLE_MACHINE_ENV, "0")
     os.environ.setdefault(GCS_RECONNECT_ENV, str(GCS_RECONNECT_TIMEOUT_S))
+    os.environ.setdefault(OPEN_TELEMETRY_ENV, "0")
     import ray
 
     with _lock:
