@@ -117,6 +117,28 @@ def zeroserve(
     )
 
 
+def models_dir_argv(models: Path) -> Argv:
+    """``zeroserve serve --models-dir MODELS``: models loaded on request and kept an hour
+    (no idle unload within a suite), no playground."""
+
+    def argv(port: int, up: int | None, work: Path) -> list[str]:
+        return [
+            *zeroserve_cmd(),
+            "serve",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
+            "--models-dir",
+            str(models),
+            "--keep-alive",
+            "1h",
+            "--no-ui",
+        ]
+
+    return argv
+
+
 def peer(module: str, name: str, title: str, requires: tuple[str, ...], *extra: str) -> Server:
     """One of this directory's peers (``benchmarks/peers/MODULE.py``)."""
 

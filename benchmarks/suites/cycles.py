@@ -39,7 +39,7 @@ from tests.support.observe import server_fds
 from ..context import SuiteContext
 from ..procs import ServerFailed, ServerProcess, child_env, descendants
 from ..report import Section, footer, num
-from ..servers import Server, importable, started, zeroserve_cmd
+from ..servers import Server, importable, models_dir_argv, started
 from ._localray import LocalRay, local_ray
 
 GROUP = "MODELS_CYCLES"
@@ -265,27 +265,12 @@ def _settled(proc: ServerProcess, ray: LocalRay | None, before: Footprint) -> Fo
 
 
 def _server(kind: Kind, models: Path, ray: LocalRay | None) -> Server:
-    def argv(port: int, up: int | None, work: Path) -> list[str]:
-        return [
-            *zeroserve_cmd(),
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--models-dir",
-            str(models),
-            "--keep-alive",
-            "1h",
-            "--no-ui",
-        ]
-
     env = (lambda port: ray.env()) if ray is not None else None
     missing = importable("xllamacpp") if kind.llama else importable("zeroserve.cli")
     return Server(
         f"zeroserve-cycles-{kind.name}",
         "zeroserve",
-        argv,
+        models_dir_argv(models),
         env=env,
         ready_timeout_s=START_TIMEOUT_S,
         missing=missing,

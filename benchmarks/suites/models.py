@@ -27,7 +27,7 @@ import httpx
 from ..context import Settings, SuiteContext
 from ..procs import ServerFailed, ServerProcess
 from ..report import Section, Target, footer, num, targets
-from ..servers import Server, importable, started, zeroserve_cmd
+from ..servers import Server, importable, models_dir_argv, started, zeroserve_cmd
 from ..stats import median, percentile
 from ._api import GROUP, GROUP_TITLE
 
@@ -72,22 +72,9 @@ def _gguf() -> str:
 
 
 def _server(models_dir: Path) -> Server:
-    def argv(port: int, up: int | None, work: Path) -> list[str]:
-        return [
-            *zeroserve_cmd(),
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--models-dir",
-            str(models_dir),
-            "--keep-alive",
-            "1h",
-            "--no-ui",
-        ]
-
-    return Server("zeroserve", "zeroserve", argv, missing=importable("xllamacpp"))
+    return Server(
+        "zeroserve", "zeroserve", models_dir_argv(models_dir), missing=importable("xllamacpp")
+    )
 
 
 async def _first_token(client: httpx.AsyncClient, model: str) -> float:
